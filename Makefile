@@ -1,0 +1,33 @@
+# The README's two commands (serve, test) and the benchmark. Every step is idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test bench install migrate model
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+model: install
+	$(PY) manage.py pull_model smollm2-135m-instruct
+
+serve: migrate model
+	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+test: migrate model
+	$(PY) -m pytest -p no:cacheprovider
+
+bench: migrate model
+	$(PY) manage.py bench

@@ -1,0 +1,8 @@
+"""App config for the inference app. Loads nothing: the engine starts with the server."""
+from django.apps import AppConfig
+
+
+class InferenceConfig(AppConfig):
+    default_auto_field = "django.db.models.BigAutoField"
+    name = "inference"
+    verbose_name = "Inference"

@@ -1,0 +1,1 @@
+"""The torch engine: model forward, KV cache, scheduler, sampler. No Django import below here."""

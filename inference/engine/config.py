@@ -1,0 +1,132 @@
+"""ModelConfig (read from an HF config.json) and EngineConfig (the engine's knobs), validated."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+class ConfigError(ValueError):
+    """A config.json or engine setting that Metrale cannot serve."""
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The decoder's shape, from the HF `config.json` fields of the same names.
+
+    Source: transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
+    `head_dim` defaults to hidden_size // num_attention_heads (Qwen3 sets it
+    explicitly); `attention_bias` is true for Qwen2 (qkv bias); `qk_norm` is true
+    for Qwen3 (an RMSNorm over each head of q and k before RoPE).
+    """
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"architecture {self.architecture!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("num_attention_heads must be a multiple of num_key_value_heads")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "ModelConfig":
+        """Build from a parsed config.json. Raises ConfigError on a missing or bad field."""
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ConfigError("config.json has no 'architectures'")
+        arch = archs[0]
+        try:
+            n_heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            eos = cfg.get("eos_token_id")
+            eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            model_type = cfg.get("model_type", "llama")
+            return cls(
+                architecture=arch,
+                model_type=model_type,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_attention_heads=n_heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or n_heads),
+                head_dim=int(cfg.get("head_dim") or hidden // n_heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_scaling=cfg.get("rope_scaling"),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch == "Qwen3ForCausalLM",
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=[int(e) for e in eos_ids],
+                torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            )
+        except KeyError as exc:
+            raise ConfigError(f"config.json lacks {exc.args[0]!r}") from exc
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> "ModelConfig":
+        """Read `<path>/config.json`. Raises ConfigError when it is missing or bad."""
+        cfg_path = Path(path) / "config.json"
+        if not cfg_path.is_file():
+            raise ConfigError(f"{cfg_path} does not exist")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{cfg_path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(cfg)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """The engine's knobs.
+
+    kv_cache_bytes: the KV pool's size in bytes (None: room for max_num_seqs
+    sequences of max_model_len tokens, capped at 2 GiB). block_size in tokens.
+    max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
+    """
+
+    model_path: str
+    dtype: str = "auto"  # float32 | bfloat16 | float16 | auto
+    device: str = "auto"  # cpu | cuda | auto
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    num_threads: int | None = None
+    step_log: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")

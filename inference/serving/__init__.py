@@ -1,0 +1,1 @@
+"""The OpenAI protocol layer: requests -> engine -> StreamDeltas -> wire frames. No torch here."""

@@ -1,0 +1,4 @@
+"""The Django project that hosts Metrale: settings, ASGI router, URLs and the Celery app."""
+from .celery import app as celery_app
+
+__all__ = ("celery_app",)

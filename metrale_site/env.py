@@ -1,0 +1,46 @@
+"""Small environment-variable readers that fail with ImproperlyConfigured on bad values."""
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+def envstr(name: str, default: str | None = None) -> str | None:
+    """Return the variable's text, or `default` when it is unset or empty."""
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def envbool(name: str, default: bool) -> bool:
+    """Read a boolean (1/0, true/false, yes/no, on/off).
+
+    Raises ImproperlyConfigured for any other text."""
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean, got {value!r}")
+
+
+def envint(name: str, default: int | None) -> int | None:
+    """Read an integer. Raises ImproperlyConfigured when the text is not one."""
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+
+
+def envfloat(name: str, default: float | None) -> float | None:
+    """Read a float. Raises ImproperlyConfigured when the text is not one."""
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc

@@ -1,0 +1,161 @@
+"""Django settings for Metrale.
+
+Defaults need no external service: SQLite, the local-memory cache and in-process
+Celery tasks. `DATABASE_URL`, `REDIS_URL` and `CELERY_BROKER_URL` switch to
+PostgreSQL, Redis and a real broker.
+"""
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from .env import envbool, envfloat, envint, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+METRALE_HOME = Path(envstr("METRALE_HOME", str(Path.home() / ".cache" / "metrale"))).expanduser()
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+
+SECRET_KEY = envstr("DJANGO_SECRET_KEY", "metrale-dev-insecure-key-change-me-in-production")
+DEBUG = envbool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = (envstr("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver") or "").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "inference",
+    "responses_api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "metrale_site.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "metrale_site.asgi.application"
+
+
+def _database_from_url(url: str) -> dict:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"DATABASE_URL scheme {parsed.scheme!r} is not supported")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or "postgres",
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+    }
+
+
+_database_url = envstr("DATABASE_URL")
+if _database_url:
+    DATABASES = {"default": _database_from_url(_database_url)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")),
+            "OPTIONS": {"timeout": 20},
+        }
+    }
+
+_redis_url = envstr("REDIS_URL")
+if _redis_url:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _redis_url}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+}
+
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL")
+# Without a broker, tasks run in-process (eagerly) so the default needs no service.
+CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
+
+# Metrale's own settings, one namespace (documented in README.md).
+METRALE = {
+    # An HF-format folder (config.json, model.safetensors, tokenizer.json, ...).
+    "MODEL": envstr("METRALE_MODEL", str(METRALE_HOME / "models" / DEFAULT_MODEL_NAME)),
+    # The id the API reports for the model; default: the folder's name.
+    "SERVED_MODEL_NAME": envstr("METRALE_SERVED_MODEL_NAME"),
+    # Accept any `model` name in requests (as llama.cpp's server does).
+    "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", True),
+    # float32 or bfloat16; "auto" picks float32 on CPU and bfloat16 on CUDA.
+    "DTYPE": envstr("METRALE_DTYPE", "auto"),
+    # "auto" (cuda when available, else cpu), "cpu" or "cuda".
+    "DEVICE": envstr("METRALE_DEVICE", "auto"),
+    # KV cache budget in bytes; None: a default sized from the model.
+    "KV_CACHE_BYTES": envint("METRALE_KV_CACHE_BYTES", None),
+    "BLOCK_SIZE": envint("METRALE_BLOCK_SIZE", 16),
+    "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", 64),
+    "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", 512),
+    "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
+    # torch intra-op threads for the engine; None: torch's default.
+    "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
+    # Load the model when the ASGI application starts (else on first use).
+    "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
+    # Seconds a request may run when it sets no `timeout`.
+    "REQUEST_TIMEOUT_S": envfloat("METRALE_REQUEST_TIMEOUT_S", 600.0),
+    # Log every engine step's batch composition (used by tests and the bench).
+    "STEP_LOG": envbool("METRALE_STEP_LOG", False),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
