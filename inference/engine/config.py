@@ -66,6 +66,11 @@ class ModelConfig:
             eos = cfg.get("eos_token_id")
             eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
             model_type = cfg.get("model_type", "llama")
+            # transformers >= 5 writes `rope_parameters` (rope_theta inside); older: rope_theta + rope_scaling.
+            rope = cfg.get("rope_parameters") or {}
+            rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+            rope_scaling = cfg.get("rope_scaling") or (
+                rope if rope.get("rope_type", "default") != "default" else None)
             return cls(
                 architecture=arch,
                 model_type=model_type,
@@ -77,8 +82,8 @@ class ModelConfig:
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or n_heads),
                 head_dim=int(cfg.get("head_dim") or hidden // n_heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=cfg.get("rope_scaling"),
+                rope_theta=float(rope_theta),
+                rope_scaling=rope_scaling,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),

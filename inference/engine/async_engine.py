@@ -1,0 +1,196 @@
+"""AsyncEngine: the process's engine thread, with submit / abort and per-request event streams.
+
+One thread owns all engine state. New requests and aborts arrive on a queue that
+the loop drains between steps; each request's events go to its own asyncio queue
+through `loop.call_soon_threadsafe`, so the engine never waits on a slow client.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .llm_engine import LLMEngine, RequestRejected
+from .sampling_params import SamplingParams
+from .sequence import Sequence
+
+log = logging.getLogger("metrale.engine")
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k)."""
+
+    token_id: int
+    logprobs: tuple | None = None
+
+
+@dataclass(slots=True)
+class Finished:
+    """The request ended. reason: stop, length, cancelled or timeout. Times in seconds."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Failed:
+    """The engine failed while running the request (an internal error, not the client's)."""
+
+    message: str
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """An async iterator over a request's TokenEvents, ending with Finished or Failed."""
+
+    request_id: str
+    engine: "AsyncEngine"
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    done: bool = False
+    seq: Sequence | None = None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.done:
+            raise StopAsyncIteration
+        event = await self.queue.get()
+        if isinstance(event, (Finished, Failed)):
+            self.done = True
+        return event
+
+    def abort(self, reason: str = "cancelled") -> None:
+        """Ask the engine to drop this request at its next step (no-op once it has ended)."""
+        if not self.done:
+            self.engine._commands.append(("abort", self, reason))
+            self.engine._wake.set()
+
+
+class AsyncEngine:
+    """Runs an LLMEngine in a daemon thread. `submit` is called from the event loop."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: deque = deque()
+        self._wake = threading.Event()
+        self._handles: dict[int, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="metrale-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
+               timeout_s: float | None = None) -> RequestHandle:
+        """Queue a request; returns its handle at once. Raises RequestRejected when it can never fit.
+
+        timeout_s: seconds from now after which the request ends with reason "timeout".
+        """
+        loop = asyncio.get_running_loop()
+        rid = request_id or f"req-{next(self._ids)}"
+        handle = RequestHandle(rid, self, loop)
+        max_len = self.engine.max_model_len
+        if len(prompt_token_ids) + params.max_tokens > max_len:
+            raise RequestRejected(
+                f"this model's maximum context length is {max_len} tokens; the request has "
+                f"{len(prompt_token_ids)} prompt tokens and asks for up to {params.max_tokens} more")
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._commands.append(("add", handle, (list(prompt_token_ids), params, deadline)))
+        self._wake.set()
+        return handle
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    # --- engine thread ---
+
+    def _push(self, handle: RequestHandle, events: list) -> None:
+        def deliver():
+            for e in events:
+                handle.queue.put_nowait(e)
+        try:
+            handle.loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the client's event loop is gone
+            pass
+
+    def _finished_event(self, seq: Sequence) -> Finished:
+        now = time.monotonic()
+        ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time else None
+        return Finished(seq.finish_reason or "stop", seq.num_prompt_tokens, seq.num_output_tokens, ttft,
+                        now - seq.arrival_time)
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            kind, handle, arg = self._commands.popleft()
+            if kind == "add":
+                prompt, params, deadline = arg
+                try:
+                    seq = self.engine.add_request(handle.request_id, prompt, params, deadline)
+                except RequestRejected as exc:
+                    self._push(handle, [Failed(str(exc))])
+                    continue
+                handle.seq = seq
+                self._handles[id(seq)] = handle
+            elif kind == "abort":
+                seq = handle.seq
+                if seq is not None and not seq.is_finished:
+                    self.engine.abort(seq, arg)
+                    self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        handle = self._handles.pop(id(seq), None)
+        if handle is not None:
+            self._push(handle, [self._finished_event(seq)])
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        for key, handle in list(self._handles.items()):
+            seq = handle.seq
+            if seq is not None and seq.deadline is not None and now >= seq.deadline and not seq.is_finished:
+                self.engine.abort(seq, "timeout")
+                self._retire(seq)
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._drain_commands()
+            self._expire_deadlines()
+            if not self.engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug or OOM: fail every live request, keep serving
+                log.exception("engine step failed")
+                for handle in list(self._handles.values()):
+                    if handle.seq is not None:
+                        self.engine.abort(handle.seq, "error")
+                    self._push(handle, [Failed(f"engine error: {exc}")])
+                self._handles.clear()
+                continue
+            for out in outputs:
+                handle = self._handles.get(id(out.seq))
+                if handle is None:
+                    continue
+                events: list = []
+                if out.token_id is not None:
+                    events.append(TokenEvent(out.token_id, out.logprobs))
+                if out.finished:
+                    events.append(self._finished_event(out.seq))
+                    del self._handles[id(out.seq)]
+                self._push(handle, events)

@@ -1,0 +1,92 @@
+"""Paged attention over a block pool, in plain torch (scaled_dot_product_attention).
+
+The KV cache of one layer is two tensors [num_blocks, block_size, n_kv_heads,
+head_dim]. Each sequence's block table lists its blocks in order; token t of a
+sequence lives in block table[t // block_size] at offset t % block_size (vLLM's
+PagedAttention layout, Kwon et al. 2023). Nothing CUDA-only is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillSlice:
+    """One sequence's prefill chunk in the packed batch.
+
+    q_start/q_end: its rows in the packed token dimension. block_table: int64
+    [num_blocks]. mask: bool [q_len, num_blocks * block_size], True where a query
+    may attend (causal, offset by the tokens computed before this chunk).
+    """
+
+    q_start: int
+    q_end: int
+    block_table: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step attention inputs, built once per step by the model runner and shared by all layers.
+
+    slot_mapping: int64 [T], the flat KV slot (block * block_size + offset) each new
+    token's K/V is written to. The first `num_decodes` packed tokens are decodes (one
+    token per sequence); decode_block_tables: int64 [D, max_blocks] (padding rows
+    point at block 0 and are masked); decode_mask: bool [D, 1, 1, max_blocks *
+    block_size]. prefills: the prefill chunks after the decodes.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decodes: int = 0
+    decode_block_tables: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+    prefills: list[PrefillSlice] = field(default_factory=list)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend each query over its sequence's blocks.
+
+    q: [T, n_heads, head_dim]; k, v: [T, n_kv_heads, head_dim]; caches: [num_blocks,
+    block_size, n_kv_heads, head_dim], same dtype as k. Returns [T, n_heads, head_dim].
+    Grouped-query attention folds the query heads of one KV head into the query-length
+    axis, so K/V are never repeated.
+    """
+    num_blocks, block_size, n_kv, head_dim = k_cache.shape
+    n_heads = q.shape[1]
+    group = n_heads // n_kv
+    k_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+
+    d = meta.num_decodes
+    if d:
+        tables = meta.decode_block_tables
+        length = tables.shape[1] * block_size
+        kd = k_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
+        vd = v_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
+        qd = q[:d].view(d, n_kv, group, head_dim)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask)
+        out[:d] = od.reshape(d, n_heads, head_dim)
+
+    for p in meta.prefills:
+        q_len = p.q_end - p.q_start
+        length = p.block_table.shape[0] * block_size
+        kp = k_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
+        vp = v_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
+        qp = q[p.q_start:p.q_end].view(q_len, n_kv, group, head_dim).permute(1, 2, 0, 3)
+        qp = qp.reshape(n_kv, group * q_len, head_dim)
+        mask = p.mask.repeat(group, 1)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+        op = op.view(n_kv, group, q_len, head_dim).permute(2, 0, 1, 3)
+        out[p.q_start:p.q_end] = op.reshape(q_len, n_heads, head_dim)
+    return out

@@ -1,0 +1,66 @@
+"""Rotary position embeddings (RoPE) with rope_theta and llama3-style rope_scaling."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def inv_frequencies(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
+    """The per-pair inverse frequencies, float32 [head_dim // 2].
+
+    rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings} follows transformers'
+    `_compute_llama3_parameters`; "linear" divides by factor; "default"/None is plain RoPE.
+    Raises ValueError for other rope types.
+    """
+    inv = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not rope_scaling:
+        return inv
+    kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rope_scaling["factor"])
+    if kind == "llama3":
+        factor = float(rope_scaling["factor"])
+        low = float(rope_scaling.get("low_freq_factor", 1.0))
+        high = float(rope_scaling.get("high_freq_factor", 4.0))
+        old_len = float(rope_scaling.get("original_max_position_embeddings", 8192))
+        low_wavelen = old_len / low
+        high_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Precomputed cos/sin tables; `forward` rotates q and k in place of a copy.
+
+    Uses the "rotate half" layout of transformers' Llama (not interleaved pairs).
+    q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: int64 [T].
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None):
+        super().__init__()
+        inv = inv_frequencies(head_dim, rope_theta, rope_scaling)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

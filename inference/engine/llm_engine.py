@@ -1,0 +1,164 @@
+"""LLMEngine: the step loop, schedule -> run -> postprocess. Single-threaded; async_engine drives it."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .block_manager import BlockManager
+from .config import ConfigError, EngineConfig, ModelConfig
+from .model_runner import ModelRunner
+from .models.loader import load_model
+from .sampling_params import SamplingParams
+from .sequence import Sequence
+
+log = logging.getLogger("metrale.engine")
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never serve (too long for the context or the KV pool)."""
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step did to one sequence: a new token (with logprobs if asked) and/or its end."""
+
+    seq: Sequence
+    token_id: int | None
+    logprobs: tuple | None
+    finished: bool
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' -> float32 on CPU (no bf16 arithmetic on these CPUs), bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return getattr(torch, name)
+
+
+def read_eos_token_ids(path: Path, cfg: ModelConfig) -> list[int]:
+    """EOS ids: generation_config.json's eos_token_id (int or list), else config.json's."""
+    ids = list(cfg.eos_token_ids)
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if eos is not None:
+            for e in [eos] if isinstance(eos, int) else eos:
+                if e not in ids:
+                    ids.append(int(e))
+    return ids
+
+
+class LLMEngine:
+    """Loads the model and runs steps. Not thread-safe: one thread owns it (async_engine's loop)."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        path = Path(config.model_path)
+        self.model_config = ModelConfig.from_folder(path)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        self.eos_token_ids = read_eos_token_ids(path, self.model_config)
+        model = load_model(path, self.model_config, self.dtype, self.device)
+        block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        budget = config.kv_cache_bytes or min(
+            DEFAULT_KV_CACHE_BYTES, block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
+        num_blocks = max(1, budget // block_bytes)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        from .scheduler import Scheduler
+
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype)
+        self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
+        self.num_steps = 0
+        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
+                 str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    deadline: float | None = None) -> Sequence:
+        """Queue a request. Raises RequestRejected when it can never fit."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise RequestRejected("the prompt is empty")
+        if n + params.max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request has {n} "
+                f"prompt tokens and asks for up to {params.max_tokens} more")
+        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        if n + params.max_tokens > pool_tokens:
+            raise RequestRejected(f"the request needs {n + params.max_tokens} tokens of KV cache; the pool holds {pool_tokens}")
+        seq = Sequence(request_id, list(prompt_token_ids), params, deadline=deadline)
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
+        """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
+        if not seq.is_finished:
+            self.scheduler.finish(seq, reason)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one forward for the whole batch, sample, and retire finished sequences."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        self.num_steps += 1
+        self.step_log.append((batch.num_decodes, len(batch.items) - batch.num_decodes, batch.num_tokens))
+        if self.config.step_log:
+            log.info("step %d: seqs=%d decodes=%d prefill_tokens=%d", self.num_steps, len(batch.items),
+                     batch.num_decodes, batch.num_tokens - batch.num_decodes)
+        result = self.runner.execute(batch)
+        outputs: list[StepOutput] = []
+        now = time.monotonic()
+        k = 0
+        for (seq, n), samples in zip(batch.items, batch.samples):
+            seq.num_computed_tokens += n
+            if not samples:
+                continue
+            token = result.token_ids[k]
+            logprobs = result.logprobs[k]
+            k += 1
+            seq.token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._stop_reason(seq, token)
+            if reason:
+                self.scheduler.finish(seq, reason)
+            outputs.append(StepOutput(seq, token, logprobs, reason is not None))
+        return outputs
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if seq.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+            if token in p.stop_token_ids:
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+
+__all__ = ["LLMEngine", "RequestRejected", "StepOutput", "ConfigError"]

@@ -1,0 +1,98 @@
+"""ModelRunner: the only code that builds tensors. A scheduled batch in, sampled tokens out."""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+from .layers.attention import AttentionMetadata, PrefillSlice
+from .sampler import SampleResult, Sampler
+from .scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    """Holds the model, its KV caches and the sampler; runs one step's forward.
+
+    kv_caches: per layer (k, v), each [num_blocks, block_size, n_kv_heads, head_dim]
+    in `kv_dtype`, zero-initialised (masked slots must not hold NaN garbage).
+    """
+
+    def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
+                 device: torch.device, kv_dtype: torch.dtype, seed: int | None = None):
+        self.model = model
+        self.cfg = cfg
+        self.device = device
+        self.block_size = block_size
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.sampler = Sampler(seed)
+
+    @staticmethod
+    def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
+        """Bytes one block takes across all layers (K and V)."""
+        elem = torch.empty((), dtype=kv_dtype).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Pack the batch: input_ids [T], positions [T], metadata, and the rows whose logits are sampled."""
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefill_specs: list[tuple[int, int, list[int], int]] = []
+        for i, ((seq, n), samples) in enumerate(zip(batch.items, batch.samples)):
+            start = seq.num_computed_tokens
+            q_start = len(ids)
+            ids.extend(seq.token_ids[start:start + n])
+            positions = range(start, start + n)
+            pos.extend(positions)
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in positions)
+            if samples:
+                sample_rows.append(len(ids) - 1)
+            if i < batch.num_decodes:
+                decode_tables.append(table[: -(-(start + 1) // bs)])
+                decode_lens.append(start + 1)
+            else:
+                prefill_specs.append((q_start, len(ids), table[: -(-(start + n) // bs)], start))
+
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
+        if decode_tables:
+            width = max(len(t) for t in decode_tables)
+            padded = [t + [0] * (width - len(t)) for t in decode_tables]
+            meta.num_decodes = len(decode_tables)
+            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
+            lens = torch.tensor(decode_lens, device=dev)
+            meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+        for q_start, q_end, table, computed in prefill_specs:
+            q_len = q_end - q_start
+            length = len(table) * bs
+            limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
+            mask = torch.arange(length, device=dev).unsqueeze(0) <= limit
+            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask))
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        return input_ids, positions_t, meta, sample_rows
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> SampleResult | None:
+        """Run the forward for every scheduled token and sample the sequences that reached their end."""
+        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not sample_rows:
+            return None
+        logits = self.model.compute_logits(hidden[sample_rows])
+        sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
+        return self.sampler(logits, [s.params for s in sampling], [s.generator for s in sampling])
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits float32 [T, vocab] for every scheduled token (used by parity tests)."""
+        input_ids, positions, meta, _ = self.prepare(batch)
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))

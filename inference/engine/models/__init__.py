@@ -1,0 +1,1 @@
+"""Model classes, their registry and the safetensors loader."""

@@ -1,0 +1,132 @@
+"""Continuous batching: which sequences run this step, and how many tokens each computes.
+
+Decodes go first (one token each), then prefill in chunks within the per-step token
+budget, so a long prompt never stalls running streams for more than one chunk.
+When KV blocks run out, the newest running sequence is preempted (its blocks are
+freed and it is re-queued at the front, to be recomputed later), never an error.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """One step's work: (sequence, number of tokens to compute), decodes first.
+
+    A sequence samples a token this step when its chunk reaches the end of its
+    known tokens (`samples`, aligned with `items`).
+    """
+
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    num_decodes: int = 0
+    samples: list[bool] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; `schedule()` plans one step."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` with `reason`, wherever it is, and free its blocks."""
+        seq.finish_reason = reason
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        """Plan one step. Raises nothing; a sequence that cannot fit waits."""
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+
+        # Decodes first, oldest first; preempt the newest when blocks run short.
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        for seq in decodes:
+            if seq.status is not SequenceStatus.RUNNING or budget <= 0:
+                continue
+            while not bm.can_allocate(seq, len(seq.token_ids)):
+                victim = self.running[-1]
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            bm.allocate(seq, len(seq.token_ids))
+            batch.items.append((seq, 1))
+            batch.samples.append(True)
+            budget -= 1
+        batch.num_decodes = len(batch.items)
+
+        # Running sequences part-way through a chunked prefill.
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens > 1:
+                budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
+
+        # Admit waiting sequences while there is room.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            chunk = min(seq.num_uncomputed_tokens, budget)
+            if not bm.can_allocate(seq, seq.num_computed_tokens + chunk):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget = self._schedule_prefill(seq, budget, batch)
+        return batch
+
+    def _schedule_prefill(self, seq: Sequence, budget: int, batch: ScheduledBatch,
+                          may_preempt: bool = False) -> int:
+        chunk = min(seq.num_uncomputed_tokens, budget)
+        target = seq.num_computed_tokens + chunk
+        bm = self.block_manager
+        scheduled = {id(s) for s, _ in batch.items}
+        while may_preempt and not bm.can_allocate(seq, target):
+            newer = self.running[self.running.index(seq) + 1:] if seq in self.running else []
+            victims = [s for s in newer if id(s) not in scheduled]
+            if not victims:
+                break
+            self._preempt(victims[-1], batch)
+        if chunk <= 0 or not bm.can_allocate(seq, target):
+            return budget
+        bm.allocate(seq, target)
+        batch.items.append((seq, chunk))
+        batch.samples.append(target == len(seq.token_ids))
+        return budget - chunk
