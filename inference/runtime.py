@@ -1,5 +1,94 @@
-"""The process's engine: created from settings on server start or first use (filled in by the skeleton)."""
+"""The process's engine and tokenizer, created from settings.METRALE when the server starts or on first use.
+
+Never at import time, in AppConfig.ready() or during migrate: `start_loading()`
+is called by metrale_site/asgi.py, and `get_runtime()` loads on first use.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger("metrale")
 
 
-def start_loading():
-    """Start loading the model in a background thread."""
+@dataclass(slots=True)
+class Runtime:
+    """The loaded model: the engine thread, its tokenizer, and the id the API reports."""
+
+    engine: object  # inference.engine.async_engine.AsyncEngine
+    tokenizer: object  # inference.engine.tokenizer.Tokenizer
+    model_id: str
+    model_path: Path
+    created: int
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_error: str | None = None
+_thread: threading.Thread | None = None
+
+
+def served_model_name() -> str:
+    """The model id reported by /v1/models: METRALE_SERVED_MODEL_NAME, else the folder's name."""
+    return settings.METRALE["SERVED_MODEL_NAME"] or Path(settings.METRALE["MODEL"]).name
+
+
+def _load() -> Runtime:
+    import time
+
+    from inference.engine.async_engine import AsyncEngine
+    from inference.engine.config import EngineConfig
+    from inference.engine.llm_engine import LLMEngine
+    from inference.engine.tokenizer import Tokenizer
+
+    m = settings.METRALE
+    path = Path(m["MODEL"])
+    config = EngineConfig(
+        model_path=str(path), dtype=m["DTYPE"], device=m["DEVICE"], block_size=m["BLOCK_SIZE"],
+        max_num_seqs=m["MAX_NUM_SEQS"], max_num_batched_tokens=m["MAX_NUM_BATCHED_TOKENS"],
+        max_model_len=m["MAX_MODEL_LEN"], kv_cache_bytes=m["KV_CACHE_BYTES"], num_threads=m["NUM_THREADS"],
+        step_log=m["STEP_LOG"])
+    tokenizer = Tokenizer.from_folder(path)
+    engine = AsyncEngine(LLMEngine(config))
+    return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))
+
+
+def _load_guarded() -> None:
+    global _runtime, _error
+    try:
+        rt = _load()
+    except Exception as exc:  # reported by /health and every request
+        log.exception("loading the model failed")
+        _error = f"{type(exc).__name__}: {exc}"
+        return
+    _runtime = rt
+
+
+def start_loading() -> None:
+    """Begin loading in a background thread (idempotent)."""
+    global _thread
+    with _lock:
+        if _thread is None and _runtime is None:
+            _thread = threading.Thread(target=_load_guarded, name="metrale-load", daemon=True)
+            _thread.start()
+
+
+def status() -> tuple[str, str | None]:
+    """("ready" | "loading" | "failed" | "idle", error message or None)."""
+    if _runtime is not None:
+        return "ready", None
+    if _error is not None:
+        return "failed", _error
+    return ("loading", None) if _thread is not None else ("idle", None)
+
+
+def get_runtime(wait: bool = True, timeout_s: float | None = None) -> Runtime | None:
+    """The runtime, loading it on first use. With wait=False, None while it is still loading."""
+    start_loading()
+    if wait and _thread is not None:
+        _thread.join(timeout_s)
+    return _runtime

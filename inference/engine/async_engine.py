@@ -14,38 +14,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .llm_engine import LLMEngine, RequestRejected
+from .llm_engine import LLMEngine
+from .outputs import Failed, Finished, RequestRejected, TokenEvent
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
-
-
-@dataclass(slots=True)
-class TokenEvent:
-    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k)."""
-
-    token_id: int
-    logprobs: tuple | None = None
-
-
-@dataclass(slots=True)
-class Finished:
-    """The request ended. reason: stop, length, cancelled or timeout. Times in seconds."""
-
-    reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float | None = None
-    total_s: float = 0.0
-    cached_tokens: int = 0
-
-
-@dataclass(slots=True)
-class Failed:
-    """The engine failed while running the request (an internal error, not the client's)."""
-
-    message: str
 
 
 @dataclass(eq=False)

@@ -13,6 +13,7 @@ import torch
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig, ModelConfig
 from .model_runner import ModelRunner
+from .outputs import RequestRejected
 from .models.loader import load_model
 from .sampling_params import SamplingParams
 from .sequence import Sequence
@@ -20,10 +21,6 @@ from .sequence import Sequence
 log = logging.getLogger("metrale.engine")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-
-
-class RequestRejected(ValueError):
-    """A request the engine can never serve (too long for the context or the KV pool)."""
 
 
 @dataclass(slots=True)

@@ -1,0 +1,1 @@
+"""Benchmarks run by `manage.py bench` (scripts, not tests)."""

@@ -1,0 +1,75 @@
+"""Start and stop a daphne server process for benchmarks and end-to-end tests."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """A daphne process on a free port with its own SQLite file; output goes to `log_path`.
+
+    env: extra environment variables (METRALE_MODEL, METRALE_DTYPE, ...).
+    """
+
+    def __init__(self, env: dict[str, str], workdir: Path):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "server.log"
+        self.db = workdir / "db.sqlite3"
+        full_env = {**os.environ, "METRALE_SQLITE_PATH": str(self.db), "PYTHONUNBUFFERED": "1", **env}
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=full_env,
+                       check=True)
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "metrale_site.asgi:application"],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 180) -> None:
+        """Poll /health until 200. Raises RuntimeError (with the log's tail) if the server dies or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready in {timeout_s}s: {self.log()[-3000:]}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
