@@ -1,0 +1,260 @@
+"""Import a Llama-family GGUF file into an HF-format model folder (config, safetensors, tokenizer).
+
+The folder holds config.json, model.safetensors (HF tensor names, dequantized),
+tokenizer.json, tokenizer_config.json and generation_config.json, so the
+engine's loader and transformers can both read it. The rules mirror
+transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) and llama.cpp's
+`convert_hf_to_gguf.py`, which this reverses.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .gguf_tokenizer import build_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# The tensor types gguf.quants.dequantize handles at a usable speed.
+SUPPORTED_TENSOR_TYPES = frozenset(
+    {
+        QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
+        QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+    }
+)
+
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_NAME = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight$")
+
+
+class GGUFImportError(ValueError):
+    """The GGUF file is missing, malformed, or uses something this importer does not support."""
+
+
+def read_metadata(reader: GGUFReader) -> dict:
+    """Every key/value field of the file, as Python values (str, int, float, bool, lists)."""
+    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """The HF Llama name for a GGUF tensor name. Raises GGUFImportError for an unknown one."""
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    m = _LAYER_NAME.match(gguf_name)
+    if m and m.group(2) in _LAYER_TENSORS:
+        return f"model.layers.{m.group(1)}.{_LAYER_TENSORS[m.group(2)]}.weight"
+    if gguf_name == "rope_freqs.weight":
+        raise GGUFImportError("rope_freqs (Llama 3.1-style RoPE scaling) is not supported")
+    raise GGUFImportError(f"tensor {gguf_name!r} has no HF Llama equivalent")
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
+
+    weight: [n_head * head_dim, hidden]. llama.cpp turns HF's "first half / second
+    half" rotary layout of each head into interleaved pairs; this turns it back.
+    For K, n_head is the number of KV heads.
+    """
+    rows = weight.shape[0]
+    w = weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def hf_config(meta: dict, tensor_names: set[str], dtype: str) -> dict:
+    """config.json for a llama GGUF's metadata (keys as in transformers' GGUF_CONFIG_MAPPING)."""
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise GGUFImportError(f"architecture {arch!r} is not supported; only 'llama' is")
+    scaling = meta.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise GGUFImportError(f"RoPE scaling {scaling!r} is not supported")
+
+    def need(key: str):
+        if f"llama.{key}" not in meta:
+            raise GGUFImportError(f"metadata key llama.{key} is missing")
+        return meta[f"llama.{key}"]
+
+    hidden, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": int(meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])),
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", n_heads)),
+        "head_dim": int(meta.get("llama.rope.dimension_count", hidden // n_heads)),
+        "hidden_act": "silu",
+        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
+        "rope_scaling": None,
+        "max_position_embeddings": int(need("context_length")),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": dtype,
+    }
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    if "tokenizer.ggml.padding_token_id" in meta:
+        config["pad_token_id"] = meta["tokenizer.ggml.padding_token_id"]
+    return config
+
+
+def _token_text(meta: dict, key: str) -> str | None:
+    token_id = meta.get(f"tokenizer.ggml.{key}")
+    return None if token_id is None else meta["tokenizer.ggml.tokens"][token_id]
+
+
+def tokenizer_files(meta: dict) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and generation_config.json, as text by file name."""
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise GGUFImportError(
+            f"tokenizer model {meta.get('tokenizer.ggml.model')!r} is not supported; only 'gpt2' (byte-level BPE) is"
+        )
+    try:
+        tokenizer = build_tokenizer(
+            meta["tokenizer.ggml.tokens"],
+            meta.get("tokenizer.ggml.merges") or [],
+            meta.get("tokenizer.ggml.token_type") or [],
+            meta.get("tokenizer.ggml.pre"),
+        )
+    except ValueError as exc:
+        raise GGUFImportError(str(exc)) from exc
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": _token_text(meta, "bos_token_id"),
+        "eos_token": _token_text(meta, "eos_token_id"),
+        "pad_token": _token_text(meta, "padding_token_id"),
+        "unk_token": _token_text(meta, "unknown_token_id"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "model_max_length": int(meta.get("llama.context_length", 2048)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    generation_config = {
+        key: meta[f"tokenizer.ggml.{gguf_key}"]
+        for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                              ("pad_token_id", "padding_token_id"))
+        if f"tokenizer.ggml.{gguf_key}" in meta
+    }
+    return {
+        "tokenizer.json": tokenizer.to_str(),
+        "tokenizer_config.json": json.dumps(tokenizer_config, indent=2, ensure_ascii=False),
+        "generation_config.json": json.dumps(generation_config, indent=2),
+    }
+
+
+def convert_tensors(reader: GGUFReader, config: dict, dtype: torch.dtype, progress: bool) -> dict:
+    """Dequantize every tensor to `dtype` under its HF name; Q and K rows un-permuted."""
+    tensors = {}
+    for t in tqdm(reader.tensors, desc="tensors", unit="tensor", disable=not progress):
+        name = hf_tensor_name(t.name)
+        weight = dequantize(t.data, t.tensor_type)
+        # ggml lists dims innermost first; HF wants [out, in].
+        weight = weight.reshape([int(d) for d in reversed(t.shape)])
+        if name.endswith("q_proj.weight"):
+            weight = unpermute_qk(weight, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            weight = unpermute_qk(weight, config["num_key_value_heads"])
+        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C")).to(dtype)
+    return tensors
+
+
+def _open(path: Path) -> GGUFReader:
+    if not path.is_file():
+        raise GGUFImportError(f"{path} does not exist or is not a file")
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise GGUFImportError(f"{path} is not a GGUF file (no GGUF magic)")
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError, IndexError) as exc:
+        raise GGUFImportError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def import_gguf(
+    gguf_path: str | Path,
+    out_dir: str | Path,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write the HF-format folder for a llama GGUF file at `out_dir`; return its path.
+
+    dtype: "float32" or "bfloat16" for the safetensors weights. The folder is
+    written next to `out_dir` under a temporary name and renamed into place, so
+    a failed import leaves nothing behind. Raises GGUFImportError for a missing
+    or non-GGUF file, an architecture other than llama, an unsupported tensor
+    type or tokenizer, a bad dtype, or an existing `out_dir` without overwrite.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if dtype not in DTYPES:
+        raise GGUFImportError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+    if out_dir.exists() and not overwrite:
+        raise GGUFImportError(f"{out_dir} already exists (overwrite it with --force)")
+    reader = _open(gguf_path)
+    meta = read_metadata(reader)
+    config = hf_config(meta, {t.name for t in reader.tensors}, dtype)
+    for t in reader.tensors:
+        hf_tensor_name(t.name)  # fail on an unknown tensor before writing anything
+    bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in SUPPORTED_TENSOR_TYPES})
+    if bad:
+        raise GGUFImportError(f"tensor types {', '.join(bad)} are not supported")
+    files = tokenizer_files(meta)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        tensors = convert_tensors(reader, config, DTYPES[dtype], progress)
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        del tensors
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        _replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _replace(tmp: Path, out_dir: Path) -> None:
+    """Rename `tmp` to `out_dir`, moving an existing `out_dir` aside first and deleting it after."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
