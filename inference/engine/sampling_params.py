@@ -8,27 +8,39 @@ from dataclasses import dataclass, field
 class SamplingParams:
     """Per-request generation controls (names as in OpenAI's chat API and vLLM's SamplingParams).
 
-    temperature 0 means greedy. top_k <= 0 means off; top_p 1.0 means off.
-    max_tokens counts generated tokens; stop_token_ids end the request like EOS.
-    seed: a per-request generator so the tokens do not depend on batch neighbours.
-    logprobs: None, or the number of top logprobs to return per token (0 = only
-    the sampled token's).
+    Applied by the sampler in vLLM's order: logit_bias, min_tokens (EOS and
+    stop_token_ids masked until min_tokens tokens exist), repetition_penalty (over
+    prompt + output; 1.0 = off), presence_penalty / frequency_penalty (over the output;
+    OpenAI's definition, [-2, 2]), DRY (llama.cpp's definition; dry_multiplier 0 =
+    off), temperature (0 = greedy), top_k (<= 0 = off), top_p (1.0 = off), min_p
+    (0 = off), top_n_sigma (<= 0 = off), then the draw.
+    max_tokens / min_tokens count generated tokens. seed: a per-request generator so
+    the tokens do not depend on batch neighbours. logprobs: None, or the number of top
+    logprobs to return per generated token (0 = only the sampled token's);
+    prompt_logprobs likewise for prompt tokens.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    top_n_sigma: float = 0.0
     seed: int | None = None
     max_tokens: int = 16
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -37,6 +49,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
 
     @property
     def greedy(self) -> bool:

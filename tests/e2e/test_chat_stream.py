@@ -94,3 +94,21 @@ def test_it_answers_bad_input_with_400_in_openai_shape(metrale_server, body, par
     assert set(err) == {"message", "type", "param", "code"}
     assert err["type"] == "invalid_request_error" and err["message"]
     assert err["param"] == param
+
+
+def test_it_drops_a_stream_from_the_batch_when_the_client_disconnects(metrale_server):
+    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 3000,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", metrale_server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen >= 5:
+                break
+    import time
+
+    time.sleep(1.0)  # the engine notices at its next step
+    steps_then = len(re.findall(r"step \d+:", metrale_server.log()))
+    time.sleep(1.0)
+    assert len(re.findall(r"step \d+:", metrale_server.log())) == steps_then

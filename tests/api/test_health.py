@@ -1,0 +1,33 @@
+"""/health before the model is up, and the model list."""
+import pytest
+
+from inference import runtime
+
+
+
+
+def test_it_answers_503_loading_before_the_model_is_up(client, monkeypatch):
+    monkeypatch.setattr(runtime, "_runtime", None)
+    monkeypatch.setattr(runtime, "_error", None)
+    monkeypatch.setattr(runtime, "_thread", None)
+    r = client.get("/health")
+    assert r.status_code == 503
+    assert r.json() == {"status": "loading"}
+
+
+def test_it_answers_chat_with_503_in_openai_shape_while_loading(client, monkeypatch):
+    monkeypatch.setattr(runtime, "_runtime", None)
+    monkeypatch.setattr(runtime, "_error", None)
+    monkeypatch.setattr(runtime, "start_loading", lambda: None)
+    r = client.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]},
+                    content_type="application/json")
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "model_not_ready"
+    assert r["Retry-After"] == "5"
+
+
+def test_it_validates_before_needing_the_model(client, monkeypatch):
+    monkeypatch.setattr(runtime, "start_loading", lambda: None)
+    r = client.post("/v1/chat/completions", {"messages": []}, content_type="application/json")
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages"

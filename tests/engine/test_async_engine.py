@@ -1,0 +1,137 @@
+"""The engine thread: continuous batching, cancellation, deadlines, and the KV pool returning whole."""
+import asyncio
+
+import pytest
+import torch
+
+from inference.engine.async_engine import AsyncEngine
+from inference.engine.config import EngineConfig
+from inference.engine.llm_engine import LLMEngine
+from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
+from inference.engine.sampling_params import SamplingParams
+
+from .tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
+
+
+def make_engine(folder, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=kw.pop("kv_cache_bytes", 4 << 20), **kw))
+
+
+async def collect(handle):
+    tokens, end = [], None
+    async for ev in handle:
+        if isinstance(ev, TokenEvent):
+            tokens.append(ev.token_id)
+        else:
+            end = ev
+    return tokens, end
+
+
+def prompts(n, length=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 320, (length + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder):
+    engine = make_engine(tiny_folder, step_log=True)
+    ae = AsyncEngine(engine)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    async def run():
+        alone = [await collect(ae.submit(p, params)) for p in prompts(6)]
+        together = await asyncio.gather(*(collect(ae.submit(p, params)) for p in prompts(6)))
+        return alone, together
+
+    alone, together = asyncio.run(run())
+    assert [t for t, _ in alone] == [t for t, _ in together]
+    assert all(isinstance(e, Finished) and e.reason == "length" for _, e in together)
+    assert max(d + p for d, p, _ in engine.step_log) > 1
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    ae.stop()
+
+
+def test_it_gives_seeded_requests_the_same_tokens_whatever_the_batch(tiny_folder):
+    ae = AsyncEngine(make_engine(tiny_folder))
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=10, ignore_eos=True)
+    other = SamplingParams(temperature=1.2, max_tokens=10, ignore_eos=True)
+    p = prompts(3)
+
+    async def run():
+        alone = await collect(ae.submit(p[0], seeded))
+        mixed = await asyncio.gather(collect(ae.submit(p[1], other)), collect(ae.submit(p[0], seeded)),
+                                     collect(ae.submit(p[2], other)))
+        return alone, mixed[1]
+
+    alone, batched = asyncio.run(run())
+    assert alone[0] == batched[0]
+    ae.stop()
+
+
+def test_it_frees_the_pool_after_cancel_timeout_and_finish(tiny_folder):
+    engine = make_engine(tiny_folder)
+    ae = AsyncEngine(engine)
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def run():
+        h_cancel = ae.submit(prompts(1)[0], long)
+        got = 0
+        async for ev in h_cancel:
+            if isinstance(ev, TokenEvent):
+                got += 1
+                if got == 3:
+                    h_cancel.abort()
+            else:
+                cancel_end = ev
+                break
+        timed = await collect(ae.submit(prompts(1)[0], long, timeout_s=0.05))
+        done = await collect(ae.submit(prompts(1)[0], SamplingParams(temperature=0, max_tokens=5)))
+        return cancel_end, got, timed, done
+
+    cancel_end, got, timed, done = asyncio.run(run())
+    assert isinstance(cancel_end, Finished) and cancel_end.reason == "cancelled" and got < 200
+    assert timed[1].reason == "timeout" and len(timed[0]) < 200
+    assert done[1].reason in ("stop", "length")
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    ae.stop()
+
+
+def test_it_preempts_when_blocks_run_out_and_still_gives_the_same_tokens(tiny_folder):
+    # A pool of 8 blocks of 16 tokens cannot hold four 60-token sequences at once.
+    small = make_engine(tiny_folder, kv_cache_bytes=8 * LLMEngine_block_bytes(tiny_folder))
+    big = make_engine(tiny_folder)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ps = prompts(4, length=30, seed=3)
+
+    async def run(engine):
+        ae = AsyncEngine(engine)
+        out = await asyncio.gather(*(collect(ae.submit(p, params)) for p in ps))
+        ae.stop()
+        return [t for t, _ in out]
+
+    assert asyncio.run(run(small)) == asyncio.run(run(big))
+    assert small.scheduler.num_preemptions > 0 and big.scheduler.num_preemptions == 0
+    assert small.block_manager.num_free_blocks == small.block_manager.num_blocks
+
+
+def LLMEngine_block_bytes(folder):
+    from inference.engine.config import ModelConfig
+    from inference.engine.model_runner import ModelRunner
+
+    return ModelRunner.kv_bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
+
+
+def test_it_refuses_a_request_that_can_never_fit(tiny_folder):
+    ae = AsyncEngine(make_engine(tiny_folder))
+
+    async def run():
+        with pytest.raises(RequestRejected):
+            ae.submit(list(range(3, 200)), SamplingParams(max_tokens=100))
+
+    asyncio.run(run())
+    ae.stop()
