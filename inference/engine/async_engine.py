@@ -106,7 +106,7 @@ class AsyncEngine:
         now = time.monotonic()
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time else None
         return Finished(seq.finish_reason or "stop", seq.num_prompt_tokens, seq.num_output_tokens, ttft,
-                        now - seq.arrival_time)
+                        now - seq.arrival_time, seq.num_cached_tokens, seq.prompt_logprobs)
 
     def _drain_commands(self) -> None:
         while self._commands:

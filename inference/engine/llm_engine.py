@@ -83,7 +83,8 @@ class LLMEngine:
         from .scheduler import Scheduler
 
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype,
+                                  self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         self.num_steps = 0
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,

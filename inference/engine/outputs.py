@@ -26,6 +26,8 @@ class Finished:
     ttft_s: float | None = None
     total_s: float = 0.0
     cached_tokens: int = 0
+    # One entry per prompt token when prompt_logprobs was asked (None for the first token).
+    prompt_logprobs: list | None = None
 
 
 @dataclass(slots=True)
