@@ -1,13 +1,14 @@
 """Shared fixtures."""
+
 import os
 
 # Tests never reach the HF hub; set before anything imports huggingface_hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -1,4 +1,5 @@
 """Engine test fixtures: the SmolLM2 GGUF file and a factory for tiny synthetic llama GGUFs."""
+
 import zipfile
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def llamacpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-TINY = dict(hidden=16, heads=4, kv_heads=2, layers=2, ffn=24)
+TINY = {"hidden": 16, "heads": 4, "kv_heads": 2, "layers": 2, "ffn": 24}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -46,8 +47,13 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, types
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = False,
-                    extra_tensors: dict | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+def write_tiny_gguf(
+    path: Path,
+    arch: str = "llama",
+    tied: bool = False,
+    extra_tensors: dict | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """Write a 2-layer llama GGUF of float32 tensors; return the HF-named weights it encodes.
 
     extra_tensors: GGUF name -> array, written in place of the tensor of that name or added.
@@ -84,14 +90,33 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = False,
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
-    tensors = {"token_embd.weight": hf["model.embed_tokens.weight"], "output_norm.weight": hf["model.norm.weight"]}
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    )
+    tensors = {
+        "token_embd.weight": hf["model.embed_tokens.weight"],
+        "output_norm.weight": hf["model.norm.weight"],
+    }
     if not tied:
         tensors["output.weight"] = hf["lm_head.weight"]
-    shapes = {"q_proj": (h, h), "k_proj": (kv * head_dim, h), "v_proj": (kv * head_dim, h),
-              "o_proj": (h, h), "gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
-    gguf_names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-                  "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    shapes = {
+        "q_proj": (h, h),
+        "k_proj": (kv * head_dim, h),
+        "v_proj": (kv * head_dim, h),
+        "o_proj": (h, h),
+        "gate_proj": (ffn, h),
+        "up_proj": (ffn, h),
+        "down_proj": (h, ffn),
+    }
+    gguf_names = {
+        "q_proj": "attn_q",
+        "k_proj": "attn_k",
+        "v_proj": "attn_v",
+        "o_proj": "attn_output",
+        "gate_proj": "ffn_gate",
+        "up_proj": "ffn_up",
+        "down_proj": "ffn_down",
+    }
     for i in range(TINY["layers"]):
         for proj, shape in shapes.items():
             weight = rand(*shape)
@@ -102,7 +127,10 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = False,
             elif proj == "k_proj":
                 weight = llamacpp_permute(weight, kv)
             tensors[f"blk.{i}.{gguf_names[proj]}.weight"] = weight
-        for norm, gname in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")):
+        for norm, gname in (
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+        ):
             hf[f"model.layers.{i}.{norm}.weight"] = rand(h)
             tensors[f"blk.{i}.{gname}.weight"] = hf[f"model.layers.{i}.{norm}.weight"]
     tensors.update(extra_tensors or {})

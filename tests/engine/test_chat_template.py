@@ -1,4 +1,5 @@
-"""Chat template rendering: equal to transformers' apply_chat_template, errors as ChatTemplateError."""
+"""Chat template rendering: as transformers' apply_chat_template; failures as ChatTemplateError."""
+
 import pytest
 
 from inference.engine.chat_template import ChatTemplateError, render_chat_template
@@ -29,7 +30,9 @@ FEATURE_TEMPLATE = """
 {%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
 {% endif -%}
 {%- for m in messages %}
-  {%- if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}{{ raise_exception('bad role ' + m['role']) }}{% endif %}
+  {%- if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}
+    {{- raise_exception('bad role ' + m['role']) }}
+  {%- endif %}
   {%- if m['role'] == 'tool' %}{% continue %}{% endif %}
   {%- set ns.n = ns.n + 1 %}
 <|im_start|>{{ m['role'] }}
@@ -42,8 +45,16 @@ FEATURE_TEMPLATE = """
 {% endif %}{% endif %}{{ ns.n }}{{ bos_token }}
 """
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & 'here'",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather <now> & 'here'",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +80,26 @@ def hf(smollm2_dir):
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 def test_it_renders_smollm2_like_transformers(name, add_generation_prompt, ours, hf):
     messages = CONVERSATIONS[name]
-    expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    assert ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == expected
+    expected = hf.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert (
+        ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == expected
+    )
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_it_renders_template_features_like_transformers(tools, kwargs, featured, hf):
     messages = CONVERSATIONS["multi-turn"] + [{"role": "tool", "content": "sunny"}]
-    expected = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                      chat_template=FEATURE_TEMPLATE, **kwargs)
+    expected = hf.apply_chat_template(
+        messages,
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=FEATURE_TEMPLATE,
+        **kwargs,
+    )
     assert featured.apply_chat_template(messages, tools=tools, **kwargs) == expected
     if tools:
         assert "<now> & 'here'" in expected  # tojson does not HTML-escape

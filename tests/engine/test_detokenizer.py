@@ -1,4 +1,5 @@
-"""IncrementalDetokenizer: pieces concatenate to the full decode and never split a UTF-8 character."""
+"""IncrementalDetokenizer: pieces add up to the full decode and never split a UTF-8 character."""
+
 import random
 
 import pytest
@@ -31,7 +32,9 @@ def stream(tokenizer, ids, **kwargs):
 @pytest.mark.parametrize("text", TEXTS)
 def test_it_streams_the_exact_decode_without_broken_characters(text, tokenizer):
     ids = tokenizer.encode(text)
-    pieces, tail = stream(tokenizer, ids, prompt_ids=tokenizer.encode_chat([{"role": "user", "content": "hi"}]))
+    pieces, tail = stream(
+        tokenizer, ids, prompt_ids=tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    )
     assert "".join(pieces) + tail == tokenizer.decode(ids) == text
     assert not any("\ufffd" in p for p in pieces)
     assert tail == ""
@@ -59,7 +62,9 @@ def test_it_flushes_a_character_cut_off_at_the_end(tokenizer):
 
 
 def test_it_skips_special_tokens_or_keeps_them(tokenizer):
-    ids = tokenizer.encode_chat([{"role": "user", "content": "café"}]) + tokenizer.encode("olé") + [2]
+    ids = (
+        tokenizer.encode_chat([{"role": "user", "content": "café"}]) + tokenizer.encode("olé") + [2]
+    )
     pieces, tail = stream(tokenizer, ids)
     assert "".join(pieces) + tail == tokenizer.decode(ids)
     assert "<|im_end|>" not in "".join(pieces)

@@ -1,4 +1,5 @@
-"""GGUF import on tiny synthetic files: names, un-permuted Q/K, configs, tokenizer, errors, atomicity."""
+"""GGUF import on tiny synthetic files: names, Q/K un-permute, configs, tokenizer, errors."""
+
 import json
 
 import numpy as np
@@ -34,14 +35,20 @@ def test_it_writes_a_config_the_engine_reads(tmp_path):
     cfg = ModelConfig.from_folder(out)
     assert cfg.architecture == "LlamaForCausalLM"
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (
-        TINY["hidden"], TINY["heads"], TINY["kv_heads"])
+        TINY["hidden"],
+        TINY["heads"],
+        TINY["kv_heads"],
+    )
     assert (cfg.num_hidden_layers, cfg.intermediate_size) == (TINY["layers"], TINY["ffn"])
     assert cfg.vocab_size == len(tiny_vocab()[0])
     assert cfg.rms_norm_eps == pytest.approx(1e-5)
     assert cfg.rope_theta == 10000.0 and cfg.max_position_embeddings == 128
     assert cfg.tie_word_embeddings is False
     assert cfg.bos_token_id == 1 and cfg.eos_token_ids == [2]
-    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2}
+    assert json.loads((out / "generation_config.json").read_text()) == {
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
 
 
 def test_it_ties_embeddings_when_there_is_no_output_tensor(tmp_path):
@@ -55,7 +62,9 @@ def test_it_ties_embeddings_when_there_is_no_output_tensor(tmp_path):
 
 def test_it_writes_the_tokenizer_and_its_special_tokens(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf")
-    tok = Tokenizer.from_folder(import_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False))
+    tok = Tokenizer.from_folder(
+        import_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
+    )
     assert tok.encode(" hi") == [tok.token_to_id("Ġhi")]
     assert tok.encode("<|im_start|>hi<|im_end|>")[0] == 1
     assert (tok.bos_token, tok.eos_token, tok.eos_token_ids) == ("<|im_start|>", "<|im_end|>", [2])
@@ -71,13 +80,18 @@ def test_it_rejects_an_architecture_other_than_llama(tmp_path):
 
 
 def test_it_rejects_an_unsupported_tensor_type(tmp_path):
-    write_tiny_gguf(tmp_path / "tiny.gguf", extra_tensors={"blk.0.attn_norm.weight": np.zeros(16, np.int32)})
+    write_tiny_gguf(
+        tmp_path / "tiny.gguf", extra_tensors={"blk.0.attn_norm.weight": np.zeros(16, np.int32)}
+    )
     with pytest.raises(GGUFImportError, match="I32"):
         import_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
 
 
 def test_it_rejects_an_unknown_tensor(tmp_path):
-    write_tiny_gguf(tmp_path / "tiny.gguf", extra_tensors={"blk.0.ffn_gate_exps.weight": np.zeros(4, np.float32)})
+    write_tiny_gguf(
+        tmp_path / "tiny.gguf",
+        extra_tensors={"blk.0.ffn_gate_exps.weight": np.zeros(4, np.float32)},
+    )
     with pytest.raises(GGUFImportError, match="ffn_gate_exps"):
         import_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
 
@@ -87,8 +101,12 @@ def test_it_refuses_to_overwrite_unless_forced(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "stale.txt").write_text("old")
     with pytest.raises(CommandError, match="already exists"):
-        call_command("import_model", str(tmp_path / "tiny.gguf"), str(tmp_path / "model"), verbosity=0)
-    call_command("import_model", str(tmp_path / "tiny.gguf"), str(tmp_path / "model"), "--force", verbosity=0)
+        call_command(
+            "import_model", str(tmp_path / "tiny.gguf"), str(tmp_path / "model"), verbosity=0
+        )
+    call_command(
+        "import_model", str(tmp_path / "tiny.gguf"), str(tmp_path / "model"), "--force", verbosity=0
+    )
     assert (tmp_path / "model" / "config.json").is_file()
     assert not (tmp_path / "model" / "stale.txt").exists()
     assert _leftovers(tmp_path, "model") == []
@@ -96,14 +114,18 @@ def test_it_refuses_to_overwrite_unless_forced(tmp_path):
 
 def test_it_maps_a_missing_file_to_command_error(tmp_path):
     with pytest.raises(CommandError, match="does not exist"):
-        call_command("import_model", str(tmp_path / "nope.gguf"), str(tmp_path / "model"), verbosity=0)
+        call_command(
+            "import_model", str(tmp_path / "nope.gguf"), str(tmp_path / "model"), verbosity=0
+        )
     assert not (tmp_path / "model").exists()
 
 
 def test_it_maps_a_non_gguf_file_to_command_error(tmp_path):
     (tmp_path / "fake.gguf").write_bytes(b"PK\x03\x04 definitely not a gguf" * 10)
     with pytest.raises(CommandError, match="not a GGUF file"):
-        call_command("import_model", str(tmp_path / "fake.gguf"), str(tmp_path / "model"), verbosity=0)
+        call_command(
+            "import_model", str(tmp_path / "fake.gguf"), str(tmp_path / "model"), verbosity=0
+        )
     assert not (tmp_path / "model").exists()
     assert _leftovers(tmp_path, "model") == []
 

@@ -1,4 +1,5 @@
-"""The imported SmolLM2 folder against transformers' own GGUF loader: same logits, same token ids."""
+"""The imported SmolLM2 folder vs transformers' own GGUF loader: same logits, same token ids."""
+
 import pytest
 import torch
 
@@ -57,8 +58,9 @@ def test_it_has_the_special_tokens_transformers_finds(ours, hf_gguf_tokenizer):
 def test_it_gives_the_logits_of_transformers_gguf_loader(ours, smollm2_dir, smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
-    ids = torch.tensor([ours.encode_chat(
-        [{"role": "user", "content": "What is the capital of France?"}])])
+    ids = torch.tensor(
+        [ours.encode_chat([{"role": "user", "content": "What is the capital of France?"}])]
+    )
     with torch.no_grad():
         reference = AutoModelForCausalLM.from_pretrained(
             str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32

@@ -6,6 +6,7 @@ the merges, a token type per token and the name of the pre-tokenizer
 transformers' GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`)
 builds for the same file, so both produce the same ids.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
