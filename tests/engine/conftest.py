@@ -52,11 +52,13 @@ def write_tiny_gguf(
     arch: str = "llama",
     tied: bool = False,
     extra_tensors: dict | None = None,
+    drop: tuple[str, ...] = (),
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """Write a 2-layer llama GGUF of float32 tensors; return the HF-named weights it encodes.
 
     extra_tensors: GGUF name -> array, written in place of the tensor of that name or added.
+    drop: GGUF names left out of the file.
     """
     import gguf
 
@@ -135,7 +137,8 @@ def write_tiny_gguf(
             tensors[f"blk.{i}.{gname}.weight"] = hf[f"model.layers.{i}.{norm}.weight"]
     tensors.update(extra_tensors or {})
     for name, value in tensors.items():
-        w.add_tensor(name, value)
+        if name not in drop:
+            w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -96,6 +96,13 @@ def test_it_rejects_an_unknown_tensor(tmp_path):
         import_gguf(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
 
 
+def test_it_rejects_a_file_missing_a_layer_tensor(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, drop=("blk.1.ffn_up.weight",))
+    with pytest.raises(GGUFImportError, match="model.layers.1.mlp.up_proj.weight"):
+        import_gguf(path, tmp_path / "model", progress=False)
+
+
 def test_it_refuses_to_overwrite_unless_forced(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf", seed=1)
     (tmp_path / "model").mkdir()

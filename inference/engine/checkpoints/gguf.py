@@ -90,6 +90,16 @@ def hf_tensor_name(gguf_name: str) -> str:
     raise GGUFImportError(f"tensor {gguf_name!r} has no HF Llama equivalent")
 
 
+def expected_tensor_names(config: dict) -> set[str]:
+    """The HF tensor names a Llama with this config.json needs."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config["tie_word_embeddings"]:
+        names.add("lm_head.weight")
+    for i in range(config["num_hidden_layers"]):
+        names.update(f"model.layers.{i}.{part}.weight" for part in _LAYER_TENSORS.values())
+    return names
+
+
 def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
 
@@ -250,8 +260,10 @@ def import_gguf(
     reader = _open(gguf_path)
     meta = read_metadata(reader)
     config = hf_config(meta, {t.name for t in reader.tensors}, dtype)
-    for t in reader.tensors:
-        hf_tensor_name(t.name)  # fail on an unknown tensor before writing anything
+    # Fail on an unknown or missing tensor before writing anything.
+    missing = expected_tensor_names(config) - {hf_tensor_name(t.name) for t in reader.tensors}
+    if missing:
+        raise GGUFImportError(f"the file lacks tensors for {', '.join(sorted(missing)[:5])}")
     bad = sorted(
         {t.tensor_type.name for t in reader.tensors if t.tensor_type not in SUPPORTED_TENSOR_TYPES}
     )
