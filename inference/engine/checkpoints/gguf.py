@@ -10,6 +10,7 @@ transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) and llama.cpp's
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import uuid
@@ -277,6 +278,8 @@ def import_gguf(
     try:
         tensors = convert_tensors(reader, config, DTYPES[dtype], progress)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        # safetensors creates the file owner-only; a model folder is readable data like the rest.
+        os.chmod(tmp / "model.safetensors", 0o644)
         del tensors
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for name, text in files.items():
