@@ -1,0 +1,97 @@
+"""`openai_endpoint`: the one wrapper every /v1/* (and /tokenize, /detokenize) view goes through.
+
+It authenticates (request.principal), admits the request through the rate limiter, turns any
+ApiError into OpenAI's error JSON, adds the x-ratelimit-* headers, and exempts the view from
+CSRF (callers authenticate with a bearer key, not a cookie).
+
+Non-generating views get one request debited before they run. Generating views
+(`@openai_endpoint(generates=True)`) call `admit(request, reserve_tokens=...)` once they know the
+prompt's size, and release the lease themselves when generation ends; if a view forgets, the
+wrapper releases it (charging the whole reservation) so no concurrency slot leaks.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from django.http import JsonResponse, StreamingHttpResponse
+
+from .auth import authenticate
+from .ratelimit import Lease, acquire, debit_request
+from .serving.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(error: ApiError) -> JsonResponse:
+    """An ApiError as an HTTP response: OpenAI's error body, its status and its headers."""
+    return JsonResponse(error.body(), status=error.status, headers=error.headers)
+
+
+async def admit(request, *, reserve_tokens: int) -> Lease:
+    """Inside an `@openai_endpoint(generates=True)` view: take a lease for a generating request
+    reserving `reserve_tokens` tokens (prompt tokens + max_tokens). Raises ApiError 429/400
+    (the wrapper answers it). The view must `await lease.release(used_tokens)` when generation
+    ends (in a `finally`, inside the stream for streaming responses)."""
+    lease = await acquire(request.principal, reserve_tokens=reserve_tokens)
+    request.ratelimit_lease = lease
+    return lease
+
+
+def openai_endpoint(view=None, *, generates: bool = False):
+    """Wrap an async view as an OpenAI endpoint (see the module docstring).
+
+    generates=False: one request is debited before the view runs (models, tokenize, stored
+    objects). generates=True: the view calls `admit` itself."""
+    if view is None:
+        return functools.partial(openai_endpoint, generates=generates)
+
+    @functools.wraps(view)
+    async def wrapper(request, *args, **kwargs):
+        request.ratelimit_lease = None
+        try:
+            request.principal = await authenticate(request)
+            if not generates:
+                request.ratelimit_lease = await debit_request(request.principal)
+            response = await view(request, *args, **kwargs)
+        except ApiError as error:
+            response = error_response(error)
+        except BaseException:
+            await _release_forgotten(request.ratelimit_lease)
+            raise
+        lease = request.ratelimit_lease
+        if lease is not None:
+            for name, value in lease.headers().items():
+                if name not in response.headers:
+                    response.headers[name] = value
+            if isinstance(response, StreamingHttpResponse) and response.is_async:
+                response.streaming_content = _released_at_end(response, lease)
+            else:
+                await _release_forgotten(lease)
+        return response
+
+    wrapper.csrf_exempt = True
+    wrapper.openai_endpoint = True
+    return wrapper
+
+
+async def _release_forgotten(lease: Lease | None) -> None:
+    if lease is not None and not lease.released:
+        if lease.lease_id is not None:
+            logger.warning("a view did not release its rate-limit lease; charging the whole "
+                           "reservation of %d tokens", lease.reserved_tokens)
+        await lease.release(lease.reserved_tokens)
+
+
+async def _released_at_end(response: StreamingHttpResponse, lease: Lease):
+    # Iterate the view's own generator (not Django's wrapper around it) so that it can be closed
+    # here first: its `finally` releases the lease with the real usage, and only a lease it
+    # never released is charged in full.
+    content = getattr(response, "_iterator", None) or response.streaming_content
+    try:
+        async for chunk in content:
+            yield chunk
+    finally:
+        if hasattr(content, "aclose"):
+            await content.aclose()
+        await _release_forgotten(lease)
