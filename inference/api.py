@@ -17,7 +17,7 @@ import logging
 from django.http import JsonResponse, StreamingHttpResponse
 
 from .auth import authenticate
-from .ratelimit import Lease, acquire, debit_request
+from .ratelimit import Lease, acquire, current_headers, debit_request
 from .serving.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
 
     @functools.wraps(view)
     async def wrapper(request, *args, **kwargs):
+        request.principal = None
         request.ratelimit_lease = None
         try:
             request.principal = await authenticate(request)
@@ -60,10 +61,18 @@ def openai_endpoint(view=None, *, generates: bool = False):
             await _release_forgotten(request.ratelimit_lease)
             raise
         lease = request.ratelimit_lease
+        principal = request.principal
+        if "x-ratelimit-limit-requests" in response.headers:  # a 429 carries its own
+            headers = {}
+        elif lease is not None:
+            headers = lease.headers()
+        elif principal is not None:  # answered before `admit` (e.g. a 400)
+            headers = await current_headers(principal)
+        else:  # no identity (401): no budget to describe
+            headers = {}
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
         if lease is not None:
-            for name, value in lease.headers().items():
-                if name not in response.headers:
-                    response.headers[name] = value
             if isinstance(response, StreamingHttpResponse) and response.is_async:
                 response.streaming_content = _released_at_end(response, lease)
             else:

@@ -108,6 +108,15 @@ async def debit_request(principal) -> Lease:
     return Lease(scope, limits, decision.snapshot)
 
 
+async def current_headers(principal) -> dict[str, str]:
+    """The x-ratelimit-* headers of `principal`'s budget as it stands, debiting nothing: for a
+    /v1 response that ends before its request was admitted (e.g. a 400 from validation)."""
+    scope, limits = await _scope_and_limits(principal)
+    store = get_store()
+    usage = await _call(store, store.peek, scope, limits, now=clock.now(), count_denials=False)
+    return ratelimit_headers(limits, usage.snapshot)
+
+
 async def _scope_and_limits(principal) -> tuple[str, Limits]:
     key_id = principal.api_key.pk if principal.api_key is not None else None
     return await RateLimitContext.objects.afor(principal.tenant.pk, key_id)

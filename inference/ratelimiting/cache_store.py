@@ -68,8 +68,9 @@ class CacheStore:
                             limits.token_capacity)
             return True
 
-    def peek(self, scope: str, limits: Limits, *, now: float) -> Usage:
-        """The scope's state at `now`, changing nothing."""
+    def peek(self, scope: str, limits: Limits, *, now: float,
+             count_denials: bool = True) -> Usage:
+        """The scope's state at `now`, changing nothing (denials counted only if asked)."""
         with _lock:
             snapshot = Snapshot(
                 now,
@@ -77,6 +78,8 @@ class CacheStore:
                 self._level(scope, "tokens", limits.token_rate_s, limits.token_capacity, now),
                 len(self._leases(scope, now)),
             )
+        if not count_denials:
+            return Usage(snapshot, 0)
         minute = denial_minute(now)
         keys = [cache_key(scope, f"denied:{m}")
                 for m in range(minute - DENIAL_WINDOW_MINUTES + 1, minute + 1)]

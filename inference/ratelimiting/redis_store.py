@@ -124,17 +124,21 @@ class RedisStore:
                 lease_id or ""]
         return bool(_release_script(keys=keys, args=args, client=self._client()))
 
-    def peek(self, scope: str, limits: Limits, *, now: float) -> Usage:
+    def peek(self, scope: str, limits: Limits, *, now: float,
+             count_denials: bool = True) -> Usage:
         """The scope's state at `now`, read in one pipeline, changing nothing."""
         minute = denial_minute(now)
         denial_keys = [self._key(scope, f"denied:{m}")
-                       for m in range(minute - DENIAL_WINDOW_MINUTES + 1, minute + 1)]
+                       for m in range(minute - DENIAL_WINDOW_MINUTES + 1, minute + 1)
+                       if count_denials]
         pipe = self._client().pipeline(transaction=False)
         pipe.hmget(self._key(scope, "requests"), "level", "ts")
         pipe.hmget(self._key(scope, "tokens"), "level", "ts")
         pipe.zcount(self._key(scope, "leases"), f"({now!r}", "+inf")
-        pipe.mget(denial_keys)
-        req_state, tok_state, in_flight, denials = pipe.execute()
+        if denial_keys:
+            pipe.mget(denial_keys)
+        req_state, tok_state, in_flight, *denials = pipe.execute()
+        denials = denials[0] if denials else []
 
         def level(state, rate_s, cap):
             if rate_s <= 0:
