@@ -74,7 +74,10 @@ def openai_endpoint(view=None, *, generates: bool = False):
             response.headers.setdefault(name, value)
         if lease is not None:
             if isinstance(response, StreamingHttpResponse) and response.is_async:
-                response.streaming_content = _released_at_end(response, lease)
+                # Iterate the view's own generator (not Django's wrapper around it) so that it
+                # can be closed first: its `finally` releases the lease with the real usage.
+                content = getattr(response, "_iterator", None) or response.streaming_content
+                response.streaming_content = _released_at_end(content, lease)
             else:
                 await _release_forgotten(lease)
         return response
@@ -92,11 +95,9 @@ async def _release_forgotten(lease: Lease | None) -> None:
         await lease.release(lease.reserved_tokens)
 
 
-async def _released_at_end(response: StreamingHttpResponse, lease: Lease):
-    # Iterate the view's own generator (not Django's wrapper around it) so that it can be closed
-    # here first: its `finally` releases the lease with the real usage, and only a lease it
-    # never released is charged in full.
-    content = getattr(response, "_iterator", None) or response.streaming_content
+async def _released_at_end(content, lease: Lease):
+    # Close the view's generator before the safety net, so that only a lease the view never
+    # released is charged in full.
     try:
         async for chunk in content:
             yield chunk
