@@ -95,7 +95,9 @@ else:
 _redis_url = envstr("REDIS_URL")
 if _redis_url:
     # django-redis (not Django's own RedisCache): the rate limiter needs its raw client for Lua.
-    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": _redis_url}}
+    # KEY_PREFIX lets several deployments (or test runs) share one Redis without sharing budgets.
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": _redis_url,
+                          "KEY_PREFIX": envstr("METRALE_CACHE_KEY_PREFIX", "metrale")}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
 

@@ -3,6 +3,10 @@ from django.urls import path
 
 from metrale_site.urls import urlpatterns as site_urlpatterns
 
-from .stream_views import fake_stream
+from .stream_views import fake_stream, forgetful
 
-urlpatterns = [path("v1/test/stream", fake_stream), *site_urlpatterns]
+urlpatterns = [
+    path("v1/test/stream", fake_stream),
+    path("v1/test/forgetful", forgetful),
+    *site_urlpatterns,
+]

@@ -3,7 +3,7 @@ way the chat view does, without the engine. Registered only by tests (stream_url
 import asyncio
 import json
 
-from django.http import StreamingHttpResponse
+from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api import admit, openai_endpoint
 
@@ -35,3 +35,10 @@ async def fake_stream(request):
 
     return StreamingHttpResponse(events(), content_type="text/event-stream")
 
+
+
+@openai_endpoint(generates=True)
+async def forgetful(request):
+    """GET ?reserve=N: admit N tokens and answer without releasing (a buggy view)."""
+    await admit(request, reserve_tokens=int(request.GET["reserve"]))
+    return JsonResponse({"ok": True})

@@ -153,3 +153,13 @@ def test_a_generating_view_that_answers_before_admission_still_sends_the_headers
     assert response.json()["error"]["code"] == "request_too_large"
     assert response.headers["x-ratelimit-remaining-requests"] == "5"  # nothing debited
     assert response.headers["x-ratelimit-remaining-tokens"] == "100"
+
+
+def test_a_lease_the_view_forgets_is_released_in_full(client, frozen_clock, stream_site,
+                                                      make_tenant, make_key):
+    tenant = make_tenant(tokens_per_minute=1000, max_concurrent_requests=1)
+    _, key = make_key(tenant)
+    for _ in range(2):  # the second would be refused if the first had kept its slot
+        assert client.get("/v1/test/forgetful?reserve=100", headers=bearer(key)).status_code == 200
+    assert tokens_left(tenant) == 800
+    assert in_flight(tenant) == 0
