@@ -28,12 +28,13 @@ def error_response(error: ApiError) -> JsonResponse:
     return JsonResponse(error.body(), status=error.status, headers=error.headers)
 
 
-async def admit(request, *, reserve_tokens: int) -> Lease:
+async def admit(request, *, reserve_tokens: int, timeout_s: float | None = None) -> Lease:
     """Inside an `@openai_endpoint(generates=True)` view: take a lease for a generating request
-    reserving `reserve_tokens` tokens (prompt tokens + max_tokens). Raises ApiError 429/400
+    reserving `reserve_tokens` tokens (prompt tokens + max_tokens; timeout_s: the request's own
+    deadline in seconds, if it sets one). Raises ApiError 429/400
     (the wrapper answers it). The view must `await lease.release(used_tokens)` when generation
     ends (in a `finally`, inside the stream for streaming responses)."""
-    lease = await acquire(request.principal, reserve_tokens=reserve_tokens)
+    lease = await acquire(request.principal, reserve_tokens=reserve_tokens, timeout_s=timeout_s)
     request.ratelimit_lease = lease
     return lease
 
@@ -78,7 +79,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
                 # can be closed first: its `finally` releases the lease with the real usage.
                 content = getattr(response, "_iterator", None) or response.streaming_content
                 response.streaming_content = _released_at_end(content, lease)
-            else:
+            elif not response.streaming:  # (a sync stream releases in its own finally)
                 await _release_forgotten(lease)
         return response
 

@@ -62,21 +62,26 @@ class Lease:
                                    now=clock.now(), refund_tokens=refund, lease_id=self.lease_id))
 
 
-async def acquire(principal, *, reserve_tokens: int) -> Lease:
+async def acquire(principal, *, reserve_tokens: int, timeout_s: float | None = None) -> Lease:
     """Admit a generating request: atomically debit one request and `reserve_tokens` tokens
     (prompt tokens + max_tokens) and take a concurrency slot, or change nothing and raise.
 
     Raises ApiError 429 (type and code `rate_limit_exceeded`, param "requests", "tokens" or
     "concurrency", headers Retry-After >= 1 s and x-ratelimit-*) when an axis refuses, and
     ApiError 400 (param "max_tokens", code "request_too_large") when the request could never be
-    admitted: more than max_tokens_per_request, or more than the tokens bucket holds."""
+    admitted: more than max_tokens_per_request, or more than the tokens bucket holds.
+
+    timeout_s: the request's own deadline in seconds when it sets one (default
+    METRALE["REQUEST_TIMEOUT_S"]); a lease never released (a crashed process) frees its slot
+    LEASE_SLACK_S after it."""
     if reserve_tokens < 0:
         raise ValueError("reserve_tokens must be >= 0")
     scope, limits = await _scope_and_limits(principal)
     _check_request_size(limits, reserve_tokens)
     now = clock.now()
     lease_id = uuid.uuid4().hex
-    expiry = now + float(settings.METRALE.get("REQUEST_TIMEOUT_S") or 600.0) + LEASE_SLACK_S
+    timeout_s = timeout_s or settings.METRALE.get("REQUEST_TIMEOUT_S") or 600.0
+    expiry = now + float(timeout_s) + LEASE_SLACK_S
     store = get_store()
     pending = asyncio.ensure_future(_call(store, store.acquire, scope, limits, now=now,
                                           reserve_tokens=reserve_tokens, lease_id=lease_id,

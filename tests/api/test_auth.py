@@ -1,4 +1,5 @@
 """Bearer-key auth on every /v1/* route: the matrix of headers and key states, and auth off."""
+import re
 from datetime import timedelta
 
 import pytest
@@ -15,10 +16,11 @@ RATELIMIT_HEADERS = [f"x-ratelimit-{kind}-{axis}" for kind in ("limit", "remaini
 
 def v1_paths():
     """A concrete path for every /v1/* (and /tokenize, /detokenize) route the site has."""
+    samples = {"int": "1", "uuid": "00000000-0000-0000-0000-000000000001"}
     paths = []
     for route, _ in guarded_routes():
         path = "/" + route.lstrip("^").rstrip("$")
-        paths.append(path.replace("<", "").replace(">", ""))  # any converter: a literal
+        paths.append(re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m[1], "x1"), path))
     assert "/v1/models" in paths
     return paths
 

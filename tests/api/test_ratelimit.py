@@ -160,3 +160,11 @@ def test_the_token_bucket_refills_continuously(cache_backend, frozen_clock, make
     lease = run(acquire, principal_of(tenant), reserve_tokens=50)
     assert lease.headers()["x-ratelimit-remaining-tokens"] == "0"
     assert lease.headers()["x-ratelimit-reset-tokens"] == "10s"
+
+
+def test_a_request_with_its_own_timeout_holds_its_slot_that_long(cache_backend, frozen_clock,
+                                                                 make_tenant):
+    tenant = make_tenant(max_concurrent_requests=1)
+    run(acquire, principal_of(tenant), reserve_tokens=1, timeout_s=3600)
+    frozen_clock.advance(600 + 60 + 1)  # past the default deadline, within its own
+    assert denial(acquire, principal_of(tenant), reserve_tokens=1).param == "concurrency"
