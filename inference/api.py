@@ -11,6 +11,7 @@ wrapper releases it (charging the whole reservation) so no concurrency slot leak
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -75,10 +76,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
             response.headers.setdefault(name, value)
         if lease is not None:
             if isinstance(response, StreamingHttpResponse) and response.is_async:
-                # Iterate the view's own generator (not Django's wrapper around it) so that it
-                # can be closed first: its `finally` releases the lease with the real usage.
-                content = getattr(response, "_iterator", None) or response.streaming_content
-                response.streaming_content = _released_at_end(content, lease)
+                response.streaming_content = _LeasedStream(response, lease)
             elif not response.streaming:  # (a sync stream releases in its own finally)
                 await _release_forgotten(lease)
         return response
@@ -96,13 +94,36 @@ async def _release_forgotten(lease: Lease | None) -> None:
         await lease.release(lease.reserved_tokens)
 
 
-async def _released_at_end(content, lease: Lease):
-    # Close the view's generator before the safety net, so that only a lease the view never
-    # released is charged in full.
-    try:
-        async for chunk in content:
-            yield chunk
-    finally:
-        if hasattr(content, "aclose"):
-            await content.aclose()
-        await _release_forgotten(lease)
+class _LeasedStream:
+    """A generating view's stream body that is sure to end its lease.
+
+    Django closes a streaming response when sending stops, also when the client left while the
+    server was blocked in `send`; the view's generator is then merely dropped, and its `finally`
+    (which releases the lease with the real usage and aborts generation) would wait for the
+    garbage collector. Django calls `close()` here (any body with a `close` gets called), which
+    schedules on the event loop: close the view's generator, then charge in full a lease it
+    never released."""
+
+    def __init__(self, response: StreamingHttpResponse, lease: Lease):
+        # The view's own iterator, not Django's wrapper around it: only closing that one runs
+        # the view's `finally`.
+        self._content = getattr(response, "_iterator", None) or response.streaming_content
+        self._lease = lease
+        self._loop = asyncio.get_running_loop()
+
+    def __aiter__(self):
+        return self._content.__aiter__()
+
+    def close(self) -> None:
+        """Called by Django, from a worker thread, when the response is closed. Does not wait:
+        the view's cleanup may itself need that thread (thread-sensitive ORM calls)."""
+        if not self._loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self._finish(), self._loop)
+
+    async def _finish(self) -> None:
+        if hasattr(self._content, "aclose"):
+            try:
+                await self._content.aclose()
+            except RuntimeError:  # already being closed (by cancellation): it releases itself
+                pass
+        await _release_forgotten(self._lease)

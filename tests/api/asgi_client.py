@@ -10,7 +10,9 @@ from django.core.handlers.asgi import ASGIHandler
 
 class AsgiRequest:
     def __init__(self, method: str, url: str, headers: dict[str, str] | None = None,
-                 body: bytes = b""):
+                 body: bytes = b"", send_buffer: int = 0):
+        """send_buffer: how many messages the server may send ahead of the reader (0: any);
+        a small one makes the server wait in `send`, as it does for a slow client."""
         parts = urlsplit(url)
         self.scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -21,7 +23,7 @@ class AsgiRequest:
         }
         self.body = body
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=send_buffer)
         self.status: int | None = None
         self.headers: dict[str, str] = {}
         self.task: asyncio.Task | None = None

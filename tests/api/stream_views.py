@@ -39,6 +39,11 @@ async def fake_stream(request):
 
 @openai_endpoint(generates=True)
 async def forgetful(request):
-    """GET ?reserve=N: admit N tokens and answer without releasing (a buggy view)."""
+    """GET ?reserve=N[&stream=1]: admit N tokens and answer (in JSON, or as a one-chunk stream)
+    without ever releasing (a buggy view)."""
     await admit(request, reserve_tokens=int(request.GET["reserve"]))
+    if request.GET.get("stream"):
+        async def events():
+            yield "data: [DONE]\n\n"
+        return StreamingHttpResponse(events(), content_type="text/event-stream")
     return JsonResponse({"ok": True})

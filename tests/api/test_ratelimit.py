@@ -1,6 +1,6 @@
 """The limiter at the acquire/release level, on local memory and on the real Redis."""
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 
 from inference.auth import Principal
 from inference.models import RateLimitContext
@@ -168,3 +168,38 @@ def test_a_request_with_its_own_timeout_holds_its_slot_that_long(cache_backend, 
     run(acquire, principal_of(tenant), reserve_tokens=1, timeout_s=3600)
     frozen_clock.advance(600 + 60 + 1)  # past the default deadline, within its own
     assert denial(acquire, principal_of(tenant), reserve_tokens=1).param == "concurrency"
+
+
+def test_a_client_gone_during_admission_leaves_nothing_behind(frozen_clock, make_tenant,
+                                                              settings, monkeypatch, request):
+    import asyncio
+    import threading
+    import time
+
+    from inference.ratelimiting.redis_store import RedisStore
+
+    from .conftest import use_redis
+
+    request.addfinalizer(use_redis(settings))
+    tenant = make_tenant(tokens_per_minute=1000, max_concurrent_requests=1)
+    in_store = threading.Event()
+    original = RedisStore.acquire
+
+    def slow_acquire(self, *args, **kwargs):
+        in_store.set()
+        time.sleep(0.2)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStore, "acquire", slow_acquire)
+
+    async def scenario():
+        task = asyncio.ensure_future(acquire(principal_of(tenant), reserve_tokens=100))
+        await asyncio.to_thread(in_store.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the debit lands (0.2 s), then is undone
+        return await sync_to_async(usage)(tenant)
+
+    state = run(scenario)
+    assert (state.snapshot.tokens, state.snapshot.in_flight) == (1000, 0)

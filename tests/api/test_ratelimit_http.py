@@ -114,6 +114,27 @@ def test_a_cancelled_stream_is_charged_only_what_it_generated(cache_backend, fro
     async_to_sync(scenario)()
 
 
+def test_a_slow_client_gone_is_charged_only_what_was_generated(cache_backend, frozen_clock,
+                                                              stream_site, make_tenant, make_key):
+    # The server is blocked sending to a client that reads nothing when the client leaves: the
+    # cancellation lands in `send`, not in the view's generator, which is then closed from
+    # outside. Its own release (real usage) must still win over the wrapper's safety net.
+    tenant = make_tenant(tokens_per_minute=1000)
+    _, key = make_key(tenant)
+
+    async def scenario():
+        gates["never"] = asyncio.Event()
+        stream = await AsgiRequest("GET", stream_url(10, 100, 3, gate="never"), bearer(key),
+                                   send_buffer=1).start()
+        await asyncio.sleep(0.2)  # chunk 0 waits in the buffer, chunk 1 in `send`
+        await stream.disconnect()
+        await asyncio.sleep(0.2)  # closed generators are finalized by the event loop
+        assert await sync_to_async(tokens_left)(tenant) == 1000 - (10 + 2)
+        assert await sync_to_async(in_flight)(tenant) == 0
+
+    async_to_sync(scenario)()
+
+
 def test_concurrency_2_refuses_a_third_stream_until_one_ends(cache_backend, frozen_clock,
                                                             stream_site, make_tenant, make_key):
     _, key = make_key(make_tenant(max_concurrent_requests=2))
@@ -163,3 +184,21 @@ def test_a_lease_the_view_forgets_is_released_in_full(client, frozen_clock, stre
         assert client.get("/v1/test/forgetful?reserve=100", headers=bearer(key)).status_code == 200
     assert tokens_left(tenant) == 800
     assert in_flight(tenant) == 0
+
+
+def test_a_stream_whose_view_forgets_the_lease_is_released_in_full(frozen_clock, stream_site,
+                                                                   make_tenant, make_key):
+    tenant = make_tenant(tokens_per_minute=1000, max_concurrent_requests=1)
+    _, key = make_key(tenant)
+
+    async def scenario():
+        for _ in range(2):  # the second would be refused if the first had kept its slot
+            stream = await AsgiRequest("GET", "/v1/test/forgetful?reserve=100&stream=1",
+                                       bearer(key)).start()
+            assert stream.status == 200
+            assert await stream.read_all() == b"data: [DONE]\n\n"
+            await asyncio.sleep(0.05)  # the close hook runs on the event loop
+        assert await sync_to_async(tokens_left)(tenant) == 800
+        assert await sync_to_async(in_flight)(tenant) == 0
+
+    async_to_sync(scenario)()
