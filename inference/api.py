@@ -6,8 +6,14 @@ CSRF (callers authenticate with a bearer key, not a cookie).
 
 Non-generating views get one request debited before they run. Generating views
 (`@openai_endpoint(generates=True)`) call `admit(request, reserve_tokens=...)` once they know the
-prompt's size, and release the lease themselves when generation ends; if a view forgets, the
-wrapper releases it (charging the whole reservation) so no concurrency slot leaks.
+prompt's size, and release the lease themselves when generation ends (for a stream: in the
+`finally` of its async generator); if a view forgets, the wrapper releases it (charging the
+whole reservation) so no concurrency slot leaks. When Django closes a streamed response the
+wrapper also closes the view's generator, so its `finally` runs at once even when the client
+left while the server was blocked sending (see _LeasedStream).
+
+Responses that end before an identity is known (401) carry no x-ratelimit-* headers: there is
+no budget to describe.
 """
 from __future__ import annotations
 
