@@ -84,6 +84,11 @@ class AsyncEngine:
             raise RequestRejected(
                 f"this model's maximum context length is {max_len} tokens; the request has "
                 f"{len(prompt_token_ids)} prompt tokens and asks for up to {params.max_tokens} more")
+        bm = self.engine.block_manager
+        if len(prompt_token_ids) + params.max_tokens > bm.num_blocks * bm.block_size:
+            raise RequestRejected(
+                f"the request needs {len(prompt_token_ids) + params.max_tokens} tokens of KV cache; "
+                f"the pool holds {bm.num_blocks * bm.block_size}")
         deadline = time.monotonic() + timeout_s if timeout_s else None
         self._commands.append(("add", handle, (list(prompt_token_ids), params, deadline, cache_salt)))
         self._wake.set()
