@@ -4,11 +4,14 @@ A format subclass says where a call region starts (`_find_start`), where it
 ends (`_new_scanner`), and what it means (`_parse`). The base class turns
 regions into deltas under one set of rules:
 
-- Text outside call regions is Content. Only text that could still be the
-  start of a call is held back. Whitespace next to a call (and, for
-  llama3_json, the `;` between calls) is not content: a run of it before a
-  call, between calls, or after the last call is dropped; a text-only answer
-  keeps its whitespace.
+- Text outside call regions is Content: the text with the calls cut out.
+  Only text that could still start a call is held back, plus trailing
+  whitespace until it is known not to end the content. Whitespace is
+  dropped where a cut call leaves it at an edge of the content: before the
+  first content when a call came first, after the last content when any call
+  was cut (so calls separated only by newlines leave no content). Whitespace
+  between content and a call stays, llama3_json's `;` between two calls goes,
+  and a turn without calls keeps its text exactly.
 - A call is delivered only when its region is complete: ToolCallStart, then
   one ToolCallArgs whose fragment is the whole arguments object as compact
   JSON. Nothing about a call is sent before it closes, so a call cut off by the
@@ -119,8 +122,10 @@ class ToolParser:
         self._detecting = not self.speculative or bool(self.schemas.names)
         self._buf = ""
         self._scanner: Scanner | None = None   # set while inside a call region
-        self._ws_pending = ""                  # trailing whitespace of content, not yet sent
+        self._pending = ""                     # trailing whitespace (separators) not yet sent
+        self._content_started = False          # some non-whitespace content was sent
         self._after_call = False               # only separators since the last call region
+        self._cut_any = False                  # some call region was cut out of the text
 
     # -- the streaming interface -------------------------------------------------------------
 
@@ -139,9 +144,9 @@ class ToolParser:
         if self._scanner is not None and not self.should_stop:
             region, self._buf, self._scanner = self._buf, "", None
             self._truncated(region, out)
-        if self._ws_pending and not self._after_call:
-            out.append(Content(self._ws_pending))
-        self._ws_pending = ""
+        if self._pending and not self._cut_any:
+            out.append(Content(self._pending))
+        self._pending = ""
         return out
 
     # -- what a format defines ---------------------------------------------------------------
@@ -236,22 +241,27 @@ class ToolParser:
     # -- content and the whitespace next to calls --------------------------------------------
 
     def _call_boundary(self) -> None:
-        self._ws_pending = ""
+        """A call region was cut out here."""
+        if not self._content_started:
+            self._pending = ""
+        elif self._after_call:   # only separators since the previous call: keep their whitespace
+            self._pending = "".join(c for c in self._pending if c in WHITESPACE)
         self._after_call = True
+        self._cut_any = True
 
     def _content(self, text: str, out: list[StreamDelta]) -> None:
         if not text:
             return
-        text = self._ws_pending + text
-        self._ws_pending = ""
+        text = self._pending + text
         if self._after_call:
-            stripped = text.lstrip(self.separators)
-            if not stripped:
-                self._ws_pending = text
+            if not text.lstrip(self.separators):
+                self._pending = text
                 return
-            text = stripped
             self._after_call = False
         body = text.rstrip(WHITESPACE)
-        self._ws_pending = text[len(body):]
+        self._pending = text[len(body):]
         if body:
+            if not self._content_started and self._cut_any:
+                body = body.lstrip(WHITESPACE)
             out.append(Content(body))
+            self._content_started = True
