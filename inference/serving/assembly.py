@@ -1,4 +1,4 @@
-"""Blocking-response assembly: StreamDeltas -> one message's content, reasoning and tool calls, and its finish_reason.
+"""Blocking-response assembly: StreamDeltas -> a message and its finish_reason.
 
 Source: the original server's behaviour doc, section 4, "vLLM whitespace
 shaping" and "Wire finish reason on streams". Rules:

@@ -1,4 +1,4 @@
-"""Literal marker search for streaming text parsers: act on complete markers, hold back only possible ones.
+"""Literal marker search for streaming parsers: act on complete markers, hold back possible ones.
 
 Every streaming parser here (reasoning tags, tool-call openers, the content
 sanitizer) looks for fixed strings in text that arrives in arbitrary pieces.
@@ -15,7 +15,7 @@ WHITESPACE = " \t\r\n\f\v"
 
 
 def partial_start(buf: str, markers: Sequence[str], start: int = 0) -> int:
-    """The smallest i >= start where buf[i:] is a non-empty proper prefix of a marker; len(buf) if none."""
+    """The smallest i >= start where buf[i:] is a proper prefix of a marker; len(buf) if none."""
     if not markers:
         return len(buf)
     longest = max(len(m) for m in markers)
@@ -28,7 +28,7 @@ def partial_start(buf: str, markers: Sequence[str], start: int = 0) -> int:
 
 
 def find_marker(buf: str, markers: Sequence[str], start: int = 0) -> tuple[int, str] | None:
-    """The earliest complete marker at or after start, as (index, marker); ties go to the longest."""
+    """The earliest complete marker at or after start as (index, marker); ties go to the longest."""
     best: tuple[int, str] | None = None
     for m in markers:
         j = buf.find(m, start)

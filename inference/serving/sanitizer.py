@@ -25,7 +25,7 @@ from .markers import next_marker
 
 @dataclass(frozen=True, slots=True)
 class LeakMarkers:
-    """The markup a tool-call format may leak into content; all empty means text passes unchanged."""
+    """The markup a tool-call format may leak into content; all empty: text passes unchanged."""
 
     orphan_open: tuple[str, ...] = ()
     close: tuple[str, ...] = ()
@@ -38,7 +38,7 @@ class LeakMarkers:
 
 
 class ContentSanitizer:
-    """Per-request streaming filter over content text; `feed` and `flush` return the text to send."""
+    """Per-request streaming filter over content; `feed` and `flush` return the text to send."""
 
     def __init__(self, markers: LeakMarkers | None = None):
         self.markers = markers or LeakMarkers()

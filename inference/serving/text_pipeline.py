@@ -1,4 +1,4 @@
-"""TextPipeline: generated text -> StreamDeltas through the reasoning parser, the tool parser and the sanitizer.
+"""TextPipeline: generated text -> StreamDeltas via the reasoning parser, tool parser and sanitizer.
 
 The pure-text half of `pipeline.py` (which owns engine events, detokenizing
 and stop strings and calls this with each piece of decoded text). Order, from
@@ -42,7 +42,8 @@ class TextPipeline:
                                              parallel_tool_calls=parallel_tool_calls,
                                              max_calls=max_calls, id_factory=id_factory)
                             if tool_parser else None)
-        self.sanitizer = ContentSanitizer(self.tool_parser.leak_markers if self.tool_parser else None)
+        self.sanitizer = ContentSanitizer(
+            self.tool_parser.leak_markers if self.tool_parser else None)
         self.reasoning_tokens = 0
 
     @property

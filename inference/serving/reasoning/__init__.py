@@ -53,7 +53,7 @@ def choose_reasoning_parser(model_type: str, chat_template: str | None) -> str |
 
 
 def prompt_opens_reasoning(prompt: str, parser_name: str | None) -> bool:
-    """True when the rendered prompt ends inside an open reasoning block (pass as started_in_reasoning).
+    """True when the rendered prompt ends inside an open reasoning block: started_in_reasoning.
 
     A prompt ending in `<think>\\n` (DeepSeek-R1, Qwen3-thinking templates) opens
     one; `<think>\\n\\n</think>\\n\\n` (thinking disabled) ends with the close tag

@@ -1,4 +1,4 @@
-"""TagReasoningParser: splits streamed text into reasoning and content at a start tag and an end tag.
+"""TagReasoningParser: splits streamed text into reasoning and content at a start and an end tag.
 
 Source: the original server's behaviour doc, section 4, "Reasoning parsers":
 one `<think>...</think>` implementation for the prompt-opened case and the
@@ -51,7 +51,7 @@ class TagReasoningParser:
         return self._in_reasoning
 
     def feed(self, text: str) -> list[StreamDelta]:
-        """Reasoning and Content deltas for text that is certain now; a possible tag is held back."""
+        """Reasoning and Content deltas for text that is certain now; a possible tag is held."""
         self._buf += text
         return self._drain(final=False)
 

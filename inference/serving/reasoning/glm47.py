@@ -1,4 +1,4 @@
-"""The `glm47` reasoning parser: `<think>...</think>`, where a `<tool_call>` also ends the reasoning.
+"""The `glm47` reasoning parser: `<think>...</think>`, where a `<tool_call>` also ends reasoning.
 
 Source: the original server's behaviour doc, section 4, "Reasoning parsers"
 (`glm47`, for glm5_next): the prompt opens `<think>`, and a model that starts a
@@ -11,7 +11,7 @@ from .base import TagReasoningParser
 
 
 class Glm47ReasoningParser(TagReasoningParser):
-    """`<think>` ... `</think>` or ... `<tool_call>`; see TagReasoningParser for the shaping rules."""
+    """`<think>` ... `</think>` or ... `<tool_call>`; TagReasoningParser has the shaping rules."""
 
     name = "glm47"
     start_tag = "<think>"

@@ -8,7 +8,7 @@ from .base import TagReasoningParser
 
 
 class MistralReasoningParser(TagReasoningParser):
-    """`[THINK]` opens reasoning, `[/THINK]` closes it; see TagReasoningParser for the shaping rules."""
+    """`[THINK]` opens reasoning, `[/THINK]` closes it; TagReasoningParser has the shaping rules."""
 
     name = "mistral"
     start_tag = "[THINK]"

@@ -32,8 +32,9 @@ _BY_MODEL_TYPE = {
 }
 
 
-def make_tool_parser(name: str, tools: list[dict] | None, *, tool_choice: str | dict | None = "auto",
-                     parallel_tool_calls: bool = True, max_calls: int = DEFAULT_MAX_CALLS,
+def make_tool_parser(name: str, tools: list[dict] | None, *,
+                     tool_choice: str | dict | None = "auto", parallel_tool_calls: bool = True,
+                     max_calls: int = DEFAULT_MAX_CALLS,
                      id_factory: Callable[[], str] | None = None) -> ToolParser:
     """A new per-request parser. Raises ValueError naming the known parsers for an unknown name."""
     try:

@@ -1,4 +1,4 @@
-"""ToolParser: the streaming state machine shared by every tool-call format (content, call region, verdict).
+"""ToolParser: the streaming state machine every tool-call format shares (content, call, verdict).
 
 A format subclass says where a call region starts (`_find_start`), where it
 ends (`_new_scanner`), and what it means (`_parse`). The base class turns
@@ -130,7 +130,7 @@ class ToolParser:
     # -- the streaming interface -------------------------------------------------------------
 
     def feed(self, text: str) -> list[StreamDelta]:
-        """Deltas for the text that is certain now; a possible call opener or an open call is held."""
+        """Deltas for text that is certain now; a possible call opener or an open call is held."""
         if self.should_stop or not text:
             return []
         self._buf += text
@@ -178,7 +178,8 @@ class ToolParser:
                     break
                 self._content(self._buf[:start], out)
                 self._buf = self._buf[start:]
-                if not self.speculative and self.calls_enabled and len(self.calls) >= self.max_calls:
+                at_limit = self.calls_enabled and len(self.calls) >= self.max_calls
+                if at_limit and not self.speculative:
                     self._stop()
                     break
                 self._scanner = self._new_scanner()

@@ -77,7 +77,7 @@ class JsonExtent:
 
 
 class PythonListExtent:
-    """Finds the end of a Python list expression that starts at `start` (a `[`), string literals included.
+    """Finds the end of a Python list expression starting at `start` (a `[`), strings included.
 
     Handles single, double and triple quotes with backslash escapes; the
     bracket kinds are not matched against each other (`ast` checks that).

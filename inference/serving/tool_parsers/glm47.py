@@ -1,4 +1,4 @@
-"""The `glm47` tool parser: poolside_v1's wire format under the fail-closed call policy (GLM-4.5+, GLM-5.3).
+"""The `glm47` tool parser: poolside_v1's wire format under the fail-closed call policy (GLM).
 
 Source: the original server's behaviour doc, section 4, "Fail-closed
 (`CallPolicy::FailClosed`, glm47 only)":
@@ -32,7 +32,7 @@ _SHOWN_CHARS = 200   # how much of a broken call its refusal spells out
 
 
 def resolve_tool_name(emitted: str, offered: tuple[str, ...]) -> str | None:
-    """The offered tool an emitted name means, by the fail-closed rule (exact, else longest prefix)."""
+    """The offered tool an emitted name means (fail-closed rule: exact, else longest prefix)."""
     if emitted in offered:
         return emitted
     best = None
@@ -44,7 +44,7 @@ def resolve_tool_name(emitted: str, offered: tuple[str, ...]) -> str | None:
 
 
 class Glm47ToolParser(PoolsideV1ToolParser):
-    """Every `<tool_call>` envelope becomes one delivered call: accepted, or refused with a reason."""
+    """Every `<tool_call>` envelope becomes one delivered call: accepted, or refused (a reason)."""
 
     name = "glm47"
 

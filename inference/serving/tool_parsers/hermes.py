@@ -1,4 +1,6 @@
-"""The `hermes` tool parser: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/3, Hermes, SmolLM3).
+"""The `hermes` tool parser: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+Used by Qwen2.5 / Qwen3, Hermes 2-3 and SmolLM3.
 
 Source: vLLM's `hermes` parser; the original server's `hermes` (default for
 qwen3_next, qwen3_vl_moe). A `</tool_call>` inside a JSON string does not
@@ -18,7 +20,7 @@ CLOSE = "</tool_call>"
 
 
 class _HermesScanner:
-    """The envelope ends at the `</tool_call>` after the JSON value, or at the first one if no JSON."""
+    """The envelope ends at the `</tool_call>` after the JSON value (the first one if no JSON)."""
 
     def __init__(self):
         self._pos = len(OPEN)

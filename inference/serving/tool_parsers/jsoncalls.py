@@ -1,4 +1,4 @@
-"""Reading calls out of JSON: `{"name": ..., "arguments" | "parameters": {...}}` objects, alone or in a list.
+"""Reading calls out of JSON: `{"name": ..., "arguments" | "parameters": {...}}`, alone or listed.
 
 Shared by hermes, llama3_json and mistral. Arguments given as a JSON string
 holding an object (some models double-encode) are decoded; a missing or

@@ -1,4 +1,4 @@
-"""The `llama3_json` tool parser: a bare JSON object `{"name": ..., "parameters": {...}}`, several joined by `;`.
+"""The `llama3_json` tool parser: bare JSON `{"name", "parameters"}` objects, `;`-separated.
 
 Source: vLLM's `llama3_json` parser (Llama 3.1/3.2 JSON tool calling; an
 optional `<|python_tag|>` before the object; "arguments" accepted for

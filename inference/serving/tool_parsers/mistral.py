@@ -1,4 +1,4 @@
-"""The `mistral` tool parser: `[TOOL_CALLS]` + a JSON list of calls, or `[TOOL_CALLS]NAME[ARGS]{json}` per call.
+"""The `mistral` tool parser: `[TOOL_CALLS]` + JSON list, or `[TOOL_CALLS]NAME[ARGS]{json}`.
 
 Source: vLLM's `mistral` parser (both tokenizer generations: before v11 a
 JSON list `[{"name", "arguments"}]` after the marker; from v11 one

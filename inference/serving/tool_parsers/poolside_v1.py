@@ -1,4 +1,4 @@
-"""The `poolside_v1` tool parser: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`.
+"""The `poolside_v1` tool parser: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`.
 
 Source: the original server's behaviour doc, section 4, `poolside_v1`
 (Poolside's Laguna models): a value that parses as JSON is JSON, otherwise a

@@ -86,5 +86,6 @@ class PythonicToolParser(ToolParser):
                 except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                     return NOT_A_CALL
             name = node.func.id
-            calls.append(ParsedCall(name, coerce_arguments(arguments, self.schemas.parameters(name))))
+            arguments = coerce_arguments(arguments, self.schemas.parameters(name))
+            calls.append(ParsedCall(name, arguments))
         return calls

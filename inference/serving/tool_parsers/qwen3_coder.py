@@ -1,4 +1,7 @@
-"""The `qwen3_coder` tool parser: `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>`.
+"""The `qwen3_coder` tool parser: XML-style calls, `<function=NAME>` with `<parameter=KEY>` values.
+
+The whole shape: `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function>`
+then `</tool_call>`.
 
 Source: vLLM's `qwen3_coder` parser (a value loses one leading and one
 trailing newline; a string parameter keeps its text verbatim; other types are
@@ -22,7 +25,7 @@ PARAMETER_END = "</parameter>"
 
 
 class _Qwen3CoderScanner:
-    """Outside a value the envelope ends at `</tool_call>`; inside one only `</parameter>` counts."""
+    """Outside a value `</tool_call>` ends the envelope; inside one only `</parameter>` counts."""
 
     def __init__(self):
         self._pos = len(OPEN)

@@ -1,4 +1,4 @@
-"""The request's tools as schemas: which names may be called, and argument values typed by JSON Schema.
+"""The request's tools as schemas: which names may be called; argument values typed by JSON Schema.
 
 Source: the original server's behaviour doc, section 4, "Repair and backfill"
 (string values coerced to schema types; booleans also accept 1/0/yes/no) and
@@ -60,7 +60,7 @@ class ToolSchemas:
 
 
 def schema_types(schema: Any) -> list[str]:
-    """The JSON Schema types a schema names (`type` as a string or list; inferred from properties/items)."""
+    """The types a JSON Schema names (`type`: a string or a list; else from properties / items)."""
     if not isinstance(schema, dict):
         return []
     t = schema.get("type")
@@ -100,13 +100,14 @@ def coerce_value(value: Any, schema: Any) -> Any:
     if isinstance(value, dict) and isinstance(schema, dict) \
             and isinstance(schema.get("properties"), dict):
         return coerce_arguments(value, schema)
-    if isinstance(value, list) and isinstance(schema, dict) and isinstance(schema.get("items"), dict):
+    if isinstance(value, list) and isinstance(schema, dict) \
+            and isinstance(schema.get("items"), dict):
         return [coerce_value(v, schema["items"]) for v in value]
     return value
 
 
 def coerce_arguments(arguments: dict, parameters: dict) -> dict:
-    """Each argument coerced by its property schema in `parameters`; unknown keys are kept as they are."""
+    """Each argument coerced by its property schema in `parameters`; unknown keys are kept as is."""
     props = parameters.get("properties") if isinstance(parameters, dict) else None
     if not isinstance(props, dict):
         return arguments
