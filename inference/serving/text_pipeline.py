@@ -36,12 +36,15 @@ class TextPipeline:
                  tools: list[dict] | None = None, tool_choice: str | dict | None = "auto",
                  parallel_tool_calls: bool = True, max_calls: int = DEFAULT_MAX_CALLS,
                  started_in_reasoning: bool = False, id_factory: Callable[[], str] | None = None):
-        self.reasoning = (make_reasoning_parser(reasoning_parser, started_in_reasoning)
-                          if reasoning_parser else None)
         self.tool_parser = (make_tool_parser(tool_parser, tools, tool_choice=tool_choice,
                                              parallel_tool_calls=parallel_tool_calls,
                                              max_calls=max_calls, id_factory=id_factory)
                             if tool_parser else None)
+        # Reasoning tags inside a tool call are the call's text (a file that mentions <think>).
+        outside_calls = (lambda: not self.tool_parser.in_call) if self.tool_parser else None
+        self.reasoning = (make_reasoning_parser(reasoning_parser, started_in_reasoning,
+                                                tags_in_content=outside_calls)
+                          if reasoning_parser else None)
         self.sanitizer = ContentSanitizer(
             self.tool_parser.leak_markers if self.tool_parser else None)
         self.reasoning_tokens = 0
@@ -68,14 +71,20 @@ class TextPipeline:
         before or after them (so the tokens of the tags count as reasoning).
         """
         was_reasoning = self.in_reasoning
-        staged = self.reasoning.feed(text) if self.reasoning else [Content(text)] if text else []
+        out: list[StreamDelta] = []
+        if self.reasoning:
+            self.reasoning.feed_into(text, lambda delta: self._route(delta, out))
+        elif text:
+            self._route(Content(text), out)
         if was_reasoning or self.in_reasoning:
             self.reasoning_tokens += n_tokens
-        return self._route(staged)
+        return out
 
     def finish(self) -> list[StreamDelta]:
         """Deltas for everything held back, at the end of generation; call once."""
-        out = self._route(self.reasoning.finish() if self.reasoning else [])
+        out: list[StreamDelta] = []
+        if self.reasoning:
+            self.reasoning.finish_into(lambda delta: self._route(delta, out))
         if self.tool_parser:
             self._sanitize(self.tool_parser.finish(), out)
         tail = self.sanitizer.flush()
@@ -83,16 +92,14 @@ class TextPipeline:
             out.append(Content(tail))
         return out
 
-    def _route(self, staged: list[StreamDelta]) -> list[StreamDelta]:
-        out: list[StreamDelta] = []
-        for delta in staged:
-            if isinstance(delta, Reasoning):
-                out.append(delta)
-            elif self.tool_parser:
-                self._sanitize(self.tool_parser.feed(delta.text), out)
-            else:
-                self._sanitize([delta], out)
-        return out
+    def _route(self, delta: StreamDelta, out: list[StreamDelta]) -> None:
+        """One reasoning-parser delta on: reasoning out as is, content through tools and sanitizer."""
+        if isinstance(delta, Reasoning):
+            out.append(delta)
+        elif self.tool_parser:
+            self._sanitize(self.tool_parser.feed(delta.text), out)
+        else:
+            self._sanitize([delta], out)
 
     def _sanitize(self, deltas: list[StreamDelta], out: list[StreamDelta]) -> None:
         for delta in deltas:

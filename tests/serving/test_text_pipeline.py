@@ -58,3 +58,27 @@ def test_without_parsers_text_passes_through():
     assert pipeline.feed("a <tool_call> b") == [Content("a <tool_call> b")]
     assert pipeline.finish() == []
     assert pipeline.tool_calls == [] and not pipeline.should_stop and not pipeline.in_reasoning
+
+
+TAGGED_FILE = {"path": "a", "content": "<think>x</think>"}
+CALLS_WITH_THINK_TAGS = {
+    "hermes": '<tool_call>{"name": "write_file", "arguments": '
+              '{"path": "a", "content": "<think>x</think>"}}</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n"
+                   "<parameter=content>\n<think>x</think>\n</parameter>\n</function>\n</tool_call>",
+    "poolside_v1": "<tool_call>write_file<arg_key>path</arg_key><arg_value>a</arg_value>"
+                   "<arg_key>content</arg_key><arg_value><think>x</think></arg_value></tool_call>",
+    "glm47": "<tool_call>write_file<arg_key>path</arg_key><arg_value>a</arg_value>"
+             "<arg_key>content</arg_key><arg_value><think>x</think></arg_value></tool_call>",
+    "llama3_json": '{"name": "write_file", "parameters": {"path": "a", "content": "<think>x</think>"}}',
+    "pythonic": '[write_file(path="a", content="<think>x</think>")]',
+}
+
+
+@pytest.mark.parametrize("parser", sorted(CALLS_WITH_THINK_TAGS))
+def test_reasoning_tags_inside_a_call_are_the_calls_text(parser):
+    from .streaming import assert_split_invariant
+    text = "<think>plan</think>" + CALLS_WITH_THINK_TAGS[parser] + "<think>more</think>Done."
+    got = assert_split_invariant(
+        lambda: make_pipeline(reasoning_parser="think", tool_parser=parser), text)
+    assert got == [R("plan")] + CALL(0, "write_file", TAGGED_FILE) + [R("\n\nmore"), C("Done.")]

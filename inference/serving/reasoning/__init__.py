@@ -6,6 +6,8 @@ per-request object with `feed(text) -> list[StreamDelta]`, `finish()` and
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .base import TagReasoningParser
 from .glm47 import Glm47ReasoningParser
 from .mistral import MistralReasoningParser
@@ -27,14 +29,18 @@ _BY_MODEL_TYPE = {
 }
 
 
-def make_reasoning_parser(name: str, started_in_reasoning: bool = False) -> TagReasoningParser:
-    """A new per-request parser. Raises ValueError naming the known parsers for an unknown name."""
+def make_reasoning_parser(name: str, started_in_reasoning: bool = False,
+                          tags_in_content: Callable[[], bool] | None = None) -> TagReasoningParser:
+    """A new per-request parser (arguments: see TagReasoningParser).
+
+    Raises ValueError naming the known parsers for an unknown name.
+    """
     try:
         cls = REASONING_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown reasoning parser {name!r}; known: "
                          f"{', '.join(sorted(REASONING_PARSERS))}") from None
-    return cls(started_in_reasoning=started_in_reasoning)
+    return cls(started_in_reasoning=started_in_reasoning, tags_in_content=tags_in_content)
 
 
 def choose_reasoning_parser(model_type: str, chat_template: str | None) -> str | None:

@@ -129,6 +129,11 @@ class ToolParser:
 
     # -- the streaming interface -------------------------------------------------------------
 
+    @property
+    def in_call(self) -> bool:
+        """True while the text fed so far ends inside an open call region."""
+        return self._scanner is not None
+
     def feed(self, text: str) -> list[StreamDelta]:
         """Deltas for text that is certain now; a possible call opener or an open call is held."""
         if self.should_stop or not text:
