@@ -64,6 +64,11 @@ class TextPipeline:
         """Delivered calls so far: {"id", "name", "arguments" (a JSON object string)}."""
         return self.tool_parser.calls if self.tool_parser else []
 
+    @property
+    def rejected_tool_calls(self) -> list[dict]:
+        """Tool markup that was not delivered, as {"name", "reason"} (for logs and metrics)."""
+        return self.tool_parser.rejected if self.tool_parser else []
+
     def feed(self, text: str, n_tokens: int = 1) -> list[StreamDelta]:
         """Deltas for newly generated text; n_tokens: how many tokens produced it.
 
@@ -93,7 +98,7 @@ class TextPipeline:
         return out
 
     def _route(self, delta: StreamDelta, out: list[StreamDelta]) -> None:
-        """One reasoning-parser delta on: reasoning out as is, content through tools and sanitizer."""
+        """Pass one reasoning-parser delta on: content goes through the tool parser and sanitizer."""
         if isinstance(delta, Reasoning):
             out.append(delta)
         elif self.tool_parser:
