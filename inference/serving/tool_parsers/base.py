@@ -106,7 +106,7 @@ class ToolParser:
     start_markers: ClassVar[tuple[str, ...]] = ()
     # Speculative formats: the opener is ordinary text until the region parses as a call.
     speculative: ClassVar[bool] = False
-    # Characters dropped between a call and what follows it.
+    # What may sit between two calls: dropped there and after the last call (see module doc).
     separators: ClassVar[str] = WHITESPACE
 
     def __init__(self, tools: list[dict] | None = None, *, tool_choice: str | dict | None = "auto",
