@@ -84,10 +84,12 @@ _database_url = envstr("DATABASE_URL")
 if _database_url:
     DATABASES = {"default": _database_from_url(_database_url)}
 else:
+    _sqlite_path = Path(envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")))
+    _sqlite_path.parent.mkdir(parents=True, exist_ok=True)  # var/ is not in git
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")),
+            "NAME": str(_sqlite_path),
             "OPTIONS": {"timeout": 20},
         }
     }
