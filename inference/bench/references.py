@@ -45,12 +45,13 @@ def hf_generate_tok_s(model_dir: str | Path, dtype: torch.dtype, batch: int, pro
 
 
 def weight_bytes(model) -> int:
-    """Bytes the decode step reads per token: every parameter and fused weight of the model."""
-    seen = set()
+    """Bytes one batch-1 decode step reads: every fused linear (its int8 copy when decode uses it)
+    plus the norms; the embedding table is only indexed, so it counts only when it is the LM head."""
     total = 0
-    for t in list(model.parameters()) + [getattr(m, a) for m in model.modules()
-                                         for a in ("qkv_weight", "gate_up_weight") if getattr(m, a, None) is not None]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
+    for lin in model.packed():
+        if lin.q is not None:
+            total += lin.q.numel() + lin.scale.numel() * lin.scale.element_size()
+        else:
+            total += lin.weight.numel() * lin.weight.element_size()
+    total += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
     return total

@@ -131,6 +131,9 @@ class EngineConfig:
     kv_cache_fraction: float = 0.05
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # "int8": decode rows use weight-only int8 copies of the linears (CPU; layers/linear.py);
+    # "model": every row uses the model dtype's weights (exact, slower at small batches).
+    decode_weights: str = "model"
     num_threads: int | None = None
     step_log: bool = False
 
@@ -141,6 +144,8 @@ class EngineConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
+        if self.decode_weights not in ("int8", "model"):
+            raise ConfigError(f"decode_weights must be int8 or model, got {self.decode_weights!r}")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:

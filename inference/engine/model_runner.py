@@ -93,7 +93,7 @@ class ModelRunner:
         self._prompt_logprobs(batch, hidden)
         if not sample_rows:
             return None
-        logits = self.model.compute_logits(hidden[sample_rows])
+        logits = self.model.compute_logits(hidden[sample_rows], batch.num_decodes)
         sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
         return self.sampler(logits, sampling)
 
@@ -118,4 +118,4 @@ class ModelRunner:
     def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits float32 [T, vocab] for every scheduled token (used by parity tests)."""
         input_ids, positions, meta, _ = self.prepare(batch)
-        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta), meta.num_decodes)

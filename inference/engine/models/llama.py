@@ -3,7 +3,8 @@
 Parameter names follow transformers' modeling_llama.py exactly
 (`model.layers.N.self_attn.q_proj.weight`, ...) so an HF checkpoint loads without
 a rename table. After loading, `fuse()` concatenates q/k/v and gate/up into one
-matrix each, so a decode step runs two GEMMs fewer per layer.
+matrix each (two GEMMs fewer per layer), and `enable_int8()` adds int8 copies used
+for decode rows (layers/linear.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..layers.attention import AttentionMetadata, paged_attention
+from ..layers.linear import PackedLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 
@@ -35,23 +37,27 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.qkv_weight: torch.Tensor | None = None
-        self.qkv_bias: torch.Tensor | None = None
+        self.qkv: PackedLinear | None = None
+        self.out: PackedLinear | None = None
 
     def fuse(self):
         """Concatenate q/k/v weights (and biases) into one [q+2kv, hidden] matrix."""
-        self.qkv_weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        bias = None
         if self.q_proj.bias is not None:
-            self.qkv_bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
-        del self.q_proj, self.k_proj, self.v_proj
+            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        self.qkv = PackedLinear(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]), bias)
+        self.out = PackedLinear(self.o_proj.weight)
+        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata):
+    def packed(self) -> list[PackedLinear]:
+        return [self.qkv, self.out]
+
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata, n_int8: int = 0):
         t = x.shape[0]
         q_size = self.n_heads * self.head_dim
         kv_size = self.n_kv * self.head_dim
-        if self.qkv_weight is not None:
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x, n_int8).split([q_size, kv_size, kv_size], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(t, self.n_heads, self.head_dim)
@@ -61,8 +67,8 @@ class Attention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = rotary(positions, q, k)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta)
-        return self.o_proj(o.view(t, q_size))
+        o = paged_attention(q, k, v, k_cache, v_cache, meta).view(t, q_size)
+        return self.out(o, n_int8) if self.out is not None else self.o_proj(o)
 
 
 class MLP(nn.Module):
@@ -73,19 +79,23 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up: PackedLinear | None = None
+        self.down: PackedLinear | None = None
 
     def fuse(self):
         """Concatenate gate and up weights into one [2 * intermediate, hidden] matrix."""
-        self.gate_up_weight = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
-        del self.gate_proj, self.up_proj
+        self.gate_up = PackedLinear(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+        self.down = PackedLinear(self.down_proj.weight)
+        del self.gate_proj, self.up_proj, self.down_proj
 
-    def forward(self, x):
-        if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+    def packed(self) -> list[PackedLinear]:
+        return [self.gate_up, self.down]
+
+    def forward(self, x, n_int8: int = 0):
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x, n_int8).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up, n_int8)
 
 
 class DecoderLayer(nn.Module):
@@ -98,9 +108,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta, n_int8: int = 0):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta, n_int8)
+        return x + self.mlp(self.post_attention_layernorm(x), n_int8)
 
 
 class LlamaModel(nn.Module):
@@ -117,8 +127,9 @@ class LlamaForCausalLM(nn.Module):
     """The causal LM: packed tokens in, hidden states out; `compute_logits` for the rows that sample.
 
     forward(input_ids int64 [T], positions int64 [T], kv_caches: list of (k, v)
-    per layer, meta) -> hidden [T, hidden_size] in the model dtype.
-    compute_logits(hidden [N, hidden_size]) -> float32 [N, vocab_size].
+    per layer, meta) -> hidden [T, hidden_size] in the model dtype. With int8 enabled,
+    the first meta.num_decodes rows (the decodes) use the int8 weights.
+    compute_logits(hidden [N, hidden_size], n_int8) -> float32 [N, vocab_size].
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -127,19 +138,38 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.head: PackedLinear | None = None
+        self.int8_decode = False
 
     def fuse(self):
         """Fuse q/k/v and gate/up in every layer (call once, after loading weights)."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        self.head = PackedLinear(self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
+
+    def packed(self) -> list[PackedLinear]:
+        """Every fused linear, the LM head included (after fuse())."""
+        out = [self.head]
+        for layer in self.model.layers:
+            out += layer.self_attn.packed() + layer.mlp.packed()
+        return out
+
+    def enable_int8(self) -> None:
+        """Add int8 copies of every fused linear for decode rows (CPU only; call after fuse())."""
+        for lin in self.packed():
+            lin.enable_int8()
+        self.int8_decode = any(lin.q is not None for lin in self.packed())
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        n_int8 = meta.num_decodes if self.int8_decode else 0
         x = self.model.embed_tokens(input_ids)
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, self.rotary, k_cache, v_cache, meta)
+            x = layer(x, positions, self.rotary, k_cache, v_cache, meta, n_int8)
         return self.model.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+    def compute_logits(self, hidden: torch.Tensor, n_int8: int = 0) -> torch.Tensor:
+        if self.head is None:
+            weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            return F.linear(hidden, weight).float()
+        return self.head(hidden, n_int8 if self.int8_decode else 0).float()

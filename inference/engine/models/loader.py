@@ -14,12 +14,14 @@ class WeightLoadError(ValueError):
     """The folder's weights do not match the model the config describes."""
 
 
-def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, fuse: bool = True):
+def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, fuse: bool = True,
+               int8_decode: bool = False):
     """Build the registered class for `cfg.architecture` and load every `*.safetensors` file in `path`.
 
     Tensors are cast to `dtype` and moved to `device`. Raises WeightLoadError when a
     weight is missing, unexpected or of the wrong shape (tied embeddings may omit
-    lm_head.weight). Returns the model in eval mode, fused unless `fuse` is False.
+    lm_head.weight). Returns the model in eval mode, fused unless `fuse` is False, with
+    int8 decode copies of the linears when `int8_decode` (CPU only).
     """
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
@@ -46,4 +48,6 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     model.requires_grad_(False)
     if fuse:
         model.fuse()
+        if int8_decode:
+            model.enable_int8()
     return model
