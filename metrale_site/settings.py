@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .env import envbool, envfloat, envint, envstr
+from .env import envbool, envduration_s, envfloat, envint, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -149,6 +149,19 @@ METRALE = {
     "REQUEST_TIMEOUT_S": envfloat("METRALE_REQUEST_TIMEOUT_S", 600.0),
     # Log every engine step's batch composition (used by tests and the bench).
     "STEP_LOG": envbool("METRALE_STEP_LOG", False),
+    # Stored responses and conversations are deleted this long after they were created (responses)
+    # or last written (conversations): seconds, or with a unit ("30d", "12h"). Default 30 days.
+    "STORE_TTL_S": envduration_s("METRALE_STORE_TTL", 30 * 86400),
+    # How often expired stored items are purged (the in-process housekeeping thread, or Celery beat).
+    "PURGE_INTERVAL_S": envduration_s("METRALE_PURGE_INTERVAL", 3600),
+}
+
+# With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
+CELERY_BEAT_SCHEDULE = {
+    "purge-expired-stored-items": {
+        "task": "responses_api.tasks.purge_expired",
+        "schedule": METRALE["PURGE_INTERVAL_S"],
+    },
 }
 
 LOGGING = {
