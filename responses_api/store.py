@@ -273,7 +273,8 @@ def _append_items(conv: Conversation, items: list[dict]) -> None:
     if duplicate:
         raise bad_request("An item with this id is already in the conversation.", "items",
                           code="duplicate_item_id")
-    start = (conv.items.aggregate(m=Max("position"))["m"] or -1) + 1
+    last = conv.items.aggregate(m=Max("position"))["m"]
+    start = 0 if last is None else last + 1
     try:
         ConversationItem.objects.bulk_create(
             ConversationItem(conversation=conv, position=start + i, item_id=item["id"],
