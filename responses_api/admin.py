@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
 from .models import Conversation, ConversationItem, ResponseItem, StoredResponse
 
@@ -64,11 +66,18 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
+    def action_checkbox(self, obj):
+        # The same markup as Django's, without a form widget and its template per row: that
+        # render was half the time of a 1000-row list.
+        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
+                           'aria-label="Select this object for an action - {}">',
+                           ACTION_CHECKBOX_NAME, obj.pk, obj)
+
 
 @admin.register(StoredResponse)
 class StoredResponseAdmin(_ReadOnlyAdmin):
-    list_display = ("id", "created_at", "tenant_key", "model", "status", "background",
-                    "input_tokens", "output_tokens", "previous_response_id")
+    list_display = ("id", "created_at", "tenant_key", "model", "status", "usage")
     list_filter = ("status", "model", "tenant_key", "background")
     search_fields = ("id", "metadata")
     date_hierarchy = "created_at"
