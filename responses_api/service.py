@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from inference.engine.chat_template import ChatTemplateError
 from inference.engine.outputs import RequestRejected
@@ -226,7 +226,11 @@ class ResponseRun:
                 now - self._last_write >= EVENT_FLUSH_INTERVAL_S:
             batch, self._unwritten = self._unwritten, []
             self._last_write = now
-            await sync_to_async(store.append_events)(self.p.response_id, batch)
+            try:
+                await sync_to_async(store.append_events)(self.p.response_id, batch)
+            except DatabaseError as exc:  # e.g. the response was deleted meanwhile
+                log.warning("response %s: events no longer recorded: %s", self.p.response_id, exc)
+                self.record_events = False
 
     async def events(self) -> AsyncIterator[dict]:
         yield self._emit({"type": "response.created", "response": dict(self.body)})

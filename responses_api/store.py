@@ -90,12 +90,14 @@ def append_events(response_id: str, events: list[dict]) -> None:
 def finish_response(response_id: str, body: dict, output_items: list[dict]) -> str:
     """Record a response's end: its final body, status, usage and output items.
 
-    A response cancelled meanwhile (through the API, by another process) stays cancelled.
-    Returns the status it now has.
+    A response cancelled meanwhile (through the API, by another process) stays cancelled; one
+    deleted meanwhile stays deleted. Returns the status it now has (the body's when deleted).
     """
     usage = body.get("usage") or {}
     with transaction.atomic():
-        row = StoredResponse.objects.select_for_update().get(pk=response_id)
+        row = StoredResponse.objects.select_for_update().filter(pk=response_id).first()
+        if row is None:
+            return body["status"]
         if row.status == Status.CANCELLED:
             body = {**body, "status": Status.CANCELLED}
         row.status = body["status"]

@@ -5,6 +5,7 @@ service/store, answer JSON or stream Server-Sent Events (`event: TYPE` + `data: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -64,8 +65,11 @@ def sse_response(frames: AsyncIterator[bytes]) -> StreamingHttpResponse:
 
 
 async def _frames(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield sse_frame(event)
+    # Closing the frames (the client went away) closes the events at once, so a run records
+    # that it was cancelled now rather than whenever the generator is collected.
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield sse_frame(event)
 
 
 # --- /v1/responses -----------------------------------------------------------------------------
@@ -144,20 +148,32 @@ async def _replay(response_id: str, starting_after: int) -> AsyncIterator[dict]:
 
 
 async def delete_response(request, response_id: str):
-    """Delete a stored response: {id, object: "response", deleted: true}."""
-    return JsonResponse(await db(store.delete_response, tenant_key_for(request), response_id))
+    """Delete a stored response: {id, object: "response", deleted: true}. One still running in
+    the background here is cancelled first."""
+    tenant = tenant_key_for(request)
+    await db(store.get_response, tenant, response_id)
+    await _stop_live(response_id)
+    return JsonResponse(await db(store.delete_response, tenant, response_id))
 
 
 async def cancel_response(request, response_id: str):
     """Cancel a background response; others are a 400 saying why."""
-    row = await db(store.cancel_response, tenant_key_for(request), response_id)
-    entry = live.get(response_id)
-    if entry is not None and entry.task is not None and not entry.task.done():
-        entry.task.cancel()
-        # Let the run record where it stopped, so the answer shows the partial output.
-        await asyncio.wait({entry.task}, timeout=5)
-        row = await db(store.get_response, tenant_key_for(request), response_id)
+    tenant = tenant_key_for(request)
+    row = await db(store.cancel_response, tenant, response_id)
+    if await _stop_live(response_id):
+        row = await db(store.get_response, tenant, response_id)
     return JsonResponse(row.to_dict())
+
+
+async def _stop_live(response_id: str, timeout_s: float = 5.0) -> bool:
+    """Cancel the background task running `response_id` in this process, and give it up to
+    timeout_s seconds to record where it stopped. False when none runs here."""
+    entry = live.get(response_id)
+    if entry is None or entry.task is None or entry.task.done():
+        return False
+    entry.task.cancel()
+    await asyncio.wait({entry.task}, timeout=timeout_s)
+    return True
 
 
 async def list_input_items(request, response_id: str):

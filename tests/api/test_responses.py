@@ -261,3 +261,31 @@ def test_a_replay_query_needs_stream(client, script):
                starting_after="x").status_code == 400
     body = json.loads(get(client, f"/v1/responses/{rid}").content)
     assert body["status"] == "completed"
+
+
+def test_a_client_that_leaves_a_stream_cancels_its_stored_response(rf, script):
+    from asgiref.sync import async_to_sync
+
+    from responses_api import views
+
+    script.then(Content("One"), Content(" two"), Content(" three"), Finish("stop"))
+    request = rf.post("/v1/responses", json.dumps({"input": "Count", "stream": True}),
+                      content_type="application/json")
+
+    async def read_then_leave():
+        response = await views.responses(request)
+        frames = response._iterator  # the view's own generator, as daphne drives it
+        got = [await anext(frames) for _ in range(5)]  # created ... the first text delta
+        await frames.aclose()  # what Django does when the client goes away
+        return got
+
+    frames = async_to_sync(read_then_leave)()
+    assert b"response.output_text.delta" in frames[-1]
+    row = StoredResponse.objects.get()
+    assert row.status == "cancelled"
+    assert row.to_dict()["output"][0]["status"] == "incomplete"
+    assert row.to_dict()["output"][0]["content"][0]["text"] == "One"
+    events = list(row.events.values_list("type", flat=True))
+    assert events[:6] == ["response.created", "response.in_progress", "response.output_item.added",
+                          "response.content_part.added", "response.output_text.delta",
+                          "response.output_text.done"]

@@ -208,6 +208,20 @@ def test_a_background_response_is_polled_then_cancelled_and_stops_generating(
     assert openai_client.responses.cancel(r.id).status == "cancelled"
 
 
+def test_deleting_a_running_background_response_stops_it(openai_client, metrale_server):
+    r = openai_client.responses.create(model="m", input="Count to one thousand.",
+                                       background=True, max_output_tokens=2000,
+                                       extra_body={"ignore_eos": True})
+    wait_status(openai_client, r.id, {"in_progress"})
+    openai_client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.retrieve(r.id)
+    time.sleep(1.0)
+    steps_then = len(re.findall(r"step \d+:", metrale_server.log()))
+    time.sleep(1.0)
+    assert len(re.findall(r"step \d+:", metrale_server.log())) == steps_then
+
+
 def test_only_background_responses_can_be_cancelled(openai_client):
     r = openai_client.responses.create(model="m", input="Hi", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError) as info:
