@@ -178,8 +178,8 @@ class ResponsesEventEncoder:
         msg.parts[-1][1].append(text)
         content_index = len(msg.parts) - 1
         if kind == "refusal":
-            events.append({"type": "response.refusal.delta", "item_id": msg.id, "output_index": index,
-                           "content_index": content_index, "delta": text})
+            events.append({"type": "response.refusal.delta", "item_id": msg.id,
+                           "output_index": index, "content_index": content_index, "delta": text})
         else:
             events.append({"type": "response.output_text.delta", "item_id": msg.id,
                            "output_index": index, "content_index": content_index, "delta": text,

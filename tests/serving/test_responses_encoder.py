@@ -33,7 +33,8 @@ def encode(deltas, status="completed"):
     """(events with sequence numbers and lifecycle around them, encoder)."""
     enc = ResponsesEventEncoder(id_factory=counter_ids())
     body = {"id": "resp_1", "object": "response", "created_at": 1, "model": "m", "output": [],
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "status": "in_progress"}
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "status": "in_progress"}
     events = [{"type": "response.created", "response": body},
               {"type": "response.in_progress", "response": body}]
     for d in deltas:
@@ -109,7 +110,8 @@ def test_parallel_calls_are_consecutive_items_and_a_message_closes_before_a_call
     assert [o["call_id"] for o in enc.output[1:]] == ["c0", "c1"]
     # the message is done before the first call is added
     t = kinds(events)
-    assert t.index("output_item.done") < t.index("output_item.added", t.index("output_item.added") + 1)
+    second_added = t.index("output_item.added", t.index("output_item.added") + 1)
+    assert t.index("output_item.done") < second_added
     final = sdk_final(events)
     assert [(o.name, o.arguments) for o in final.output[1:]] == [("f", "{}"), ("g", '{"x": 1}')]
 

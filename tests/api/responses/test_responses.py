@@ -7,7 +7,7 @@ import pytest
 from inference.serving.deltas import Content, Error, Finish, Reasoning, ToolCallArgs, ToolCallStart
 from responses_api.models import ResponseEvent, ResponseItem, StoredResponse
 
-from .responses_support import delete, get, post, script, smollm2_tokenizer, sse_events  # noqa: F401
+from .support import delete, get, post, sse_events
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

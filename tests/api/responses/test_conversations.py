@@ -3,7 +3,7 @@
 from inference.serving.deltas import Content, Finish
 from responses_api.models import Conversation, ConversationItem
 
-from .responses_support import delete, get, post, script, smollm2_tokenizer  # noqa: F401
+from .support import delete, get, post
 
 ITEMS = [{"type": "message", "role": "user", "content": "My name is Ada."},
          {"type": "message", "role": "assistant", "content": "Nice to meet you, Ada."}]
@@ -42,7 +42,7 @@ def test_items_are_added_listed_read_and_deleted(client, script):
     assert new["id"].startswith("msg_") and new["content"] == [{"type": "input_text",
                                                                 "text": "And yours?"}]
     page = get(client, f"/v1/conversations/{cid}/items", limit=2).json()
-    assert [i["id"] for i in page["data"]][0] == new["id"] and page["has_more"] is True
+    assert page["data"][0]["id"] == new["id"] and page["has_more"] is True
     everything = get(client, f"/v1/conversations/{cid}/items", order="asc").json()["data"]
     assert [i["role"] for i in everything] == ["user", "assistant", "user"]
     assert everything[1]["content"][0]["type"] == "output_text"

@@ -138,7 +138,8 @@ def test_the_admin_lists_filters_searches_and_shows_the_transcript(admin_client)
 
 def test_deleting_in_the_admin_cascades(admin_client):
     make_response("resp_a")
-    r = admin_client.post(f"/admin/responses_api/storedresponse/{quote('resp_a')}/delete/", {"post": "yes"})
+    r = admin_client.post(f"/admin/responses_api/storedresponse/{quote('resp_a')}/delete/",
+                          {"post": "yes"})
     assert r.status_code == 302
     assert not StoredResponse.objects.exists()
     assert not ResponseItem.objects.exists() and not ResponseEvent.objects.exists()
@@ -149,5 +150,6 @@ def test_deleting_in_the_admin_cascades(admin_client):
                                                                "text": "hello"}]}], {"k": "v"})
     r = admin_client.get(f"/admin/responses_api/conversation/{quote(conv.pk)}/change/")
     assert r.status_code == 200 and b"user: hello" in r.content
-    r = admin_client.post(f"/admin/responses_api/conversation/{quote(conv.pk)}/delete/", {"post": "yes"})
+    r = admin_client.post(f"/admin/responses_api/conversation/{quote(conv.pk)}/delete/",
+                          {"post": "yes"})
     assert r.status_code == 302 and not ConversationItem.objects.exists()

@@ -6,7 +6,7 @@ import pytest
 from responses_api import tenancy
 from responses_api.models import Conversation, StoredResponse
 
-from .responses_support import delete, get, post, script, smollm2_tokenizer, sse_events  # noqa: F401
+from .support import delete, get, post, sse_events
 
 
 @pytest.fixture

@@ -1,13 +1,12 @@
-"""In-process fixtures for the Responses and Conversations API tests: the real SmolLM2 tokenizer
-and chat template, a scripted generator in place of the engine (it records the prompt it was
-given), and the tenant taken from an `X-Tenant` header (until auth sets request.principal)."""
+"""Helpers for the in-process Responses and Conversations API tests: a fake runtime, a scripted
+generator in place of the engine (it records the prompt it was given), requests with an
+`X-Tenant` header, and an SSE parser."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-import pytest
 from asgiref.sync import async_to_sync
 
 from inference.engine.tokenizer import Tokenizer
@@ -34,7 +33,7 @@ class Script:
         self.turns: list[list] = []
         self.gens: list = []
 
-    def then(self, *deltas) -> "Script":
+    def then(self, *deltas) -> Script:
         self.turns.append(list(deltas))
         return self
 
@@ -52,24 +51,6 @@ class Script:
 
     def prompt_text(self, tokenizer: Tokenizer, turn: int = -1) -> str:
         return tokenizer.decode(self.gens[turn].prompt_token_ids, skip_special_tokens=False)
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_dir) -> Tokenizer:
-    return Tokenizer.from_folder(smollm2_dir)
-
-
-@pytest.fixture
-def script(monkeypatch, smollm2_tokenizer, db) -> Script:
-    from responses_api import service, views
-
-    s = Script()
-    rt = s.rt = FakeRuntime(smollm2_tokenizer)
-    monkeypatch.setattr(views, "_ready_runtime", lambda: rt)
-    monkeypatch.setattr(service, "generate", s.generate)
-    monkeypatch.setattr(views, "tenant_key_for",
-                        lambda request: request.headers.get("X-Tenant", "default"))
-    return s
 
 
 def post(client, path, body, tenant="default"):
