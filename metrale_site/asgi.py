@@ -12,9 +12,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "metrale_site.settings")
 
 django_asgi_app = get_asgi_application()
 
-from django.conf import settings
+from django.conf import settings  # noqa: E402
 
-from inference import runtime
+from inference import runtime  # noqa: E402
 
 if settings.METRALE["LOAD_ON_START"]:
     runtime.start_loading()
