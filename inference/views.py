@@ -1,28 +1,18 @@
 """Thin async views: parse, authorize, call serving, stream."""
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 
 from django.http import JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from . import runtime
-from .engine.outputs import RequestRejected
+from .api import admit, openai_endpoint
 from .serving import chat
 from .serving.errors import ApiError
 
 log = logging.getLogger("metrale.api")
-
-
-def error_response(err: ApiError) -> JsonResponse:
-    resp = JsonResponse(err.body(), status=err.status)
-    for k, v in err.headers.items():
-        resp[k] = v
-    return resp
 
 
 def _ready_runtime():
@@ -44,6 +34,7 @@ async def health(request):
     return JsonResponse(body, status=503)
 
 
+@openai_endpoint
 @require_GET
 async def list_models(request):
     """GET /v1/models: the served model (OpenAI's list of Model objects)."""
@@ -53,30 +44,41 @@ async def list_models(request):
         {"id": runtime.served_model_name(), "object": "model", "created": created, "owned_by": "metrale"}]})
 
 
-@csrf_exempt
+@openai_endpoint(generates=True)
 @require_POST
 async def chat_completions(request):
-    """POST /v1/chat/completions, blocking or streamed (SSE)."""
+    """POST /v1/chat/completions, blocking or streamed (SSE).
+
+    The rate-limit lease reserves prompt + max_tokens and is settled with the real
+    usage when generation ends, however it ends (see inference.api).
+    """
+    req = chat.parse(request.body)
+    rt = _ready_runtime()
+    prepared = chat.prepare(req, rt, cache_salt=request.principal.prefix_cache_salt)
+    lease = await admit(request, reserve_tokens=prepared.reserve_tokens, timeout_s=prepared.gen.timeout_s)
+    if not prepared.stream:
+        try:
+            return JsonResponse(await chat.complete(rt, prepared))
+        finally:
+            await lease.release(prepared.usage.total_tokens)
+    frames = chat.stream(rt, prepared)
     try:
-        req = chat.parse(request.body)
-        rt = _ready_runtime()
-        prepared = chat.prepare(req, rt)
-        if prepared.stream:
-            stream = chat.stream(rt, prepared)
-            # Pull the first frame now so a request that cannot fit is a 400, not a broken stream.
-            first = await anext(stream)
-            resp = StreamingHttpResponse(_prepend(first, stream), content_type="text/event-stream")
-            resp["Cache-Control"] = "no-cache"
-            resp["X-Accel-Buffering"] = "no"
-            return resp
-        return JsonResponse(await chat.complete(rt, prepared))
-    except ApiError as err:
-        return error_response(err)
-    except RequestRejected as exc:
-        return error_response(ApiError(400, str(exc), param="messages", code="context_length_exceeded"))
+        # Pull the first frame now so a request the engine refuses is a 400, not a broken stream.
+        first = await anext(frames)
+    except BaseException:
+        await lease.release(prepared.usage.total_tokens)
+        raise
 
+    async def body():
+        try:
+            yield first
+            async for frame in frames:
+                yield frame
+        finally:
+            await frames.aclose()
+            await lease.release(prepared.usage.total_tokens)
 
-async def _prepend(first, rest):
-    yield first
-    async for frame in rest:
-        yield frame
+    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
+    resp["Cache-Control"] = "no-cache"
+    resp["X-Accel-Buffering"] = "no"
+    return resp

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from inference.engine.chat_template import ChatTemplateError
+from inference.engine.outputs import RequestRejected
 from inference.engine.sampling_params import SamplingParams
 
 from .chat_encoder import DONE, ChatChunkEncoder, ChatCompletionAssembler, chat_completion_body, sse
@@ -29,6 +30,13 @@ class PreparedChat:
     include_usage: bool
     continuous_usage: bool
     gen: GenerationInput
+    # Updated as generation runs: what the rate limiter charges when it ends.
+    usage: Usage
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: prompt + max_tokens."""
+        return len(self.gen.prompt_token_ids) + self.gen.params.max_tokens
 
 
 def sampling_params(req: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
@@ -53,7 +61,7 @@ def parse(raw_body: bytes) -> dict:
     return validate(ChatCompletionRequest, parse_json_body(raw_body))
 
 
-def prepare(req: dict, rt) -> PreparedChat:
+def prepare(req: dict, rt, cache_salt: str = "") -> PreparedChat:
     """Template and tokenize a validated request. Raises ApiError (400) when it cannot be served."""
     try:
         prompt = rt.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True)
@@ -78,7 +86,9 @@ def prepare(req: dict, rt) -> PreparedChat:
         include_usage=bool(opts.get("include_usage")),
         continuous_usage=bool(opts.get("continuous_usage_stats")),
         gen=GenerationInput(prompt_ids, sampling_params(req, len(prompt_ids), max_len), stop=req["stop"],
-                            include_stop_str_in_output=req["include_stop_str_in_output"], timeout_s=timeout_s),
+                            include_stop_str_in_output=req["include_stop_str_in_output"], timeout_s=timeout_s,
+                            cache_salt=cache_salt),
+        usage=Usage(len(prompt_ids), 0),
     )
 
 
@@ -90,10 +100,15 @@ async def stream(rt, p: PreparedChat) -> AsyncIterator[bytes]:
     enc = ChatChunkEncoder(p.completion_id, p.model, include_usage=p.include_usage,
                            continuous_usage=p.continuous_usage, created=p.created)
     deltas = generate(rt.engine, rt.tokenizer, p.gen)
+    try:
+        first = await anext(deltas)
+    except RequestRejected as exc:
+        raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
     yield sse(enc.role_chunk())
-    running = Usage(len(p.gen.prompt_token_ids), 0)
-    async for delta in deltas:
+    running = p.usage
+    async for delta in _chain(first, deltas):
         if isinstance(delta, Finish):
+            p.usage = delta.usage
             yield sse(enc.finish_chunk(delta))
             if p.include_usage:
                 yield sse(enc.usage_chunk(delta.usage))
@@ -108,11 +123,23 @@ async def stream(rt, p: PreparedChat) -> AsyncIterator[bytes]:
     yield DONE
 
 
+async def _chain(first, rest):
+    yield first
+    async for item in rest:
+        yield item
+
+
 async def complete(rt, p: PreparedChat) -> dict:
-    """The blocking chat.completion body. Raises ApiError 500 when the engine fails."""
+    """The blocking chat.completion body. Raises ApiError 400 when the engine refuses the
+    request, 500 when it fails."""
     asm = ChatCompletionAssembler()
-    async for delta in generate(rt.engine, rt.tokenizer, p.gen):
-        asm.add(delta)
+    try:
+        async for delta in generate(rt.engine, rt.tokenizer, p.gen):
+            asm.add(delta)
+            if isinstance(delta, Finish):
+                p.usage = delta.usage
+    except RequestRejected as exc:
+        raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
     if asm.error is not None:
         raise ApiError(500, asm.error.message, type="server_error")
     usage = asm.finish.usage if asm.finish else Usage(len(p.gen.prompt_token_ids), 0)

@@ -27,6 +27,7 @@ class GenerationInput:
     include_stop_str_in_output: bool = False
     timeout_s: float | None = None
     request_id: str | None = None
+    cache_salt: str = ""
 
 
 async def generate(engine, tokenizer, gen: GenerationInput) -> AsyncIterator[StreamDelta]:
@@ -36,7 +37,8 @@ async def generate(engine, tokenizer, gen: GenerationInput) -> AsyncIterator[Str
     Raises RequestRejected (from submit) before anything is yielded when the request
     can never fit the context.
     """
-    handle = engine.submit(gen.prompt_token_ids, gen.params, request_id=gen.request_id, timeout_s=gen.timeout_s)
+    handle = engine.submit(gen.prompt_token_ids, gen.params, request_id=gen.request_id, timeout_s=gen.timeout_s,
+                           cache_salt=gen.cache_salt)
     detok = IncrementalDetokenizer(tokenizer, prompt_ids=gen.prompt_token_ids, skip_special_tokens=True)
     stops = StopStringMatcher(gen.stop, gen.include_stop_str_in_output)
     completion_tokens = 0
