@@ -51,6 +51,11 @@ class PreparedResponse:
     gen: GenerationInput
     body: dict
 
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: prompt + max output tokens."""
+        return len(self.gen.prompt_token_ids) + self.gen.params.max_tokens
+
 
 def load_context(tenant_key: str, req: dict) -> list[dict]:
     """The items before this request's input: the previous_response_id chain's inputs and
@@ -110,8 +115,10 @@ def _render(rt, messages: list[dict], req: dict) -> list[int]:
     return rt.tokenizer.encode(prompt)
 
 
-def prepare(req: dict, rt, tenant_key: str, context: list[dict]) -> PreparedResponse:
-    """Template and tokenize a validated request after its context items.
+def prepare(req: dict, rt, tenant_key: str, context: list[dict],
+            cache_salt: str = "") -> PreparedResponse:
+    """Template and tokenize a validated request after its context items. cache_salt keeps
+    the tenant's prefix-cache blocks apart from other tenants' (see inference.auth).
 
     `truncation: "auto"` drops the oldest turns until the prompt and max_output_tokens fit the
     context; "disabled" (the default) answers 400 context_length_exceeded instead (OpenAI's
@@ -146,7 +153,8 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict]) -> PreparedResp
                               "max_completion_tokens": None}, len(prompt_ids), max_len)
     gen = GenerationInput(prompt_ids, params, stop=req.get("stop") or [],
                           include_stop_str_in_output=req.get("include_stop_str_in_output", False),
-                          timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id)
+                          timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id,
+                          cache_salt=cache_salt)
     body = response_object(response_id, req, req["model"] or rt.model_id,
                            "queued" if req["background"] else "in_progress")
     return PreparedResponse(response_id, tenant_key, req, req["input"], gen, body)
@@ -205,6 +213,7 @@ class ResponseRun:
         self.body = dict(p.body)
         self.final: dict | None = None
         self._seq = 0
+        self._completion_tokens = 0
         self._unwritten: list[dict] = []
         self._last_write = time.monotonic()
 
@@ -242,6 +251,7 @@ class ResponseRun:
             async with contextlib.aclosing(generate(self.rt.engine, self.rt.tokenizer,
                                                     self.p.gen)) as deltas:
                 async for delta in deltas:
+                    self._completion_tokens += len(getattr(delta, "token_ids", None) or ())
                     try:
                         produced = self.encoder.feed(delta)
                     except EncoderError as exc:
@@ -295,6 +305,13 @@ class ResponseRun:
                 log.warning("response %s: not appended to conversation %s: %s",
                             self.p.response_id, conversation, exc.message)
 
+    @property
+    def used_tokens(self) -> int:
+        """Prompt + completion tokens processed so far (what the rate limiter charges)."""
+        if self.encoder.finish is not None:
+            return self.encoder.finish.usage.total_tokens
+        return len(self.p.gen.prompt_token_ids) + self._completion_tokens
+
     async def complete(self) -> dict:
         """Run to the end without streaming; the final Response object."""
         async for _ in self.events():
@@ -302,9 +319,10 @@ class ResponseRun:
         return self.final
 
 
-def start_background(p: PreparedResponse, rt) -> live.LiveResponse:
+def start_background(p: PreparedResponse, rt, lease=None) -> live.LiveResponse:
     """Run a stored, queued response as a task on the running event loop (daphne's); returns
-    its live entry, which followers tail and POST .../cancel cancels.
+    its live entry, which followers tail and POST .../cancel cancels. lease: the request's
+    rate-limit lease (inference.ratelimit.Lease), released with the tokens used when it ends.
 
     The task runs in a fresh context with its own ThreadSensitiveContext, so its database work
     happens on a thread of its own that ends with it, not on the creating request's.
@@ -328,6 +346,8 @@ def start_background(p: PreparedResponse, rt) -> live.LiveResponse:
         finally:
             entry.finish()
             live.unregister(p.response_id)
+            if lease is not None:
+                await lease.release(run.used_tokens)
 
     entry.task = asyncio.get_running_loop().create_task(main(), context=contextvars.Context())
     return entry

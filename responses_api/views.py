@@ -14,9 +14,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
-from inference.engine.outputs import RequestRejected
+from inference.api import admit, openai_endpoint
 from inference.serving.errors import ApiError, bad_request
-from inference.views import _ready_runtime, error_response
+from inference.views import _ready_runtime
 
 from . import live, protocol, service, store
 from .tenancy import tenant_key_for
@@ -32,23 +32,20 @@ def db(fn, *args, **kwargs):
     return sync_to_async(fn)(*args, **kwargs)
 
 
-def endpoint(**handlers):
-    """One URL's async view: dispatch on the HTTP method to `handlers` (GET=..., POST=...),
-    answer ApiError with OpenAI's error JSON and an unknown method with a 405 in that shape."""
+def endpoint(*, generates: bool = False, **handlers):
+    """One URL's async view, through inference.api.openai_endpoint (auth, rate limits, ApiError
+    as OpenAI's error JSON): dispatch on the HTTP method to `handlers` (GET=..., POST=...); an
+    unknown method is a 405 in OpenAI's error shape. generates: the handlers admit themselves."""
 
     async def view(request, **kwargs):
         handler = handlers.get(request.method)
-        try:
-            if handler is None:
-                raise ApiError(405, f"{request.method} is not allowed on {request.path}.",
-                               code="method_not_allowed")
-            return await handler(request, **kwargs)
-        except ApiError as err:
-            return error_response(err)
+        if handler is None:
+            raise ApiError(405, f"{request.method} is not allowed on {request.path}.",
+                           code="method_not_allowed")
+        return await handler(request, **kwargs)
 
-    view.csrf_exempt = True
     view.__doc__ = " ".join(f"{method}: {h.__doc__}" for method, h in handlers.items())
-    return view
+    return openai_endpoint(view, generates=generates)
 
 
 def sse_frame(event: dict) -> bytes:
@@ -77,34 +74,63 @@ async def _frames(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
 
 async def create_response(request):
     """Create a response: blocking, streamed, or in the background (OpenAI "Create a model
-    response"). 500 server_error when a blocking response fails in the engine."""
+    response"). 500 server_error when a blocking response fails in the engine.
+
+    The rate-limit lease reserves prompt + max output tokens and is settled with the tokens
+    actually used when generation ends: by this view, by the stream's end, or, for a
+    background response, by its task (which holds the concurrency slot while it runs).
+    """
     req = protocol.parse_create(request.body)
     rt = _ready_runtime()
     tenant = tenant_key_for(request)
     context = await db(service.load_context, tenant, req)
-    p = service.prepare(req, rt, tenant, context)
-    if req["store"]:
-        await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
-                 model=p.body["model"], body=p.body, request=service.stored_request(req),
-                 input_items=p.input_items, previous_response_id=req["previous_response_id"],
-                 conversation_id=req["conversation"], background=req["background"],
-                 streamed=req["stream"] or req["background"])
+    p = service.prepare(req, rt, tenant, context, cache_salt=_cache_salt(request))
+    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s)
+    try:
+        if req["store"]:
+            await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
+                     model=p.body["model"], body=p.body, request=service.stored_request(req),
+                     input_items=p.input_items, previous_response_id=req["previous_response_id"],
+                     conversation_id=req["conversation"], background=req["background"],
+                     streamed=req["stream"] or req["background"])
+    except BaseException:
+        await lease.release(0)
+        raise
     if req["background"]:
-        entry = service.start_background(p, rt)
+        request.ratelimit_lease = None  # the task owns it now, not this request
+        entry = service.start_background(p, rt, lease=lease)
         if req["stream"]:
             return sse_response(_frames(entry.follow(-1)))
         return JsonResponse(p.body)
     run = service.ResponseRun(p, rt, record_events=req["stream"])
     if req["stream"]:
-        return sse_response(_frames(run.events()))
+        return sse_response(_settled(_frames(run.events()), run, lease))
     try:
         body = await run.complete()
-    except RequestRejected as exc:
-        raise ApiError(400, str(exc), param="input", code="context_length_exceeded") from exc
+    finally:
+        await lease.release(run.used_tokens)
     if body["status"] == "failed":
+        if body["error"]["code"] == "context_length_exceeded":  # the engine refused the prompt
+            raise ApiError(400, body["error"]["message"], param="input",
+                           code="context_length_exceeded")
         raise ApiError(500, body["error"]["message"], type="server_error",
                        code=body["error"]["code"])
     return JsonResponse(body)
+
+
+def _cache_salt(request) -> str:
+    principal = getattr(request, "principal", None)
+    return principal.prefix_cache_salt if principal is not None else ""
+
+
+async def _settled(frames: AsyncIterator[bytes], run, lease) -> AsyncIterator[bytes]:
+    """The frames, then the lease settled with what the run used, however the stream ends."""
+    try:
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame
+    finally:
+        await lease.release(run.used_tokens)
 
 
 async def retrieve_response(request, response_id: str):

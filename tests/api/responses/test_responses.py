@@ -289,3 +289,21 @@ def test_a_client_that_leaves_a_stream_cancels_its_stored_response(rf, script):
     assert events[:6] == ["response.created", "response.in_progress", "response.output_item.added",
                           "response.content_part.added", "response.output_text.delta",
                           "response.output_text.done"]
+
+
+def test_generating_holds_a_rate_limit_slot_only_while_it_runs(client, script, settings,
+                                                               frozen_clock):
+    settings.METRALE = {**settings.METRALE,
+                        "RATE_LIMITS": {**settings.METRALE["RATE_LIMITS"],
+                                        "MAX_CONCURRENT_REQUESTS": 1, "TPM": 100000}}
+    for _ in range(2):  # the slot is free again after each, blocking or streamed
+        r = post(client, "/v1/responses", {"input": "Hi"})
+        assert r.status_code == 200 and r["x-ratelimit-limit-tokens"] == "100000"
+        events = sse_events(post(client, "/v1/responses", {"input": "Hi", "stream": True}))
+        assert events[-1]["type"] == "response.completed"
+    # Tokens are charged as used (prompt + 2), not as reserved (prompt + the whole context).
+    used = 4 * events[-1]["response"]["usage"]["total_tokens"]
+    r = post(client, "/v1/responses", {"input": "Hi", "max_output_tokens": 5})
+    remaining = int(r["x-ratelimit-remaining-tokens"])
+    reserved = events[-1]["response"]["usage"]["input_tokens"] + 5
+    assert remaining == 100000 - used - reserved
