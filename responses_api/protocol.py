@@ -505,6 +505,6 @@ def parse_stream_query(query) -> tuple[bool, int | None]:
     return True, starting_after
 
 
-__all__ = ["ApiError", "CreateResponseRequest", "normalize_item", "normalize_items",
+__all__ = ["CreateResponseRequest", "normalize_item", "normalize_items",
            "parse_conversation_create", "parse_conversation_update", "parse_create",
            "parse_items_create", "parse_list_query", "parse_stream_query", "validate_metadata"]

@@ -153,3 +153,24 @@ def test_deleting_in_the_admin_cascades(admin_client):
     r = admin_client.post(f"/admin/responses_api/conversation/{quote(conv.pk)}/delete/",
                           {"post": "yes"})
     assert r.status_code == 302 and not ConversationItem.objects.exists()
+
+
+@pytest.mark.parametrize("text, seconds", [("", 30 * 86400), ("3600", 3600), ("90s", 90),
+                                           ("15m", 900), ("12h", 43200), ("30d", 2592000),
+                                           ("1.5h", 5400)])
+def test_store_ttl_reads_seconds_or_a_unit(monkeypatch, text, seconds):
+    from metrale_site.env import envduration_s
+
+    monkeypatch.setenv("METRALE_STORE_TTL", text)
+    assert envduration_s("METRALE_STORE_TTL", 30 * 86400) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-5", "10w", "d"])
+def test_a_bad_store_ttl_is_a_configuration_error(monkeypatch, text):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from metrale_site.env import envduration_s
+
+    monkeypatch.setenv("METRALE_STORE_TTL", text)
+    with pytest.raises(ImproperlyConfigured):
+        envduration_s("METRALE_STORE_TTL", 1)
