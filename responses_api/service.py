@@ -347,7 +347,11 @@ def start_background(p: PreparedResponse, rt, lease=None) -> live.LiveResponse:
             entry.finish()
             live.unregister(p.response_id)
             if lease is not None:
-                await lease.release(run.used_tokens)
+                try:
+                    await lease.release(run.used_tokens)
+                except Exception:
+                    log.exception("background response %s: releasing its rate-limit lease "
+                                  "failed", p.response_id)
 
     entry.task = asyncio.get_running_loop().create_task(main(), context=contextvars.Context())
     return entry
