@@ -15,7 +15,7 @@ import re
 
 from rest_framework import serializers
 
-from inference.serving.errors import ApiError, bad_request
+from inference.serving.errors import bad_request
 from inference.serving.protocol import (
     ChatCompletionRequest,
     StrictBooleanField,
