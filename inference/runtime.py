@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.dispatch import Signal
 
 log = logging.getLogger("metrale")
 
@@ -30,6 +31,10 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 _error: str | None = None
 _thread: threading.Thread | None = None
+
+runtime_starting = Signal()
+"""Sent once per process from the loading thread, before the model loads: apps do their
+restart work here (responses_api fails the responses a dead process left unfinished)."""
 
 
 def served_model_name() -> str:
@@ -60,6 +65,7 @@ def _load() -> Runtime:
 
 def _load_guarded() -> None:
     global _runtime, _error
+    runtime_starting.send_robust(sender=None)
     try:
         rt = _load()
     except Exception as exc:  # reported by /health and every request

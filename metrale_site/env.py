@@ -44,3 +44,24 @@ def envfloat(name: str, default: float | None) -> float | None:
         return float(value)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
+_DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def envduration_s(name: str, default: float) -> float:
+    """Read a duration in seconds: a number of seconds, or a number with a unit s, m, h or d
+    ("30d", "12h"). Raises ImproperlyConfigured for anything else or a negative value."""
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    scale = _DURATION_UNITS_S.get(value[-1])
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"{name} must be a duration such as 3600, 12h or 30d, got {value!r}") from exc
+    if seconds < 0:
+        raise ImproperlyConfigured(f"{name} must not be negative, got {value!r}")
+    return seconds

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .env import envbool, envfloat, envint, envstr
+from .env import envbool, envduration_s, envfloat, envint, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -171,6 +171,19 @@ METRALE = {
         "BURST_TPM": envint("METRALE_RATE_LIMIT_BURST_TPM", None),
         "MAX_CONCURRENT_REQUESTS": envint("METRALE_RATE_LIMIT_CONCURRENCY", 0),
         "MAX_TOKENS_PER_REQUEST": envint("METRALE_RATE_LIMIT_MAX_TOKENS_PER_REQUEST", 0),
+    },
+    # Stored responses and conversations are deleted this long after they were created (responses)
+    # or last written (conversations): seconds, or with a unit ("30d", "12h"). Default 30 days.
+    "STORE_TTL_S": envduration_s("METRALE_STORE_TTL", 30 * 86400),
+    # How often expired stored items are purged (the in-process housekeeping thread, or Celery beat).
+    "PURGE_INTERVAL_S": envduration_s("METRALE_PURGE_INTERVAL", 3600),
+}
+
+# With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
+CELERY_BEAT_SCHEDULE = {
+    "purge-expired-stored-items": {
+        "task": "responses_api.tasks.purge_expired",
+        "schedule": METRALE["PURGE_INTERVAL_S"],
     },
 }
 

@@ -6,3 +6,11 @@ class ResponsesApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "responses_api"
     verbose_name = "Responses and conversations"
+
+    def ready(self):
+        # Connecting a receiver loads nothing; the work runs when the runtime starts.
+        from inference.runtime import runtime_starting
+
+        from .housekeeping import on_runtime_starting
+
+        runtime_starting.connect(on_runtime_starting, dispatch_uid="responses_api.housekeeping")

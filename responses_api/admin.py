@@ -1,0 +1,131 @@
+"""Admin for stored responses and conversations: newest first, filter by tenant, model and
+status, search by id and metadata, the item transcript inline. Read-only except delete,
+which cascades to items and events."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from .models import Conversation, ConversationItem, ResponseItem, StoredResponse
+
+
+def transcript_line(data: dict) -> str:
+    """One item as a line of transcript: `role: text`, `call name(arguments)`, `output: ...`."""
+    kind = data.get("type")
+    if kind == "message":
+        text = "".join(p.get("text") or p.get("refusal") or "" for p in data.get("content", []))
+        return f"{data.get('role')}: {text}"
+    if kind == "function_call":
+        return f"call {data.get('name')}({data.get('arguments')}) [{data.get('call_id')}]"
+    if kind == "function_call_output":
+        return f"output [{data.get('call_id')}]: {data.get('output')}"
+    if kind == "reasoning":
+        return "reasoning: " + "".join(s.get("text", "") for s in data.get("summary", []))
+    return json.dumps(data, ensure_ascii=False)
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    fields = ("position", "type", "item_id", "text")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="transcript")
+    def text(self, item):
+        return transcript_line(item.data)
+
+
+class ResponseItemInline(_ReadOnlyInline):
+    model = ResponseItem
+    fields = ("position", "direction", "type", "item_id", "text")
+    readonly_fields = fields
+
+
+class ConversationItemInline(_ReadOnlyInline):
+    model = ConversationItem
+
+
+def _pretty(value) -> str:
+    return format_html("<pre style='white-space: pre-wrap'>{}</pre>",
+                       json.dumps(value, indent=2, ensure_ascii=False))
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
+    def action_checkbox(self, obj):
+        # The same markup as Django's, without a form widget and its template per row: that
+        # render was half the time of a 1000-row list.
+        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
+                           'aria-label="Select this object for an action - {}">',
+                           ACTION_CHECKBOX_NAME, obj.pk, obj)
+
+
+@admin.register(StoredResponse)
+class StoredResponseAdmin(_ReadOnlyAdmin):
+    list_display = ("id", "created_at", "tenant_key", "model", "status", "usage")
+    list_filter = ("status", "model", "tenant_key", "background")
+    search_fields = ("id", "metadata")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    list_per_page = 100
+    list_max_show_all = 1000
+    show_full_result_count = False
+    inlines = (ResponseItemInline,)
+    fields = ("id", "tenant_key", "model", "status", "background", "streamed",
+              "previous_response", "conversation", "created_at", "completed_at", "expires_at",
+              "worker", "usage", "error_text", "metadata_text", "request_text", "body_text")
+    readonly_fields = fields
+
+    @admin.display(description="usage")
+    def usage(self, obj):
+        return f"{obj.input_tokens} in, {obj.output_tokens} out" \
+            if obj.input_tokens is not None else "-"
+
+    @admin.display(description="error")
+    def error_text(self, obj):
+        return _pretty(obj.error) if obj.error else "-"
+
+    @admin.display(description="metadata")
+    def metadata_text(self, obj):
+        return _pretty(obj.metadata)
+
+    @admin.display(description="request")
+    def request_text(self, obj):
+        return _pretty(obj.request)
+
+    @admin.display(description="response body")
+    def body_text(self, obj):
+        return _pretty(obj.body)
+
+
+@admin.register(Conversation)
+class ConversationAdmin(_ReadOnlyAdmin):
+    list_display = ("id", "created_at", "updated_at", "tenant_key")
+    list_filter = ("tenant_key",)
+    search_fields = ("id", "metadata")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    list_per_page = 100
+    show_full_result_count = False
+    inlines = (ConversationItemInline,)
+    fields = ("id", "tenant_key", "created_at", "updated_at", "expires_at", "metadata_text")
+    readonly_fields = fields
+
+    @admin.display(description="metadata")
+    def metadata_text(self, obj):
+        return _pretty(obj.metadata)

@@ -1,0 +1,510 @@
+"""Request validation for /v1/responses and /v1/conversations -> ApiError 400 naming the field.
+
+Source: OpenAI API reference, "Create a model response", "List input items", "Create a
+conversation", "Create items" (field names, types, limits: metadata 16 pairs with keys up to
+64 and values up to 512 characters, at most 20 items per call, list `limit` 1-100 default 20,
+`order` default desc); ../shared/reference/openai-contract.md section 2; the original server's
+behaviour (../shared/reference/metrale-behaviour.md section 3, "Responses request").
+The sampling extensions (top_k, min_p, seed, stop, ...) are the chat request's own fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+from rest_framework import serializers
+
+from inference.serving.errors import bad_request
+from inference.serving.protocol import (
+    ChatCompletionRequest,
+    StrictBooleanField,
+    parse_json_body,
+    validate,
+)
+
+from .models import new_id
+
+MAX_ITEMS_PER_CALL = 20
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+INCLUDABLE = (
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs",
+)
+# The chat request's fields that Responses accepts too, with the chat surface's validation.
+SAMPLING_EXTENSIONS = (
+    "top_k", "min_p", "top_n_sigma", "seed", "stop", "ignore_eos", "include_stop_str_in_output",
+    "min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+)
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                   "reasoning": "rs"}
+
+
+def _object(value, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise bad_request(f"'{param}' must be an object.", param)
+    return value
+
+
+def _string(value, param: str, *, required: bool = True) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'{param}' must be a string.", param)
+    return value
+
+
+# --- input items ---------------------------------------------------------------------------
+
+
+def _content_parts(content, role: str, param: str) -> list[dict]:
+    """A message's content as a list of text parts (output_text for the assistant)."""
+    text_type = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        parts = [{"type": text_type, "text": content}]
+    elif isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            p = f"{param}[{j}]"
+            part = _object(part, p)
+            kind = part.get("type")
+            if kind in ("input_text", "output_text", "text"):
+                parts.append({"type": text_type, "text": _string(part.get("text"), f"{p}.text")})
+            elif kind == "refusal" and role == "assistant":
+                parts.append({"type": "refusal",
+                              "refusal": _string(part.get("refusal"), f"{p}.refusal")})
+            else:
+                raise bad_request(
+                    f"Content part type {kind!r} is not supported: this model accepts text only.",
+                    f"{p}.type", code="unsupported_content_type")
+    else:
+        raise bad_request(f"'{param}' must be a string or an array of content parts.", param)
+    if role == "assistant":
+        for part in parts:
+            if part["type"] == "output_text":
+                part.update(annotations=[], logprobs=[])
+    return parts
+
+
+def normalize_item(raw, param: str) -> dict:
+    """One input item in the shape the API returns it (with an id and a status).
+
+    Accepted: `message` (roles user, assistant, system, developer; a `type` may be omitted),
+    `function_call`, `function_call_output` and `reasoning`. Raises ApiError 400 for anything
+    else, naming the field in `param` (e.g. `input[2].content[0].type`).
+    """
+    raw = _object(raw, param)
+    kind = raw.get("type") or ("message" if "role" in raw else None)
+    item_id = raw.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 100):
+        raise bad_request(f"'{param}.id' must be a string of 1 to 100 characters.", f"{param}.id")
+    if kind not in _ITEM_ID_PREFIX:
+        what = "missing" if kind is None else f"{kind!r}, which is not supported here"
+        raise bad_request(
+            f"The type of '{param}' is {what}: input items may be message, function_call, "
+            "function_call_output or reasoning.", f"{param}.type")
+    item = {"id": item_id or new_id(_ITEM_ID_PREFIX[kind]), "type": kind}
+    if kind == "message":
+        role = raw.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise bad_request(f"'{param}.role' must be one of user, assistant, system, developer; "
+                              f"got {role!r}.", f"{param}.role")
+        if raw.get("content") is None:
+            raise bad_request(f"'{param}.content' is required.", f"{param}.content")
+        item.update(role=role, status="completed",
+                    content=_content_parts(raw["content"], role, f"{param}.content"))
+    elif kind == "function_call":
+        item.update(call_id=_string(raw.get("call_id"), f"{param}.call_id"),
+                    name=_string(raw.get("name"), f"{param}.name"),
+                    arguments=_string(raw.get("arguments"), f"{param}.arguments"),
+                    status="completed")
+    elif kind == "function_call_output":
+        output = raw.get("output")
+        if not isinstance(output, str):
+            output = "".join(p["text"] for p in _content_parts(output, "user", f"{param}.output"))
+        item.update(call_id=_string(raw.get("call_id"), f"{param}.call_id"), output=output,
+                    status="completed")
+    else:
+        summary = raw.get("summary", [])
+        if not isinstance(summary, list):
+            raise bad_request(f"'{param}.summary' must be an array.", f"{param}.summary")
+        item["summary"] = summary
+        for key in ("content", "encrypted_content"):
+            if raw.get(key) is not None:
+                item[key] = raw[key]
+    return item
+
+
+def normalize_items(value, param: str, *, max_items: int | None = None) -> list[dict]:
+    """A list of input items, normalized (see normalize_item). Raises ApiError 400."""
+    if not isinstance(value, list):
+        raise bad_request(f"'{param}' must be an array of items.", param)
+    if max_items is not None and len(value) > max_items:
+        raise bad_request(f"'{param}' may hold at most {max_items} items; got {len(value)}.",
+                          param, code="items_too_many")
+    return [normalize_item(raw, f"{param}[{i}]") for i, raw in enumerate(value)]
+
+
+class InputField(serializers.Field):
+    """`input`: a string (one user message) or an array of input items."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            return [normalize_item({"role": "user", "content": data}, "input")]
+        return normalize_items(data, "input")
+
+    def to_representation(self, value):
+        return value
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+class ToolsField(serializers.Field):
+    """`tools`: function tools only, flat ({type, name, parameters, ...}) or chat-style
+    ({type, function: {...}}); a built-in tool type is a 400 naming it."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return []
+        if not isinstance(data, list):
+            raise bad_request("'tools' must be an array of tools.", "tools")
+        tools, names = [], set()
+        for i, raw in enumerate(data):
+            p = f"tools[{i}]"
+            raw = _object(raw, p)
+            kind = raw.get("type")
+            if kind != "function":
+                raise bad_request(f"Tool type {kind!r} is not supported: this server runs function "
+                                  "tools only.", f"{p}.type", code="unsupported_tool_type")
+            fn = _object(raw["function"], f"{p}.function") if "function" in raw else raw
+            name = fn.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.match(name):
+                raise bad_request(f"'{p}.name' must be 1 to 64 letters, digits, '_' or '-'.",
+                                  f"{p}.name")
+            if name in names:
+                raise bad_request(f"Tool name {name!r} is used twice.", f"{p}.name")
+            names.add(name)
+            params = fn.get("parameters")
+            if params is not None and not isinstance(params, dict):
+                raise bad_request(f"'{p}.parameters' must be a JSON Schema object.",
+                                  f"{p}.parameters")
+            strict = fn.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise bad_request(f"'{p}.strict' must be a boolean.", f"{p}.strict")
+            tools.append({"type": "function", "name": name,
+                          "description": _string(fn.get("description"), f"{p}.description",
+                                                 required=False),
+                          "parameters": params, "strict": strict})
+        return tools
+
+    def to_representation(self, value):
+        return value
+
+
+class ToolChoiceField(serializers.Field):
+    """`tool_choice`: none, auto, required, or a function: {type: function, name} (the flat
+    Responses form) or {type: function, function: {name}} (the chat form)."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return "auto"
+        if data in ("none", "auto", "required"):
+            return data
+        if isinstance(data, dict) and data.get("type") == "function":
+            name = data["function"].get("name") if isinstance(data.get("function"), dict) \
+                else data.get("name")
+            if isinstance(name, str) and name:
+                return {"type": "function", "name": name}
+        raise bad_request("'tool_choice' must be none, auto, required or "
+                          "{\"type\": \"function\", \"name\": ...}.", "tool_choice")
+
+    def to_representation(self, value):
+        return value
+
+
+# --- other structured fields -----------------------------------------------------------------
+
+
+class MetadataField(serializers.Field):
+    """`metadata`: up to 16 string pairs, keys up to 64 characters, values up to 512."""
+
+    def to_internal_value(self, data):
+        return validate_metadata(data)
+
+    def to_representation(self, value):
+        return value
+
+
+def validate_metadata(data, param: str = "metadata") -> dict:
+    """A metadata object (None -> {}). Raises ApiError 400 past OpenAI's limits."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise bad_request(f"'{param}' must be an object of string keys and values.", param)
+    if len(data) > 16:
+        raise bad_request(f"'{param}' may hold at most 16 pairs; got {len(data)}.", param)
+    for key, value in data.items():
+        if len(key) > 64:
+            raise bad_request(f"Metadata keys are at most 64 characters: {key[:20]!r}...", param)
+        if not isinstance(value, str) or len(value) > 512:
+            raise bad_request(f"Metadata value for {key!r} must be a string of at most 512 "
+                              "characters.", f"{param}.{key}")
+    return dict(data)
+
+
+class ReasoningField(serializers.Field):
+    """`reasoning`: {effort, summary}; effort one of REASONING_EFFORTS."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return None
+        data = _object(data, "reasoning")
+        effort = data.get("effort")
+        if effort is not None and effort not in REASONING_EFFORTS:
+            raise bad_request(f"'reasoning.effort' must be one of {', '.join(REASONING_EFFORTS)}; "
+                              f"got {effort!r}.", "reasoning.effort")
+        summary = data.get("summary", data.get("generate_summary"))
+        if summary not in (None, "auto", "concise", "detailed"):
+            raise bad_request("'reasoning.summary' must be auto, concise or detailed.",
+                              "reasoning.summary")
+        return {"effort": effort, "summary": summary}
+
+    def to_representation(self, value):
+        return value
+
+
+class TextConfigField(serializers.Field):
+    """`text`: {format, verbosity}. Only the `text` format: this server has no structured
+    outputs yet, so json_schema and json_object are a 400 rather than ignored."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return {"format": {"type": "text"}}
+        data = _object(data, "text")
+        fmt = data.get("format") or {"type": "text"}
+        kind = _object(fmt, "text.format").get("type")
+        if kind in ("json_schema", "json_object"):
+            raise bad_request(f"text.format {kind!r} needs structured outputs, which this server "
+                              "does not provide yet.", "text.format.type",
+                              code="unsupported_parameter")
+        if kind != "text":
+            raise bad_request("'text.format.type' must be text, json_schema or json_object.",
+                              "text.format.type")
+        verbosity = data.get("verbosity")
+        if verbosity not in (None, "low", "medium", "high"):
+            raise bad_request("'text.verbosity' must be low, medium or high.", "text.verbosity")
+        out = {"format": {"type": "text"}}
+        if verbosity is not None:
+            out["verbosity"] = verbosity
+        return out
+
+    def to_representation(self, value):
+        return value
+
+
+class ConversationRefField(serializers.Field):
+    """`conversation`: an id string or {id}."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            data = data.get("id")
+        if not isinstance(data, str) or not data:
+            raise bad_request("'conversation' must be a conversation id or {\"id\": ...}.",
+                              "conversation")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class IncludeField(serializers.Field):
+    """`include`: OpenAI's includable values (accepted; this server has none of that data)."""
+
+    def to_internal_value(self, data):
+        if data is None:
+            return []
+        if not isinstance(data, list):
+            raise bad_request("'include' must be an array of strings.", "include")
+        for i, value in enumerate(data):
+            if value not in INCLUDABLE:
+                raise bad_request(f"'include[{i}]' must be one of {', '.join(INCLUDABLE)}; "
+                                  f"got {value!r}.", f"include[{i}]")
+        return list(data)
+
+    def to_representation(self, value):
+        return value
+
+
+class StreamOptionsSerializer(serializers.Serializer):
+    include_obfuscation = StrictBooleanField(required=False, allow_null=True, default=None)
+
+
+class _CreateResponseFields(serializers.Serializer):
+    model = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
+    input = InputField(required=False, default=list)
+    instructions = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                         trim_whitespace=False, default=None)
+    max_output_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                                 default=None)
+    max_tool_calls = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                              default=None)
+    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0,
+                                         max_value=2.0, default=None)
+    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0,
+                                   default=None)
+    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0,
+                                            max_value=20, default=None)
+    tools = ToolsField(required=False, default=list)
+    tool_choice = ToolChoiceField(required=False, default="auto")
+    parallel_tool_calls = StrictBooleanField(required=False, allow_null=True, default=None)
+    reasoning = ReasoningField(required=False, default=None)
+    text = TextConfigField(required=False, default=None)
+    metadata = MetadataField(required=False, default=dict)
+    store = StrictBooleanField(required=False, allow_null=True, default=None)
+    previous_response_id = serializers.CharField(required=False, allow_null=True, default=None)
+    conversation = ConversationRefField(required=False, allow_null=True, default=None)
+    stream = StrictBooleanField(required=False, allow_null=True, default=None)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True, default=None)
+    background = StrictBooleanField(required=False, allow_null=True, default=None)
+    truncation = serializers.ChoiceField(["auto", "disabled"], required=False, allow_null=True,
+                                         default=None)
+    include = IncludeField(required=False, default=list)
+    user = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+    safety_identifier = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                              default=None)
+    prompt_cache_key = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                             default=None)
+    service_tier = serializers.ChoiceField(["auto", "default", "flex", "scale", "priority"],
+                                           required=False, allow_null=True, default=None)
+
+    def validate_top_p(self, value):
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+    def validate(self, attrs):
+        # Nullable booleans take OpenAI's defaults.
+        attrs["store"] = True if attrs["store"] is None else attrs["store"]
+        attrs["stream"] = bool(attrs["stream"])
+        attrs["background"] = bool(attrs["background"])
+        attrs["parallel_tool_calls"] = (True if attrs["parallel_tool_calls"] is None
+                                        else attrs["parallel_tool_calls"])
+        attrs["truncation"] = attrs["truncation"] or "disabled"
+        attrs["text"] = attrs["text"] or {"format": {"type": "text"}}
+        attrs["model"] = attrs["model"] or ""
+        if attrs["previous_response_id"] is not None and attrs["conversation"] is not None:
+            raise bad_request("'previous_response_id' cannot be used together with "
+                              "'conversation'.", "conversation")
+        if attrs["background"] and not attrs["store"]:
+            raise bad_request("Background responses must be stored: 'background' needs "
+                              "'store' true.", "background")
+        if attrs["stream_options"] is not None and not attrs["stream"]:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.",
+                              "stream_options")
+        choice, names = attrs["tool_choice"], {t["name"] for t in attrs["tools"]}
+        if choice == "required" and not names:
+            raise bad_request("tool_choice 'required' needs at least one tool.", "tool_choice")
+        if isinstance(choice, dict) and choice["name"] not in names:
+            raise bad_request(f"tool_choice names {choice['name']!r}, which is not in 'tools'.",
+                              "tool_choice")
+        return attrs
+
+
+def _sampling_extension_attrs() -> dict:
+    """Copies of the chat request's sampling-extension fields and their validate_<name> hooks."""
+    declared = ChatCompletionRequest._declared_fields
+    attrs = {}
+    for name in SAMPLING_EXTENSIONS:
+        if name in declared:
+            attrs[name] = copy.deepcopy(declared[name])
+            hook = getattr(ChatCompletionRequest, f"validate_{name}", None)
+            if hook is not None:
+                attrs[f"validate_{name}"] = hook
+    return attrs
+
+
+CreateResponseRequest = serializers.SerializerMetaclass(
+    "CreateResponseRequest", (_CreateResponseFields,),
+    {"__module__": __name__, "__doc__": "POST /v1/responses. Unknown fields are ignored.",
+     **_sampling_extension_attrs()})
+
+
+def parse_create(raw_body: bytes) -> dict:
+    """The validated body of POST /v1/responses. Raises ApiError 400 on bad input."""
+    return validate(CreateResponseRequest, parse_json_body(raw_body))
+
+
+# --- conversations and lists ---------------------------------------------------------------
+
+
+def _body_or_empty(raw_body: bytes) -> dict:
+    return parse_json_body(raw_body) if raw_body.strip() else {}
+
+
+def parse_conversation_create(raw_body: bytes) -> tuple[list[dict], dict]:
+    """(items, metadata) of POST /v1/conversations; an empty body is an empty conversation."""
+    body = _body_or_empty(raw_body)
+    items = body.get("items")
+    items = [] if items is None else normalize_items(items, "items", max_items=MAX_ITEMS_PER_CALL)
+    return items, validate_metadata(body.get("metadata"))
+
+
+def parse_conversation_update(raw_body: bytes) -> dict:
+    """The new metadata of POST /v1/conversations/{id} (`metadata` is required, may be null)."""
+    body = parse_json_body(raw_body)
+    if "metadata" not in body:
+        raise bad_request("'metadata' is required.", "metadata")
+    return validate_metadata(body["metadata"])
+
+
+def parse_items_create(raw_body: bytes) -> list[dict]:
+    """The items of POST /v1/conversations/{id}/items: 1 to 20 input items."""
+    body = parse_json_body(raw_body)
+    if not body.get("items"):
+        raise bad_request("'items' is required and must not be empty.", "items")
+    return normalize_items(body["items"], "items", max_items=MAX_ITEMS_PER_CALL)
+
+
+def parse_list_query(query) -> tuple[int, str, str | None]:
+    """(limit, order, after) of a cursor-paginated list: limit 1-100 (default 20), order asc or
+    desc (default desc), after an item id. Raises ApiError 400."""
+    raw_limit = query.get("limit")
+    try:
+        limit = 20 if raw_limit in (None, "") else int(raw_limit)
+    except ValueError:
+        raise bad_request("'limit' must be an integer from 1 to 100.", "limit") from None
+    if not 1 <= limit <= 100:
+        raise bad_request("'limit' must be an integer from 1 to 100.", "limit")
+    order = query.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise bad_request("'order' must be asc or desc.", "order")
+    return limit, order, query.get("after") or None
+
+
+def parse_stream_query(query) -> tuple[bool, int | None]:
+    """(stream, starting_after) of GET /v1/responses/{id}. Raises ApiError 400."""
+    stream = (query.get("stream") or "false").lower()
+    if stream not in ("true", "false"):
+        raise bad_request("'stream' must be true or false.", "stream")
+    raw = query.get("starting_after")
+    if raw in (None, ""):
+        return stream == "true", None
+    try:
+        starting_after = int(raw)
+    except ValueError:
+        raise bad_request("'starting_after' must be an integer.", "starting_after") from None
+    if starting_after < -1:
+        raise bad_request("'starting_after' must be -1 or more.", "starting_after")
+    if stream != "true":
+        raise bad_request("'starting_after' is only allowed when 'stream' is true.",
+                          "starting_after")
+    return True, starting_after
+
+
+__all__ = ["CreateResponseRequest", "normalize_item", "normalize_items",
+           "parse_conversation_create", "parse_conversation_update", "parse_create",
+           "parse_items_create", "parse_list_query", "parse_stream_query", "validate_metadata"]

@@ -1,0 +1,357 @@
+"""POST /v1/responses: a validated request -> context -> prompt -> pipeline -> events and body.
+
+`load_context` reads what comes before the input (a previous_response_id chain or a
+conversation), `prepare` templates and tokenizes, and a `ResponseRun` turns the pipeline's
+deltas into numbered events (encoder.py), stores them when the response is streamed or in
+the background, and records the final response. `start_background` runs one as a task on
+the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+
+from inference.engine.chat_template import ChatTemplateError
+from inference.engine.outputs import RequestRejected
+from inference.serving.chat import sampling_params
+from inference.serving.deltas import Error
+from inference.serving.errors import ApiError, bad_request
+from inference.serving.pipeline import GenerationInput, generate
+
+from . import live, store
+from .encoder import EncoderError, ResponsesEventEncoder, outcome, responses_usage
+from .items import fold_tool_calls, items_to_messages, template_renders_tool_calls
+from .models import new_id
+
+log = logging.getLogger("metrale.responses")
+
+# Streamed events are written to the database at least this often (and at the end).
+EVENT_FLUSH_INTERVAL_S = 0.25
+EVENT_FLUSH_BATCH = 64
+
+
+@dataclass(slots=True)
+class PreparedResponse:
+    """A Responses request ready for the engine. `body` is the Response object as it starts."""
+
+    response_id: str
+    tenant_key: str
+    req: dict
+    input_items: list[dict]
+    gen: GenerationInput
+    body: dict
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: prompt + max output tokens."""
+        return len(self.gen.prompt_token_ids) + self.gen.params.max_tokens
+
+
+def load_context(tenant_key: str, req: dict) -> list[dict]:
+    """The items before this request's input: the previous_response_id chain's inputs and
+    outputs, or the conversation's items (synchronous ORM). Raises ApiError 404 for an unknown
+    or foreign id (response_not_found, conversation_not_found)."""
+    if req["previous_response_id"] is not None:
+        return store.chain_items(tenant_key, req["previous_response_id"])
+    if req["conversation"] is not None:
+        return store.conversation_items(tenant_key, req["conversation"])
+    return []
+
+
+def _chat_tools(tools: list[dict]) -> list[dict]:
+    out = []
+    for tool in tools:
+        fn = {"name": tool["name"]}
+        if tool["description"]:
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool["parameters"] or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _messages(req: dict, items: list[dict], chat_template: str | None) -> list[dict]:
+    messages = items_to_messages(items)
+    if req["instructions"]:
+        messages.insert(0, {"role": "system", "content": req["instructions"]})
+    if not template_renders_tool_calls(chat_template):
+        messages = fold_tool_calls(messages)
+    return messages
+
+
+def _drop_oldest(messages: list[dict]) -> list[dict] | None:
+    """The messages without the oldest non-system turn (and the tool results that answered
+    it), or None when only the last message is left to drop."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+    if first is None or first == len(messages) - 1:
+        return None
+    rest = messages[first + 1:]
+    while len(rest) > 1 and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return messages[:first] + rest
+
+
+def _render(rt, messages: list[dict], req: dict) -> list[int]:
+    kwargs = {}
+    effort = (req["reasoning"] or {}).get("effort")
+    if effort is not None:
+        kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+    tools = _chat_tools(req["tools"]) if req["tool_choice"] != "none" else []
+    try:
+        prompt = rt.tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                  add_generation_prompt=True, **kwargs)
+    except ChatTemplateError as exc:
+        raise bad_request(f"The chat template could not render this input: {exc}",
+                          param="input") from exc
+    return rt.tokenizer.encode(prompt)
+
+
+def prepare(req: dict, rt, tenant_key: str, context: list[dict],
+            cache_salt: str = "") -> PreparedResponse:
+    """Template and tokenize a validated request after its context items. cache_salt keeps
+    the tenant's prefix-cache blocks apart from other tenants' (see inference.auth).
+
+    `truncation: "auto"` drops the oldest turns until the prompt and max_output_tokens fit the
+    context; "disabled" (the default) answers 400 context_length_exceeded instead (OpenAI's
+    rule). Raises ApiError 400 for an empty input or a template that fails.
+    """
+    if req["conversation"] is not None:
+        known = {item["id"] for item in context}
+        for i, item in enumerate(req["input"]):
+            if item["id"] in known:
+                raise bad_request(f"An item with id '{item['id']}' is already in the "
+                                  "conversation.", f"input[{i}].id", code="duplicate_item_id")
+    messages = _messages(req, context + req["input"], rt.tokenizer.chat_template)
+    if not messages:
+        raise bad_request("'input' must not be empty when there is no earlier context.", "input")
+    max_len = rt.engine.max_model_len
+    wanted = req["max_output_tokens"] or 1
+    prompt_ids = _render(rt, messages, req)
+    while len(prompt_ids) + wanted > max_len and req["truncation"] == "auto":
+        messages = _drop_oldest(messages)
+        if messages is None:
+            break
+        prompt_ids = _render(rt, messages, req)
+    if len(prompt_ids) + wanted > max_len:
+        raise ApiError(
+            400, f"This model's maximum context length is {max_len} tokens. However, the input "
+                 f"has {len(prompt_ids)} tokens and max_output_tokens asks for "
+                 f"{req['max_output_tokens'] or 0} more. Shorten the input, lower "
+                 "max_output_tokens, or set truncation to auto.",
+            param="input", code="context_length_exceeded")
+    response_id = new_id("resp")
+    params = sampling_params({**req, "max_tokens": req["max_output_tokens"],
+                              "max_completion_tokens": None}, len(prompt_ids), max_len)
+    gen = GenerationInput(prompt_ids, params, stop=req.get("stop") or [],
+                          include_stop_str_in_output=req.get("include_stop_str_in_output", False),
+                          timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id,
+                          cache_salt=cache_salt)
+    body = response_object(response_id, req, req["model"] or rt.model_id,
+                           "queued" if req["background"] else "in_progress")
+    return PreparedResponse(response_id, tenant_key, req, req["input"], gen, body)
+
+
+def response_object(response_id: str, req: dict, model: str, status: str) -> dict:
+    """The Response object as it starts (no output, no usage), echoing the request's settings
+    with OpenAI's defaults filled in (temperature and top_p 1, truncation disabled, ...)."""
+    return {
+        "id": response_id, "object": "response", "created_at": int(time.time()),
+        "status": status, "background": req["background"], "error": None,
+        "incomplete_details": None, "instructions": req["instructions"],
+        "max_output_tokens": req["max_output_tokens"], "max_tool_calls": req["max_tool_calls"],
+        "model": model, "output": [], "parallel_tool_calls": req["parallel_tool_calls"],
+        "previous_response_id": req["previous_response_id"],
+        "conversation": {"id": req["conversation"]} if req["conversation"] else None,
+        "reasoning": req["reasoning"] or {"effort": None, "summary": None},
+        "service_tier": req["service_tier"] or "default", "store": req["store"],
+        "temperature": 1.0 if req["temperature"] is None else req["temperature"],
+        "text": req["text"], "tool_choice": req["tool_choice"], "tools": req["tools"],
+        "top_logprobs": req["top_logprobs"] or 0,
+        "top_p": 1.0 if req["top_p"] is None else req["top_p"],
+        "truncation": req["truncation"], "usage": None, "user": req["user"],
+        "safety_identifier": req["safety_identifier"],
+        "prompt_cache_key": req["prompt_cache_key"], "metadata": req["metadata"],
+        "completed_at": None,
+    }
+
+
+def stored_request(req: dict) -> dict:
+    """The request parameters kept with a stored response (the input is kept as items)."""
+    return {k: v for k, v in req.items() if k != "input"}
+
+
+class ResponseRun:
+    """One response's generation: deltas -> numbered events -> the final Response object.
+
+    `events()` yields response.created, response.in_progress, the encoder's item events and one
+    terminal event (response.completed, response.incomplete, or `error` then response.failed).
+    When the consumer goes away (a stream's client disconnects, a background task is
+    cancelled) generation stops, the open item closes as incomplete and the response is
+    recorded as cancelled. With `store`, streamed events (`record_events`) are written in
+    batches and the final body, usage and output items are stored; with a conversation the
+    turn's input and output items are appended to it once it completed. on_event, if given,
+    sees every event as it is made (the live copy followers read).
+    """
+
+    def __init__(self, p: PreparedResponse, rt, *, record_events: bool,
+                 on_event: Callable[[dict], None] | None = None):
+        self.p = p
+        self.rt = rt
+        self.store = p.req["store"]
+        self.record_events = record_events and self.store
+        self.on_event = on_event
+        self.encoder = ResponsesEventEncoder()
+        self.body = dict(p.body)
+        self.final: dict | None = None
+        self._seq = 0
+        self._completion_tokens = 0
+        self._unwritten: list[dict] = []
+        self._last_write = time.monotonic()
+
+    def _emit(self, event: dict) -> dict:
+        event = {"type": event["type"], "sequence_number": self._seq,
+                 **{k: v for k, v in event.items() if k != "type"}}
+        self._seq += 1
+        if self.record_events:
+            self._unwritten.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+        return event
+
+    async def _write_events(self, force: bool = False) -> None:
+        if not self._unwritten:
+            return
+        now = time.monotonic()
+        if force or len(self._unwritten) >= EVENT_FLUSH_BATCH or \
+                now - self._last_write >= EVENT_FLUSH_INTERVAL_S:
+            batch, self._unwritten = self._unwritten, []
+            self._last_write = now
+            try:
+                await sync_to_async(store.append_events)(self.p.response_id, batch)
+            except DatabaseError as exc:  # e.g. the response was deleted meanwhile
+                log.warning("response %s: events no longer recorded: %s", self.p.response_id, exc)
+                self.record_events = False
+
+    async def events(self) -> AsyncIterator[dict]:
+        yield self._emit({"type": "response.created", "response": dict(self.body)})
+        if self.p.req["background"]:
+            await sync_to_async(store.mark_in_progress)(self.p.response_id)
+        self.body["status"] = "in_progress"
+        yield self._emit({"type": "response.in_progress", "response": dict(self.body)})
+        try:
+            async with contextlib.aclosing(generate(self.rt.engine, self.rt.tokenizer,
+                                                    self.p.gen)) as deltas:
+                async for delta in deltas:
+                    self._completion_tokens += len(getattr(delta, "token_ids", None) or ())
+                    try:
+                        produced = self.encoder.feed(delta)
+                    except EncoderError as exc:
+                        log.error("response %s: %s", self.p.response_id, exc)
+                        self.encoder.error = Error(f"internal error: {exc}")
+                        break
+                    for event in produced:
+                        yield self._emit(event)
+                    await self._write_events()
+        except RequestRejected as exc:
+            self.encoder.error = Error(str(exc), code="context_length_exceeded")
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._end("cancelled", None, None)
+            raise
+        for event in await self._end(*outcome(self.encoder.finish, self.encoder.error)):
+            yield event
+
+    async def _end(self, status: str, incomplete: dict | None, error: dict | None) -> list[dict]:
+        """Close the open item, make the terminal events, and store the outcome."""
+        closing = [self._emit(e) for e in
+                   self.encoder.close("completed" if status == "completed" else "incomplete")]
+        finish = self.encoder.finish
+        self.final = {**self.body, "status": status, "output": self.encoder.output,
+                      "error": error, "incomplete_details": incomplete,
+                      "usage": responses_usage(finish.usage) if finish else None,
+                      "completed_at": int(time.time()) if status == "completed" else None}
+        if error is not None:
+            closing.append(self._emit({"type": "error", "code": error["code"],
+                                       "message": error["message"], "param": None}))
+        terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
+                    "failed": "response.failed"}.get(status)
+        if terminal is not None:
+            closing.append(self._emit({"type": terminal, "response": self.final}))
+        try:
+            await self._record()
+        except Exception:  # the client already has its answer; the store must not hide it
+            log.exception("response %s: storing the outcome failed", self.p.response_id)
+        return closing
+
+    async def _record(self) -> None:
+        if self.store:
+            await self._write_events(force=True)
+            self.final["status"] = await sync_to_async(store.finish_response)(
+                self.p.response_id, self.final, self.encoder.output)
+        conversation = self.p.req["conversation"]
+        if conversation is not None and self.final["status"] in ("completed", "incomplete"):
+            try:
+                await sync_to_async(store.add_conversation_items)(
+                    self.p.tenant_key, conversation, self.p.input_items + self.encoder.output)
+            except ApiError as exc:
+                log.warning("response %s: not appended to conversation %s: %s",
+                            self.p.response_id, conversation, exc.message)
+
+    @property
+    def used_tokens(self) -> int:
+        """Prompt + completion tokens processed so far (what the rate limiter charges)."""
+        if self.encoder.finish is not None:
+            return self.encoder.finish.usage.total_tokens
+        return len(self.p.gen.prompt_token_ids) + self._completion_tokens
+
+    async def complete(self) -> dict:
+        """Run to the end without streaming; the final Response object."""
+        async for _ in self.events():
+            pass
+        return self.final
+
+
+def start_background(p: PreparedResponse, rt, lease=None) -> live.LiveResponse:
+    """Run a stored, queued response as a task on the running event loop (daphne's); returns
+    its live entry, which followers tail and POST .../cancel cancels. lease: the request's
+    rate-limit lease (inference.ratelimit.Lease), released with the tokens used when it ends.
+
+    The task runs in a fresh context with its own ThreadSensitiveContext, so its database work
+    happens on a thread of its own that ends with it, not on the creating request's.
+    """
+    entry = live.register(p.response_id)
+    run = ResponseRun(p, rt, record_events=True, on_event=entry.publish)
+
+    async def main():
+        try:
+            async with ThreadSensitiveContext():
+                try:
+                    await run.complete()
+                finally:
+                    await sync_to_async(close_old_connections)()
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            log.exception("background response %s failed", p.response_id)
+            with contextlib.suppress(Exception):
+                await sync_to_async(store.fail_response)(p.response_id, f"internal error: {exc}")
+        finally:
+            entry.finish()
+            live.unregister(p.response_id)
+            if lease is not None:
+                try:
+                    await lease.release(run.used_tokens)
+                except Exception:
+                    log.exception("background response %s: releasing its rate-limit lease "
+                                  "failed", p.response_id)
+
+    entry.task = asyncio.get_running_loop().create_task(main(), context=contextvars.Context())
+    return entry

@@ -1,0 +1,277 @@
+"""Thin async views for /v1/responses and /v1/conversations: parse, scope to the tenant, call
+service/store, answer JSON or stream Server-Sent Events (`event: TYPE` + `data: JSON`, no
+[DONE], as OpenAI's Responses streams are framed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import JsonResponse, StreamingHttpResponse
+
+from inference.api import admit, openai_endpoint
+from inference.serving.errors import ApiError, bad_request
+from inference.views import _ready_runtime
+
+from . import live, protocol, service, store
+from .tenancy import tenant_key_for
+
+log = logging.getLogger("metrale.responses")
+
+# How often a replay of a response running in another process looks for new events.
+REPLAY_POLL_S = 0.25
+
+
+def db(fn, *args, **kwargs):
+    """Run a store function on Django's thread for synchronous ORM work."""
+    return sync_to_async(fn)(*args, **kwargs)
+
+
+def endpoint(*, generates: bool = False, **handlers):
+    """One URL's async view, through inference.api.openai_endpoint (auth, rate limits, ApiError
+    as OpenAI's error JSON): dispatch on the HTTP method to `handlers` (GET=..., POST=...); an
+    unknown method is a 405 in OpenAI's error shape. generates: the handlers admit themselves."""
+
+    async def view(request, **kwargs):
+        handler = handlers.get(request.method)
+        if handler is None:
+            raise ApiError(405, f"{request.method} is not allowed on {request.path}.",
+                           code="method_not_allowed")
+        return await handler(request, **kwargs)
+
+    view.__doc__ = " ".join(f"{method}: {h.__doc__}" for method, h in handlers.items())
+    return openai_endpoint(view, generates=generates)
+
+
+def sse_frame(event: dict) -> bytes:
+    """One Responses event as an SSE frame: `event: <type>` then `data: <json>`."""
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+def sse_response(frames: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    resp = StreamingHttpResponse(frames, content_type="text/event-stream")
+    resp["Cache-Control"] = "no-cache"
+    resp["X-Accel-Buffering"] = "no"
+    return resp
+
+
+async def _frames(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    # Closing the frames (the client went away) closes the events at once, so a run records
+    # that it was cancelled now rather than whenever the generator is collected.
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield sse_frame(event)
+
+
+# --- /v1/responses -----------------------------------------------------------------------------
+
+
+async def create_response(request):
+    """Create a response: blocking, streamed, or in the background (OpenAI "Create a model
+    response"). 500 server_error when a blocking response fails in the engine.
+
+    The rate-limit lease reserves prompt + max output tokens and is settled with the tokens
+    actually used when generation ends: by this view, by the stream's end, or, for a
+    background response, by its task (which holds the concurrency slot while it runs).
+    """
+    req = protocol.parse_create(request.body)
+    rt = _ready_runtime()
+    tenant = tenant_key_for(request)
+    context = await db(service.load_context, tenant, req)
+    p = service.prepare(req, rt, tenant, context, cache_salt=_cache_salt(request))
+    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s)
+    try:
+        if req["store"]:
+            await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
+                     model=p.body["model"], body=p.body, request=service.stored_request(req),
+                     input_items=p.input_items, previous_response_id=req["previous_response_id"],
+                     conversation_id=req["conversation"], background=req["background"],
+                     streamed=req["stream"] or req["background"])
+    except BaseException:
+        await lease.release(0)
+        raise
+    if req["background"]:
+        request.ratelimit_lease = None  # the task owns it now, not this request
+        entry = service.start_background(p, rt, lease=lease)
+        if req["stream"]:
+            return sse_response(_frames(entry.follow(-1)))
+        return JsonResponse(p.body)
+    run = service.ResponseRun(p, rt, record_events=req["stream"])
+    if req["stream"]:
+        return sse_response(_settled(_frames(run.events()), run, lease))
+    try:
+        body = await run.complete()
+    finally:
+        await lease.release(run.used_tokens)
+    if body["status"] == "failed":
+        if body["error"]["code"] == "context_length_exceeded":  # the engine refused the prompt
+            raise ApiError(400, body["error"]["message"], param="input",
+                           code="context_length_exceeded")
+        raise ApiError(500, body["error"]["message"], type="server_error",
+                       code=body["error"]["code"])
+    return JsonResponse(body)
+
+
+def _cache_salt(request) -> str:
+    principal = getattr(request, "principal", None)
+    return principal.prefix_cache_salt if principal is not None else ""
+
+
+async def _settled(frames: AsyncIterator[bytes], run, lease) -> AsyncIterator[bytes]:
+    """The frames, then the lease settled with what the run used, however the stream ends."""
+    try:
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame
+    finally:
+        await lease.release(run.used_tokens)
+
+
+async def retrieve_response(request, response_id: str):
+    """Retrieve a stored response; with ?stream=true replay its events (after
+    `starting_after`, to resume), following it live while it runs."""
+    stream, starting_after = protocol.parse_stream_query(request.GET)
+    tenant = tenant_key_for(request)
+    row = await db(store.get_response, tenant, response_id)
+    if not stream:
+        return JsonResponse(row.to_dict())
+    if not row.streamed:
+        raise bad_request("This response was created without stream or background, so it has "
+                          "no events to stream; retrieve it without 'stream'.", "stream",
+                          code="response_not_streamed")
+    return sse_response(_frames(_replay(row.pk, -1 if starting_after is None else starting_after)))
+
+
+async def _replay(response_id: str, starting_after: int) -> AsyncIterator[dict]:
+    """The response's events after `starting_after`: from the live copy while it runs here,
+    else from the database, polling while another process is still writing them."""
+    entry = live.get(response_id)
+    if entry is not None:
+        async for event in entry.follow(starting_after):
+            yield event
+        return
+    deadline = asyncio.get_running_loop().time() + settings.METRALE["REQUEST_TIMEOUT_S"] + 60
+    after = starting_after
+    while True:
+        status, _ = await db(store.response_state, response_id)
+        for event in await db(store.events_after, response_id, after):
+            after = event["sequence_number"]
+            yield event
+        if status not in ("queued", "in_progress") or asyncio.get_running_loop().time() > deadline:
+            return
+        entry = live.get(response_id)
+        if entry is not None:  # it started running here meanwhile
+            async for event in entry.follow(after):
+                yield event
+            return
+        await asyncio.sleep(REPLAY_POLL_S)
+
+
+async def delete_response(request, response_id: str):
+    """Delete a stored response: {id, object: "response", deleted: true}. One still running in
+    the background here is cancelled first."""
+    tenant = tenant_key_for(request)
+    await db(store.get_response, tenant, response_id)
+    await _stop_live(response_id)
+    return JsonResponse(await db(store.delete_response, tenant, response_id))
+
+
+async def cancel_response(request, response_id: str):
+    """Cancel a background response; others are a 400 saying why."""
+    tenant = tenant_key_for(request)
+    row = await db(store.cancel_response, tenant, response_id)
+    if await _stop_live(response_id):
+        row = await db(store.get_response, tenant, response_id)
+    return JsonResponse(row.to_dict())
+
+
+async def _stop_live(response_id: str, timeout_s: float = 5.0) -> bool:
+    """Cancel the background task running `response_id` in this process, and give it up to
+    timeout_s seconds to record where it stopped. False when none runs here."""
+    entry = live.get(response_id)
+    if entry is None or entry.task is None or entry.task.done():
+        return False
+    entry.task.cancel()
+    await asyncio.wait({entry.task}, timeout=timeout_s)
+    return True
+
+
+async def list_input_items(request, response_id: str):
+    """A page of a stored response's input items (limit, order, after)."""
+    limit, order, after = protocol.parse_list_query(request.GET)
+    return JsonResponse(await db(store.list_input_items, tenant_key_for(request), response_id,
+                                 limit, order, after))
+
+
+# --- /v1/conversations -------------------------------------------------------------------------
+
+
+async def create_conversation(request):
+    """Create a conversation with up to 20 items and metadata."""
+    items, metadata = protocol.parse_conversation_create(request.body)
+    conv = await db(store.create_conversation, tenant_key_for(request), items, metadata)
+    return JsonResponse(conv.to_dict())
+
+
+async def retrieve_conversation(request, conversation_id: str):
+    """Retrieve a conversation."""
+    conv = await db(store.get_conversation, tenant_key_for(request), conversation_id)
+    return JsonResponse(conv.to_dict())
+
+
+async def update_conversation(request, conversation_id: str):
+    """Replace a conversation's metadata."""
+    metadata = protocol.parse_conversation_update(request.body)
+    conv = await db(store.update_conversation, tenant_key_for(request), conversation_id, metadata)
+    return JsonResponse(conv.to_dict())
+
+
+async def delete_conversation(request, conversation_id: str):
+    """Delete a conversation: {id, object: "conversation.deleted", deleted: true}."""
+    return JsonResponse(await db(store.delete_conversation, tenant_key_for(request),
+                                 conversation_id))
+
+
+async def create_items(request, conversation_id: str):
+    """Append up to 20 items; answers the list of them."""
+    items = protocol.parse_items_create(request.body)
+    added = await db(store.add_conversation_items, tenant_key_for(request), conversation_id,
+                     items)
+    return JsonResponse({"object": "list", "data": added, "first_id": added[0]["id"],
+                         "last_id": added[-1]["id"], "has_more": False})
+
+
+async def list_items(request, conversation_id: str):
+    """A page of a conversation's items (limit, order, after)."""
+    limit, order, after = protocol.parse_list_query(request.GET)
+    return JsonResponse(await db(store.list_conversation_items, tenant_key_for(request),
+                                 conversation_id, limit, order, after))
+
+
+async def retrieve_item(request, conversation_id: str, item_id: str):
+    """One conversation item."""
+    return JsonResponse(await db(store.get_conversation_item, tenant_key_for(request),
+                                 conversation_id, item_id))
+
+
+async def delete_item(request, conversation_id: str, item_id: str):
+    """Delete one item; answers the conversation."""
+    return JsonResponse(await db(store.delete_conversation_item, tenant_key_for(request),
+                                 conversation_id, item_id))
+
+
+responses = endpoint(POST=create_response)
+response_detail = endpoint(GET=retrieve_response, DELETE=delete_response)
+response_cancel = endpoint(POST=cancel_response)
+response_input_items = endpoint(GET=list_input_items)
+conversations = endpoint(POST=create_conversation)
+conversation_detail = endpoint(GET=retrieve_conversation, POST=update_conversation,
+                               DELETE=delete_conversation)
+conversation_items = endpoint(GET=list_items, POST=create_items)
+conversation_item = endpoint(GET=retrieve_item, DELETE=delete_item)

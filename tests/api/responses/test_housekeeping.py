@@ -1,0 +1,176 @@
+"""Expiry (purge task and command), the restart rule for unfinished responses, and the admin."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.core.management import call_command
+from django.utils import timezone
+
+from responses_api import store, tasks
+from responses_api.models import (
+    Conversation,
+    ConversationItem,
+    ResponseEvent,
+    ResponseItem,
+    StoredResponse,
+    expiry_from,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def make_response(rid, *, status="completed", tenant="default", worker=store.WORKER,
+                  created_at=None, metadata=None, background=False):
+    body = {"id": rid, "object": "response", "status": "in_progress", "output": [],
+            "metadata": metadata or {}}
+    store.create_response(tenant_key=tenant, response_id=rid, model="smollm2", body=body,
+                          request={}, input_items=[{"id": f"msg_in_{rid}", "type": "message",
+                                                    "role": "user", "status": "completed",
+                                                    "content": [{"type": "input_text",
+                                                                 "text": f"question {rid}"}]}],
+                          previous_response_id=None, conversation_id=None, background=background,
+                          streamed=True)
+    store.append_events(rid, [{"type": "response.created", "sequence_number": 0}])
+    if status != "in_progress":
+        store.finish_response(rid, {**body, "status": status, "usage": {"input_tokens": 3,
+                                                                         "output_tokens": 2}},
+                              [{"id": f"msg_out_{rid}", "type": "message", "role": "assistant",
+                                "status": "completed",
+                                "content": [{"type": "output_text", "text": f"answer {rid}"}]}])
+    updates = {"worker": worker}
+    if created_at is not None:
+        updates.update(created_at=created_at, expires_at=expiry_from(created_at))
+    StoredResponse.objects.filter(pk=rid).update(**updates)
+
+
+def test_expired_responses_and_conversations_are_purged_with_their_items(settings):
+    old = timezone.now() - timedelta(seconds=settings.METRALE["STORE_TTL_S"] + 10)
+    make_response("resp_old", created_at=old)
+    make_response("resp_new")
+    stale = store.create_conversation("default", [{"id": "msg_c", "type": "message",
+                                                   "role": "user", "content": []}], {})
+    Conversation.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(1))
+    store.create_conversation("default", [], {})
+
+    assert tasks.purge_expired() == {"responses": 1, "conversations": 1, "failed_unfinished": 0}
+    assert list(StoredResponse.objects.values_list("pk", flat=True)) == ["resp_new"]
+    assert not ResponseItem.objects.filter(response_id="resp_old").exists()
+    assert not ResponseEvent.objects.filter(response_id="resp_old").exists()
+    assert Conversation.objects.count() == 1 and not ConversationItem.objects.exists()
+
+
+def test_the_purge_command_reports_what_it_deleted(settings):
+    make_response("resp_old", created_at=timezone.now() - timedelta(days=31))
+    out = StringIO()
+    call_command("purge_expired", stdout=out)
+    assert out.getvalue().strip() == "deleted 1 response(s) and 0 conversation(s)"
+    assert not StoredResponse.objects.exists()
+
+
+def test_the_ttl_comes_from_settings(settings):
+    settings.METRALE = {**settings.METRALE, "STORE_TTL_S": 60}
+    make_response("resp_a")
+    row = StoredResponse.objects.get()
+    assert (row.expires_at - row.created_at).total_seconds() == pytest.approx(60)
+
+
+def test_a_restart_fails_what_an_earlier_process_left_unfinished(settings):
+    host = store.WORKER.rsplit(":", 1)[0]
+    make_response("resp_dead", status="in_progress", worker=f"{host}:1", background=True)
+    make_response("resp_mine", status="in_progress", background=True)
+    make_response("resp_elsewhere", status="in_progress", worker="otherhost:7", background=True)
+    make_response("resp_lost", status="in_progress", worker="otherhost:8",
+                  created_at=timezone.now() - timedelta(
+                      seconds=settings.METRALE["REQUEST_TIMEOUT_S"] + 120))
+    make_response("resp_done", worker=f"{host}:1")
+
+    assert store.fail_unfinished() == 2
+    status = dict(StoredResponse.objects.values_list("pk", "status"))
+    assert status == {"resp_dead": "failed", "resp_mine": "in_progress",
+                      "resp_elsewhere": "in_progress", "resp_lost": "failed",
+                      "resp_done": "completed"}
+    dead = StoredResponse.objects.get(pk="resp_dead").to_dict()
+    assert dead["status"] == "failed" and "restarted" in dead["error"]["message"]
+
+
+def test_the_runtime_start_signal_runs_the_restart_rule(settings):
+    from inference.runtime import runtime_starting
+
+    host = store.WORKER.rsplit(":", 1)[0]
+    make_response("resp_dead", status="in_progress", worker=f"{host}:1", background=True)
+    settings.CELERY_BROKER_URL = "memory://"  # no purge thread from a test
+    runtime_starting.send(sender=None)
+    assert StoredResponse.objects.get(pk="resp_dead").status == "failed"
+
+
+def test_a_cancel_recorded_elsewhere_survives_the_run_finishing():
+    make_response("resp_bg", status="in_progress", background=True)
+    assert store.cancel_response("default", "resp_bg").status == "cancelled"
+    assert store.cancel_response("default", "resp_bg").status == "cancelled"  # idempotent
+    status = store.finish_response("resp_bg", {"status": "completed", "usage": None}, [])
+    assert status == "cancelled"
+    make_response("resp_finished", background=True)
+    with pytest.raises(Exception) as info:
+        store.cancel_response("default", "resp_finished")
+    assert info.value.status == 400
+
+
+# --- admin ---
+
+
+def test_the_admin_lists_filters_searches_and_shows_the_transcript(admin_client):
+    make_response("resp_a", metadata={"project": "apollo"})
+    make_response("resp_b", status="failed", tenant="t2")
+    r = admin_client.get("/admin/responses_api/storedresponse/")
+    assert r.status_code == 200 and b"resp_a" in r.content and b"resp_b" in r.content
+    r = admin_client.get("/admin/responses_api/storedresponse/", {"q": "apollo"})
+    assert b"resp_a" in r.content and b"resp_b" not in r.content
+    r = admin_client.get("/admin/responses_api/storedresponse/", {"status__exact": "failed"})
+    assert b"resp_b" in r.content and b"resp_a" not in r.content
+    r = admin_client.get("/admin/responses_api/storedresponse/", {"tenant_key": "t2"})
+    assert b"resp_b" in r.content and b"resp_a" not in r.content
+    r = admin_client.get(f"/admin/responses_api/storedresponse/{quote('resp_a')}/change/")
+    assert r.status_code == 200
+    assert b"user: question resp_a" in r.content and b"assistant: answer resp_a" in r.content
+
+
+def test_deleting_in_the_admin_cascades(admin_client):
+    make_response("resp_a")
+    r = admin_client.post(f"/admin/responses_api/storedresponse/{quote('resp_a')}/delete/",
+                          {"post": "yes"})
+    assert r.status_code == 302
+    assert not StoredResponse.objects.exists()
+    assert not ResponseItem.objects.exists() and not ResponseEvent.objects.exists()
+
+    conv = store.create_conversation("default", [{"id": "msg_1", "type": "message",
+                                                  "role": "user",
+                                                  "content": [{"type": "input_text",
+                                                               "text": "hello"}]}], {"k": "v"})
+    r = admin_client.get(f"/admin/responses_api/conversation/{quote(conv.pk)}/change/")
+    assert r.status_code == 200 and b"user: hello" in r.content
+    r = admin_client.post(f"/admin/responses_api/conversation/{quote(conv.pk)}/delete/",
+                          {"post": "yes"})
+    assert r.status_code == 302 and not ConversationItem.objects.exists()
+
+
+@pytest.mark.parametrize("text, seconds", [("", 30 * 86400), ("3600", 3600), ("90s", 90),
+                                           ("15m", 900), ("12h", 43200), ("30d", 2592000),
+                                           ("1.5h", 5400)])
+def test_store_ttl_reads_seconds_or_a_unit(monkeypatch, text, seconds):
+    from metrale_site.env import envduration_s
+
+    monkeypatch.setenv("METRALE_STORE_TTL", text)
+    assert envduration_s("METRALE_STORE_TTL", 30 * 86400) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-5", "10w", "d"])
+def test_a_bad_store_ttl_is_a_configuration_error(monkeypatch, text):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from metrale_site.env import envduration_s
+
+    monkeypatch.setenv("METRALE_STORE_TTL", text)
+    with pytest.raises(ImproperlyConfigured):
+        envduration_s("METRALE_STORE_TTL", 1)
