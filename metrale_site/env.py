@@ -1,4 +1,5 @@
 """Small environment-variable readers that fail with ImproperlyConfigured on bad values."""
+import json
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -44,3 +45,19 @@ def envfloat(name: str, default: float | None) -> float | None:
         return float(value)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
+def envlist(name: str) -> list[str]:
+    """Read a comma-separated list; blanks around items are dropped, empty items skipped."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def envjson(name: str, default):
+    """Read a JSON value. Raises ImproperlyConfigured when the text is not JSON."""
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return default
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"{name} must be JSON, got {value!r}: {exc}") from exc
