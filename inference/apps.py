@@ -6,3 +6,6 @@ class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "inference"
     verbose_name = "Inference"
+
+    def ready(self):
+        from . import checks  # noqa: F401  (registers the system checks)

@@ -1,6 +1,7 @@
 """API middleware: x-request-id and openai-processing-ms on every API response, 413 for oversized bodies."""
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -10,6 +11,8 @@ from django.conf import settings
 from django.http import JsonResponse
 
 from .serving.errors import ApiError
+
+log = logging.getLogger("metrale.api")
 
 API_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 # A client's id is echoed only when it is short, printable ASCII (it goes into logs and headers).
@@ -68,3 +71,11 @@ class ApiRequestMiddleware:
         response["x-request-id"] = request.request_id
         response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
         return response
+
+    def process_exception(self, request, exception):
+        """An unexpected exception in an API view: a 500 in OpenAI's error shape (logged), not HTML."""
+        if not request.path.startswith(API_PREFIXES):
+            return None
+        log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exception)
+        err = ApiError(500, "The server had an error while processing your request.", type="server_error")
+        return JsonResponse(err.body(), status=500)

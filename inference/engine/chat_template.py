@@ -6,11 +6,13 @@ lstrip_blocks, the loopcontrols extension, a `{% generation %}` tag, a `tojson`
 filter that does not HTML-escape, and the globals `raise_exception` and
 `strftime_now`.
 """
+
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from functools import lru_cache
+from typing import ClassVar
 
 import jinja2
 import jinja2.ext
@@ -18,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class ChatTemplateError(ValueError):
-    """A chat template that does not compile, or fails (or calls raise_exception) while rendering."""
+    """A chat template that does not compile, or fails (raise_exception too) while rendering."""
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -28,7 +30,7 @@ class _GenerationTag(jinja2.ext.Extension):
     server only needs templates that use it to render.
     """
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
@@ -45,7 +47,9 @@ def _raise_exception(message):
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # transformers' override: Jinja's own tojson HTML-escapes <, >, & and '.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(format):

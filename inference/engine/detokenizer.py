@@ -7,6 +7,7 @@ ends in U+FFFD (a byte-level token that stops inside a multi-byte character).
 Decoding a window rather than one token keeps decoders that look at
 neighbours (SentencePiece's leading space) right.
 """
+
 from __future__ import annotations
 
 from .tokenizer import Tokenizer
@@ -26,14 +27,20 @@ class IncrementalDetokenizer:
     `tokenizer.decode(generated_ids, skip_special_tokens)`.
     """
 
-    __slots__ = ("_tokenizer", "_skip", "_tokens", "_prefix_offset", "_read_offset")
+    __slots__ = ("_prefix_offset", "_read_offset", "_skip", "_tokenizer", "_tokens")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None,
-                 skip_special_tokens: bool = True):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int] | None = None,
+        skip_special_tokens: bool = True,
+    ):
         self._tokenizer = tokenizer
         self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
-        tail = list(prompt_ids[-(INITIAL_OFFSET + 2):]) if prompt_ids else []
-        self._tokens = tokenizer.convert_ids_to_tokens(tail, skip_special_tokens=skip_special_tokens)
+        tail = list(prompt_ids[-(INITIAL_OFFSET + 2) :]) if prompt_ids else []
+        self._tokens = tokenizer.convert_ids_to_tokens(
+            tail, skip_special_tokens=skip_special_tokens
+        )
         self._read_offset = len(self._tokens)
         self._prefix_offset = max(self._read_offset - INITIAL_OFFSET, 0)
 
@@ -48,7 +55,7 @@ class IncrementalDetokenizer:
         return self._emit(final=False)
 
     def flush(self) -> str:
-        """The text still held back (at the end of generation); may hold U+FFFD for a cut-off character."""
+        """The text still held back, at the end of generation (U+FFFD for a cut-off character)."""
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
@@ -65,4 +72,4 @@ class IncrementalDetokenizer:
             del tokens[: self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]

@@ -83,15 +83,20 @@ class LLMEngine:
         from .scheduler import Scheduler
 
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype,
+                                  self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         self.num_steps = 0
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    deadline: float | None = None) -> Sequence:
-        """Queue a request. Raises RequestRejected when it can never fit."""
+                    deadline: float | None = None, cache_salt: str = "") -> Sequence:
+        """Queue a request. Raises RequestRejected when it can never fit.
+
+        cache_salt: prefix-cache blocks are shared only between requests with the same salt.
+        deadline: a time.monotonic() instant after which the request ends with "timeout".
+        """
         n = len(prompt_token_ids)
         if n == 0:
             raise RequestRejected("the prompt is empty")
@@ -102,7 +107,7 @@ class LLMEngine:
         pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
         if n + params.max_tokens > pool_tokens:
             raise RequestRejected(f"the request needs {n + params.max_tokens} tokens of KV cache; the pool holds {pool_tokens}")
-        seq = Sequence(request_id, list(prompt_token_ids), params, deadline=deadline)
+        seq = Sequence(request_id, list(prompt_token_ids), params, deadline=deadline, cache_salt=cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         self.scheduler.add(seq)
@@ -132,6 +137,7 @@ class LLMEngine:
         k = 0
         for (seq, n), samples in zip(batch.items, batch.samples):
             seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
             if not samples:
                 continue
             token = result.token_ids[k]

@@ -5,7 +5,7 @@ import torch
 
 from .config import ModelConfig
 from .layers.attention import AttentionMetadata, PrefillSlice
-from .sampler import SampleResult, Sampler
+from .sampler import SampleResult, Sampler, token_logprobs
 from .scheduler import ScheduledBatch
 
 
@@ -17,7 +17,8 @@ class ModelRunner:
     """
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 device: torch.device, kv_dtype: torch.dtype, seed: int | None = None):
+                 device: torch.device, kv_dtype: torch.dtype, eos_token_ids: list[int] | None = None,
+                 seed: int | None = None):
         self.model = model
         self.cfg = cfg
         self.device = device
@@ -27,7 +28,7 @@ class ModelRunner:
             (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(eos_token_ids, seed)
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
@@ -82,14 +83,36 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> SampleResult | None:
-        """Run the forward for every scheduled token and sample the sequences that reached their end."""
+        """Run the forward for every scheduled token and sample the sequences that reached their end.
+
+        Sequences that asked for prompt_logprobs get this chunk's entries appended to
+        `seq.prompt_logprobs` (None for the first prompt token, as vLLM reports it).
+        """
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        self._prompt_logprobs(batch, hidden)
         if not sample_rows:
             return None
         logits = self.model.compute_logits(hidden[sample_rows])
         sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
-        return self.sampler(logits, [s.params for s in sampling], [s.generator for s in sampling])
+        return self.sampler(logits, sampling)
+
+    def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
+        row = 0
+        for seq, n in batch.items:
+            start = seq.num_computed_tokens
+            n_prompt = seq.num_prompt_tokens
+            if seq.params.prompt_logprobs is not None and start < n_prompt:
+                if seq.prompt_logprobs is None:
+                    seq.prompt_logprobs = [None]
+                # Position p predicts token p + 1; only prompt tokens after the first are scored.
+                upto = min(start + n, n_prompt - 1)
+                if upto > start:
+                    logits = self.model.compute_logits(hidden[row:row + (upto - start)])
+                    targets = seq.token_ids[start + 1:upto + 1]
+                    seq.prompt_logprobs.extend(
+                        token_logprobs(logits, targets, [seq.params.prompt_logprobs] * len(targets)))
+            row += n
 
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:

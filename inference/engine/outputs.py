@@ -18,11 +18,7 @@ class TokenEvent:
 
 @dataclass(slots=True)
 class Finished:
-    """The request ended. reason: stop, length, cancelled or timeout. Token counts; times in seconds.
-
-    prompt_logprobs: when params.prompt_logprobs is set, one entry per prompt token: None for the
-    first token, then (logprob, [(token id, logprob)] top-N sorted desc); None when not computed.
-    """
+    """The request ended. reason: stop, length, cancelled or timeout. Token counts; times in seconds."""
 
     reason: str
     prompt_tokens: int
@@ -30,7 +26,8 @@ class Finished:
     ttft_s: float | None = None
     total_s: float = 0.0
     cached_tokens: int = 0
-    prompt_logprobs: list[tuple | None] | None = None
+    # One entry per prompt token when prompt_logprobs was asked (None for the first token).
+    prompt_logprobs: list | None = None
 
 
 @dataclass(slots=True)

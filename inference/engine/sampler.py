@@ -1,12 +1,15 @@
 """The batched sampler: one pass over [batch, vocab] logits, rows with different settings together.
 
-Order (vLLM's): temperature, top_k, top_p, min_p, then the draw. Greedy rows
-(temperature 0) take the argmax. The draw is the exponential-race form of
-categorical sampling (argmax of p / E with E ~ Exp(1), as gpt-fast does, no host
-sync); a request with a seed draws its noise from its own torch.Generator, so its
-tokens do not depend on what else is in the batch.
-Logprobs are log-softmax of the final processed distribution (after temperature
-and truncation; the raw distribution for greedy rows), with -inf reported as -9999.0.
+Order (vLLM's, plus llama.cpp's DRY and top-nσ): logit_bias, min_tokens (EOS and
+stop_token_ids masked), repetition penalty (prompt + output), presence and
+frequency penalties (output), DRY, temperature, top_k, top_p, min_p,
+top_n_sigma, then the draw. Greedy rows (temperature 0) take the argmax of the
+processed logits (penalties and biases apply to them too). The draw is the
+exponential race (argmax of p / E with E ~ Exp(1), as gpt-fast does); a request with
+a seed draws its noise from its own torch.Generator, so its tokens do not depend on
+what else is in the batch.
+Logprobs are log-softmax of the final processed distribution (after penalties,
+temperature and truncation), with -inf reported as -9999.0.
 """
 from __future__ import annotations
 
@@ -14,85 +17,125 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling_params import SamplingParams
+from .penalties import apply_dry, apply_penalties
+from .sequence import Sequence
 
 NEG_INF_LOGPROB = -9999.0
 
 
 @dataclass(slots=True)
 class SampleResult:
-    """token_ids: int64 [B]. logprobs[i]: None, or (sampled logprob, [(token id, logprob)] top-k sorted desc)."""
+    """token_ids: one per row. logprobs[i]: None, or (sampled logprob, [(token id, logprob)] top-N, desc)."""
 
     token_ids: list[int]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
 class Sampler:
-    """Samples one token per row. `generators[i]` is row i's own generator, or None for the shared one."""
+    """Samples one token per sequence from its logits row."""
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None):
+        self.eos_token_ids = list(eos_token_ids or [])
         self.shared_generator = torch.Generator()
         if seed is not None:
             self.shared_generator.manual_seed(seed)
         else:
             self.shared_generator.seed()
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> SampleResult:
-        """logits: float32 [B, V] on the model's device. Returns one token per row."""
-        logits = logits.float()
+    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Apply every control but the draw. logits float32 [B, V] -> processed float32 [B, V].
+
+        Greedy rows skip temperature and truncation (they only need the argmax).
+        """
+        logits = logits.float().clone()
         b, v = logits.shape
         device = logits.device
-        greedy = torch.tensor([p.greedy for p in params], device=device)
+        params = [s.params for s in seqs]
+
+        bias_rows, bias_cols, bias_vals = [], [], []
+        for i, p in enumerate(params):
+            if p.logit_bias:
+                for tok, val in p.logit_bias.items():
+                    if 0 <= tok < v:
+                        bias_rows.append(i)
+                        bias_cols.append(tok)
+                        bias_vals.append(val)
+        if bias_rows:
+            logits.index_put_((torch.tensor(bias_rows, device=device), torch.tensor(bias_cols, device=device)),
+                              torch.tensor(bias_vals, device=device), accumulate=True)
+
+        for i, (s, p) in enumerate(zip(seqs, params)):
+            if s.num_output_tokens < p.min_tokens:
+                banned = [t for t in (*((self.eos_token_ids) if not p.ignore_eos else ()), *p.stop_token_ids) if t < v]
+                if banned:
+                    logits[i, banned] = float("-inf")
+
+        apply_penalties(logits, seqs)
+        apply_dry(logits, seqs)
+
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
+            return logits
         temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-        processed = logits / temps.unsqueeze(1)
-
-        top_k = [p.top_k if 0 < p.top_k < v else 0 for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if sampled_rows and (any(top_k) or any(x < 1.0 for x in top_p)):
-            processed = _truncate_top_k_top_p(processed, top_k, top_p)
-        if sampled_rows and any(x > 0 for x in min_p):
-            probs = processed.softmax(-1)
+        logits = logits / temps.unsqueeze(1)
+        top_k = [p.top_k if (0 < p.top_k < v and not p.greedy) else 0 for p in params]
+        top_p = [p.top_p if not p.greedy else 1.0 for p in params]
+        if any(top_k) or any(x < 1.0 for x in top_p):
+            logits = _truncate_top_k_top_p(logits, top_k, top_p)
+        min_p = [p.min_p if not p.greedy else 0.0 for p in params]
+        if any(x > 0 for x in min_p):
+            probs = logits.softmax(-1)
             mp = torch.tensor(min_p, device=device).unsqueeze(1)
-            processed = processed.masked_fill(probs < mp * probs.max(-1, keepdim=True).values, float("-inf"))
-        # Greedy rows keep the raw logits (and their logprobs).
-        processed = torch.where(greedy.unsqueeze(1), logits, processed)
+            logits = logits.masked_fill(probs < mp * probs.max(-1, keepdim=True).values, float("-inf"))
+        sigma = [p.top_n_sigma if (p.top_n_sigma > 0 and not p.greedy) else 0.0 for p in params]
+        if any(sigma):
+            logits = _top_n_sigma(logits, sigma)
+        return logits
 
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        """logits: float32 [B, V], one row per sequence in `seqs`. Returns one token per row."""
+        processed = self.process(logits, seqs)
+        b, v = processed.shape
+        params = [s.params for s in seqs]
+        greedy = torch.tensor([p.greedy for p in params], device=processed.device)
         tokens = processed.argmax(-1)
-        if sampled_rows:
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled:
             probs = processed.softmax(-1)
-            noise = torch.empty(b, v, device=device)
-            shared_rows = [i for i in sampled_rows if generators[i] is None]
-            if shared_rows:
-                noise[shared_rows] = torch.empty(len(shared_rows), v).exponential_(
-                    generator=self.shared_generator).to(device)
-            for i in sampled_rows:
-                if generators[i] is not None:
-                    noise[i] = torch.empty(v).exponential_(generator=generators[i]).to(device)
-            drawn = (probs / noise).argmax(-1)
+            noise = torch.empty(b, v)
+            shared = [i for i in sampled if seqs[i].generator is None]
+            if shared:
+                noise[shared] = torch.empty(len(shared), v).exponential_(generator=self.shared_generator)
+            for i in sampled:
+                if seqs[i].generator is not None:
+                    noise[i] = torch.empty(v).exponential_(generator=seqs[i].generator)
+            drawn = (probs / noise.to(probs.device)).argmax(-1)
             tokens = torch.where(greedy, tokens, drawn)
-
         token_list = tokens.tolist()
-        logprob_out: list = [None] * b
-        want = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if want:
-            lp = processed[want].log_softmax(-1)
-            k = max(params[i].logprobs for i in want)
-            top_vals, top_ids = lp.topk(max(k, 1), dim=-1) if k else (None, None)
-            for row, i in enumerate(want):
-                chosen = float(lp[row, token_list[i]])
-                n = params[i].logprobs
-                tops = []
-                if n:
-                    tops = [(int(t), _finite(float(x))) for t, x in zip(top_ids[row, :n], top_vals[row, :n])]
-                logprob_out[i] = (_finite(chosen), tops)
-        return SampleResult(token_list, logprob_out)
+        return SampleResult(token_list, token_logprobs(processed, token_list, [p.logprobs for p in params]))
+
+
+def token_logprobs(logits: torch.Tensor, chosen: list[int], top_n: list[int | None]) -> list:
+    """Per row: None when top_n[i] is None, else (logprob of chosen[i], [(id, logprob)] of the top_n[i] best).
+
+    logits: float32 [B, V] (unnormalised); logprobs are its log-softmax.
+    """
+    out: list = [None] * len(chosen)
+    want = [i for i, n in enumerate(top_n) if n is not None]
+    if not want:
+        return out
+    lp = logits[want].log_softmax(-1)
+    k = max(top_n[i] for i in want)
+    top_vals = top_ids = None
+    if k:
+        top_vals, top_ids = lp.topk(k, dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    picked = lp.gather(1, torch.tensor([[chosen[i]] for i in want], device=lp.device)).squeeze(1).tolist()
+    for row, i in enumerate(want):
+        n = top_n[i]
+        tops = [(t, _finite(x)) for t, x in zip(top_ids[row][:n], top_vals[row][:n])] if n else []
+        out[i] = (_finite(picked[row]), tops)
+    return out
 
 
 def _finite(x: float) -> float:
@@ -102,19 +145,33 @@ def _finite(x: float) -> float:
 def _truncate_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     """Mask tokens outside each row's top_k (0 = off) and top_p nucleus (1.0 = off) with -inf.
 
-    The nucleus keeps the smallest set of most likely tokens whose probability
-    reaches top_p (Holtzman et al. 2019); the most likely token is always kept.
+    The nucleus keeps the smallest set of most likely tokens whose probability reaches
+    top_p (Holtzman et al. 2019, after top_k as vLLM applies it); the best token is always kept.
     """
     b, v = logits.shape
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
     ks = torch.tensor([k if k > 0 else v for k in top_k], device=logits.device)
     ranks = torch.arange(v, device=logits.device).unsqueeze(0)
-    remove = ranks >= ks.unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    ps = torch.tensor(top_p, device=logits.device).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
+    # top_p 1.0 must keep everything, even where float cumsums reach 1.0 early.
+    ps = torch.tensor([p if p < 1.0 else 2.0 for p in top_p], device=logits.device).unsqueeze(1)
     probs = sorted_logits.softmax(-1)
-    cum_before = probs.cumsum(-1) - probs
-    remove = cum_before >= ps
+    remove = (probs.cumsum(-1) - probs) >= ps
     remove[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, sorted_logits)
+
+
+def _top_n_sigma(logits: torch.Tensor, n_sigma: list[float]) -> torch.Tensor:
+    """Keep tokens whose logit is within n·σ of the row's maximum (Tang et al. 2024, "Top-nσ").
+
+    σ is the standard deviation of the row's finite logits; rows with n = 0 are untouched.
+    """
+    finite = torch.isfinite(logits)
+    count = finite.sum(-1, keepdim=True).clamp(min=1)
+    vals = torch.where(finite, logits, torch.zeros_like(logits))
+    mean = vals.sum(-1, keepdim=True) / count
+    var = (torch.where(finite, (logits - mean) ** 2, torch.zeros_like(logits))).sum(-1, keepdim=True) / count
+    threshold = logits.max(-1, keepdim=True).values - torch.tensor(n_sigma, device=logits.device).unsqueeze(1) * var.sqrt()
+    active = torch.tensor([n > 0 for n in n_sigma], device=logits.device).unsqueeze(1)
+    return logits.masked_fill(active & (logits < threshold), float("-inf"))

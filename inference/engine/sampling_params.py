@@ -40,7 +40,9 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
-    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
+    # Token ids that stop a DRY match (serving maps llama.cpp's default breakers "\n", ":", "\"", "*"
+    # to the ids of tokens containing them); None: no breakers.
+    dry_sequence_breaker_ids: frozenset[int] | None = None
 
     def __post_init__(self):
         if self.temperature < 0:

@@ -102,17 +102,40 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens > 1:
                 budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
 
-        # Admit waiting sequences while there is room.
+        # Admit waiting sequences while there is room, reusing cached prefix blocks. A sequence
+        # whose next uncached block another sequence computes this step waits one step for it.
+        pending = self._pending_hashes(batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not seq.block_table:
+                h = bm.next_uncached_hash(seq)
+                if h is not None and h in pending:
+                    break
+                reused = bm.match_prefix(seq)
+                if seq.num_preemptions == 0:
+                    seq.num_cached_tokens = reused
             chunk = min(seq.num_uncomputed_tokens, budget)
             if not bm.can_allocate(seq, seq.num_computed_tokens + chunk):
+                bm.free(seq)
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget = self._schedule_prefill(seq, budget, batch)
+            pending |= self._pending_hashes(ScheduledBatch(items=[batch.items[-1]], num_decodes=0))
         return batch
+
+    def _pending_hashes(self, batch: ScheduledBatch) -> set[int]:
+        """Hashes of the first full block each prefill in `batch` completes (for deferral)."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching:
+            return set()
+        out = set()
+        for seq, n in batch.items[batch.num_decodes:]:
+            index = seq.num_computed_tokens // bm.block_size
+            if (index + 1) * bm.block_size <= seq.num_computed_tokens + n:
+                out.add(bm.block_hash_at(seq, index))
+        return out
 
     def _schedule_prefill(self, seq: Sequence, budget: int, batch: ScheduledBatch,
                           may_preempt: bool = False) -> int:

@@ -35,7 +35,15 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    # Prompt tokens whose K/V came from the prefix cache at admission (usage's cached_tokens).
+    num_cached_tokens: int = 0
+    # Leading blocks of block_table already registered in the prefix cache.
+    num_hashed_blocks: int = 0
+    # Prefix-cache salt: blocks are shared only between sequences with the same salt (the tenant).
+    cache_salt: str = ""
     generator: object = None
+    # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.
+    prompt_logprobs: list | None = None
 
     def __post_init__(self):
         if not self.token_ids:

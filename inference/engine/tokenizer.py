@@ -1,4 +1,5 @@
-"""Tokenizer: a `tokenizers.Tokenizer` loaded from an HF model folder, with its special tokens and chat template."""
+"""Tokenizer: a `tokenizers.Tokenizer` from an HF folder, with special tokens and chat template."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,13 @@ class Tokenizer:
     config's template, as in transformers) and generation_config.json (eos ids).
     """
 
-    def __init__(self, backend: tokenizers.Tokenizer, tokenizer_config: dict, generation_config: dict,
-                 chat_template: str | None = None):
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        tokenizer_config: dict,
+        generation_config: dict,
+        chat_template: str | None = None,
+    ):
         self.backend = backend
         self.bos_token = _token_text(tokenizer_config.get("bos_token"))
         self.eos_token = _token_text(tokenizer_config.get("eos_token"))
@@ -62,7 +68,7 @@ class Tokenizer:
         self._decoder = backend.decoder
 
     @classmethod
-    def from_folder(cls, path: str | Path) -> "Tokenizer":
+    def from_folder(cls, path: str | Path) -> Tokenizer:
         """Load from an HF model folder. Raises FileNotFoundError when tokenizer.json is missing."""
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
@@ -70,8 +76,12 @@ class Tokenizer:
         backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         jinja_file = path / "chat_template.jinja"
         template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else None
-        return cls(backend, _read_json(path / "tokenizer_config.json"),
-                   _read_json(path / "generation_config.json"), template)
+        return cls(
+            backend,
+            _read_json(path / "tokenizer_config.json"),
+            _read_json(path / "generation_config.json"),
+            template,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -79,7 +89,7 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids for `text`. add_special_tokens applies tokenizer.json's post-processor (e.g. a BOS)."""
+        """Token ids for `text`; add_special_tokens runs tokenizer.json's post-processor."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def count(self, text: str) -> int:
@@ -91,7 +101,7 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
-        """The vocabulary string of one id (byte-level spelling, e.g. 'Ġhello'); None if out of range."""
+        """The vocabulary string of one id (byte-level spelling, e.g. 'Ġhello'); None if unknown."""
         return self.backend.id_to_token(token_id)
 
     def token_to_id(self, token: str | None) -> int | None:
@@ -110,13 +120,18 @@ class Tokenizer:
         return out
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        """Join vocabulary strings into text with the tokenizer's decoder (bytes -> UTF-8, lossy)."""
+        """Vocabulary strings joined into text by the decoder (bytes -> UTF-8, lossy)."""
         if self._decoder is None:
             return " ".join(tokens)
         return self._decoder.decode(tokens)
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **kwargs) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs,
+    ) -> str:
         """The prompt text for a conversation, as transformers' apply_chat_template(tokenize=False).
 
         The special token strings (bos_token, eos_token, unk_token, pad_token) are
@@ -128,15 +143,31 @@ class Tokenizer:
             raise ChatTemplateError("this model has no chat template")
         variables = {
             name: value
-            for name, value in (("bos_token", self.bos_token), ("eos_token", self.eos_token),
-                                ("unk_token", self.unk_token), ("pad_token", self.pad_token))
+            for name, value in (
+                ("bos_token", self.bos_token),
+                ("eos_token", self.eos_token),
+                ("unk_token", self.unk_token),
+                ("pad_token", self.pad_token),
+            )
             if value is not None
         }
         variables.update(kwargs)
-        return render_chat_template(self.chat_template, messages, tools=tools,
-                                    add_generation_prompt=add_generation_prompt, **variables)
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, **kwargs) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs,
+    ) -> list[int]:
         """Prompt token ids for a conversation (the template writes any BOS itself)."""
-        return self.encode(self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs))
+        return self.encode(
+            self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
+        )

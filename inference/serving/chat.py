@@ -46,12 +46,20 @@ class PreparedChat:
     inputs: list[GenerationInput]
     store: bool
     stored_request: dict = field(default_factory=dict)
+    # Updated as generation runs: what the rate limiter charges when it ends.
+    usage: Usage = field(default_factory=Usage)
+    # Seconds from submit to the last choice's end (blocking requests; for Server-Timing).
     engine_s: float | None = None
 
     @property
-    def reserved_tokens(self) -> int:
-        """Prompt tokens plus every choice's completion budget (what a rate limiter should reserve)."""
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: prompt + every choice's max_tokens."""
         return len(self.prompt_token_ids) + sum(g.params.max_tokens for g in self.inputs)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's deadline in seconds."""
+        return self.inputs[0].timeout_s
 
 
 def parse(raw_body: bytes) -> dict:
@@ -59,8 +67,11 @@ def parse(raw_body: bytes) -> dict:
     return validate(ChatCompletionRequest, parse_json_body(raw_body))
 
 
-def prepare(req: dict, rt, request_id: str | None = None) -> PreparedChat:
+def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") -> PreparedChat:
     """Template and tokenize a validated request and build its engine inputs.
+
+    request_id: the engine requests' ids are `<request_id>-<choice>`. cache_salt: the tenant's
+    prefix-cache salt.
 
     Raises ApiError: 404 for an unknown model name, 400 when the template fails, a token id is out
     of the vocabulary, or prompt + max_tokens exceed the context (with the numbers).
@@ -73,10 +84,11 @@ def prepare(req: dict, rt, request_id: str | None = None) -> PreparedChat:
     logprobs = (req.get("top_logprobs") or 0) if req.get("logprobs") else None
     n = req.get("n") or 1
     inputs = [
-        GenerationInput(prompt_ids, sampling_params(req, max_tokens=max_tokens, vocab_size=rt.tokenizer.vocab_size,
+        GenerationInput(prompt_ids, sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer,
                                                     defaults=defaults, logprobs=logprobs, seed_offset=i),
                         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
-                        timeout_s=timeout_for(req), request_id=f"{request_id}-{i}" if request_id else None)
+                        timeout_s=timeout_for(req), request_id=f"{request_id}-{i}" if request_id else None,
+                        cache_salt=cache_salt)
         for i in range(n)
     ]
     opts = req.get("stream_options") or {}
@@ -95,6 +107,7 @@ def prepare(req: dict, rt, request_id: str | None = None) -> PreparedChat:
         inputs=inputs,
         store=req["store"],
         stored_request={"messages": req["messages"], "metadata": req.get("metadata") or {}},
+        usage=Usage(len(prompt_ids), 0),
     )
 
 
@@ -120,7 +133,7 @@ async def stream(rt, p: PreparedChat, save: SaveFn | None = None) -> AsyncIterat
         for i in range(n):
             assemblers[i].add(Content(p.echo))
             yield sse(enc.encode(Content(p.echo, token_ids=[]), i))
-    running = Usage(len(p.prompt_token_ids), 0)
+    running = p.usage
     finishes: list[Finish] = []
     failed = False
     try:
@@ -144,7 +157,7 @@ async def stream(rt, p: PreparedChat, save: SaveFn | None = None) -> AsyncIterat
         failed = True
         yield sse(enc.error_frame(Error(f"internal error: {exc}")))
     if not failed:
-        usage = total_usage(finishes)
+        usage = p.usage = total_usage(finishes)
         if p.include_usage:
             yield sse(enc.usage_chunk(usage))
         if p.store and save is not None:
@@ -179,11 +192,12 @@ async def complete(rt, p: PreparedChat, save: SaveFn | None = None) -> dict:
             assemblers[i].add(delta)
             if isinstance(delta, Content) and delta.token_ids:
                 token_ids[i].extend(delta.token_ids)
+                p.usage.completion_tokens += len(delta.token_ids)
             elif isinstance(delta, Error):
                 raise ApiError(500, delta.message, type="server_error")
     p.engine_s = choices.engine_s
-    body = _body(p, assemblers, total_usage([a.finish for a in assemblers if a.finish]),
-                 token_ids if p.return_token_ids else None)
+    p.usage = total_usage([a.finish for a in assemblers if a.finish])
+    body = _body(p, assemblers, p.usage, token_ids if p.return_token_ids else None)
     if p.store and save is not None:
         await save(p.stored_request, body)
     return body

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .chat_encoder import DONE, ChatChunkEncoder, sse
 from .choices import Choices
@@ -50,12 +50,20 @@ class PreparedCompletion:
     prompt_texts: list[str]
     prompt_ids: list[list[int]]
     inputs: list[GenerationInput]
+    # Updated as generation runs: what the rate limiter charges when it ends.
+    usage: Usage = field(default_factory=Usage)
+    # Seconds from submit to the last choice's end (blocking requests; for Server-Timing).
     engine_s: float | None = None
 
     @property
-    def reserved_tokens(self) -> int:
-        """Prompt tokens plus every choice's completion budget."""
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: every prompt + every choice's max_tokens."""
         return sum(len(p) for p in self.prompt_ids) + sum(g.params.max_tokens for g in self.inputs)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's deadline in seconds."""
+        return self.inputs[0].timeout_s
 
 
 def parse(raw_body: bytes) -> dict:
@@ -63,8 +71,9 @@ def parse(raw_body: bytes) -> dict:
     return validate(CompletionRequest, parse_json_body(raw_body))
 
 
-def prepare(req: dict, rt, request_id: str | None = None) -> PreparedCompletion:
-    """Tokenize every prompt and build the engine inputs.
+def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") -> PreparedCompletion:
+    """Tokenize every prompt and build the engine inputs (engine request ids `<request_id>-<choice>`;
+    cache_salt: the tenant's prefix-cache salt).
 
     Raises ApiError: 404 for an unknown model, 400 for out-of-vocabulary ids, a suffix on a model
     without infill, or a prompt + max_tokens over the context (param prompt, with the numbers).
@@ -85,19 +94,20 @@ def prepare(req: dict, rt, request_id: str | None = None) -> PreparedCompletion:
         prompt_ids.append(ids)
         prompt_texts.append(prompt if isinstance(prompt, str) else tok.decode(prompt, skip_special_tokens=False))
         for i in range(n):
-            params = sampling_params(req, max_tokens=max_tokens, vocab_size=vocab, defaults=defaults,
+            params = sampling_params(req, max_tokens=max_tokens, tokenizer=tok, defaults=defaults,
                                      logprobs=logprobs, prompt_logprobs=prompt_logprobs, seed_offset=i)
             inputs.append(GenerationInput(ids, params, stop=req["stop"],
                                           include_stop_str_in_output=req["include_stop_str_in_output"],
                                           timeout_s=timeout_for(req),
-                                          request_id=f"{request_id}-{len(inputs)}" if request_id else None))
+                                          request_id=f"{request_id}-{len(inputs)}" if request_id else None,
+                                          cache_salt=cache_salt))
     opts = req.get("stream_options") or {}
     return PreparedCompletion(
         completion_id=f"cmpl-{secrets.token_hex(12)}", model=rt.model_id, created=int(time.time()),
         stream=req["stream"], include_usage=bool(opts.get("include_usage")),
         continuous_usage=bool(opts.get("continuous_usage_stats")), return_token_ids=req["return_token_ids"],
         logprobs=logprobs is not None, echo=req["echo"], n=n, prompt_texts=prompt_texts, prompt_ids=prompt_ids,
-        inputs=inputs)
+        inputs=inputs, usage=Usage(sum(len(ids) for ids in prompt_ids), 0))
 
 
 def _usage(p: PreparedCompletion, finishes: dict[int, Finish]) -> Usage:
@@ -128,7 +138,7 @@ async def stream(rt, p: PreparedCompletion) -> AsyncIterator[bytes]:
     defer = p.echo and p.logprobs
     held: dict[int, list[bytes]] = {j: [] for j in range(len(choices))}
     legacy = [LegacyLogprobs(len(p.prompt_texts[j // p.n]) if p.echo else 0) for j in range(len(choices))]
-    running = Usage(sum(len(ids) for ids in p.prompt_ids), 0)
+    running = p.usage
     finishes: dict[int, Finish] = {}
     failed = False
     yield b": metrale\n\n"  # an SSE comment: the stream is open and the requests are submitted
@@ -167,8 +177,10 @@ async def stream(rt, p: PreparedCompletion) -> AsyncIterator[bytes]:
         log.exception("completions stream failed")
         failed = True
         yield sse(ChatChunkEncoder.error_frame(Error(f"internal error: {exc}")))
-    if not failed and p.include_usage:
-        yield sse(enc.usage_chunk(_usage(p, finishes)))
+    if not failed:
+        p.usage = _usage(p, finishes)
+        if p.include_usage:
+            yield sse(enc.usage_chunk(p.usage))
     yield DONE
 
 
@@ -184,6 +196,7 @@ async def complete(rt, p: PreparedCompletion) -> dict:
     async with aclosing(choices.merged()) as merged:
         async for j, delta in merged:
             if isinstance(delta, Content):
+                p.usage.completion_tokens += len(delta.token_ids or [])
                 texts[j].append(delta.text)
                 entries[j].extend(delta.logprobs or [])
                 token_ids[j].extend(delta.token_ids or [])
@@ -192,6 +205,7 @@ async def complete(rt, p: PreparedCompletion) -> dict:
             elif isinstance(delta, Error):
                 raise ApiError(500, delta.message, type="server_error")
     p.engine_s = choices.engine_s
+    p.usage = _usage(p, finishes)
     out = []
     for j in range(len(choices)):
         prompt_text = p.prompt_texts[j // p.n]
@@ -205,4 +219,4 @@ async def complete(rt, p: PreparedCompletion) -> dict:
             choice["prompt_token_ids"] = p.prompt_ids[j // p.n]
             choice["token_ids"] = token_ids[j]
         out.append(choice)
-    return completion_body(p.completion_id, p.model, p.created, out, _usage(p, finishes))
+    return completion_body(p.completion_id, p.model, p.created, out, p.usage)

@@ -32,6 +32,8 @@ class GenerationInput:
     include_stop_str_in_output: bool = False
     timeout_s: float | None = None
     request_id: str | None = None
+    # Prefix-cache blocks are shared only between requests with the same salt (the tenant).
+    cache_salt: str = ""
 
 
 class Generation:
@@ -44,7 +46,7 @@ class Generation:
         self.submitted_at = time.perf_counter()
         self.finished_at: float | None = None
         self.handle = engine.submit(gen.prompt_token_ids, gen.params, request_id=gen.request_id,
-                                    timeout_s=gen.timeout_s)
+                                    timeout_s=gen.timeout_s, cache_salt=gen.cache_salt)
 
     def abort(self, reason: str = "cancelled") -> None:
         """Drop the engine request (no-op once it has ended)."""

@@ -18,6 +18,7 @@ from django.conf import settings
 from inference.engine.sampling_params import SamplingParams
 
 from .errors import ApiError, bad_request
+from .logprobs import spelling_for
 
 log = logging.getLogger("metrale.api")
 
@@ -27,7 +28,9 @@ GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k
 # Request fields copied to SamplingParams under the same name when set.
 PASSTHROUGH = ("temperature", "top_p", "top_k", "min_p", "top_n_sigma", "repetition_penalty", "presence_penalty",
                "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-               "dry_sequence_breakers", "min_tokens", "seed", "logit_bias", "stop_token_ids")
+               "min_tokens", "seed", "logit_bias", "stop_token_ids")
+# llama.cpp's default DRY sequence breakers.
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)}
 
 
@@ -97,15 +100,30 @@ def check_token_ids(ids, vocab_size: int, param: str) -> None:
                           f"{vocab_size} tokens.", param)
 
 
-def sampling_params(req: dict, *, max_tokens: int, vocab_size: int, defaults: dict, logprobs: int | None = None,
+@lru_cache(maxsize=8)
+def dry_breaker_ids(tokenizer, breakers: tuple[str, ...]) -> frozenset[int]:
+    """Ids of the tokens whose text contains a DRY sequence breaker (llama.cpp matches breakers
+    inside tokens too). Computed once per tokenizer and breaker set."""
+    spell = spelling_for(tokenizer)
+    ids = set()
+    for token_id in range(tokenizer.vocab_size):
+        text = spell(token_id)[1].decode("utf-8", errors="ignore")
+        if any(b in text for b in breakers):
+            ids.add(token_id)
+    return frozenset(ids)
+
+
+def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, logprobs: int | None = None,
                     prompt_logprobs: int | None = None, seed_offset: int = 0) -> SamplingParams:
     """SamplingParams for one choice of a validated request.
 
     max_tokens: the resolved completion budget (see resolve_max_tokens). logprobs: top-N count per
     token (0 = only the sampled token's), None = off. seed_offset: added to the request's seed, so
-    choice i of a seeded n>1 request uses seed + i. Raises ApiError 400 for token ids outside the
-    vocabulary in logit_bias or stop_token_ids.
+    choice i of a seeded n>1 request uses seed + i. DRY's sequence breakers (strings; llama.cpp's
+    default set when unset) become the ids of the tokens containing them. Raises ApiError 400 for
+    token ids outside the vocabulary in logit_bias or stop_token_ids.
     """
+    vocab_size = tokenizer.vocab_size
     if req.get("logit_bias"):
         check_token_ids(req["logit_bias"], vocab_size, "logit_bias")
     if req.get("stop_token_ids"):
@@ -116,5 +134,9 @@ def sampling_params(req: dict, *, max_tokens: int, vocab_size: int, defaults: di
         values["top_k"] = 0
     if values.get("seed") is not None:
         values["seed"] += seed_offset
+    if values.get("dry_multiplier", 0) > 0:
+        breakers = req.get("dry_sequence_breakers")
+        values["dry_sequence_breaker_ids"] = dry_breaker_ids(
+            tokenizer, tuple(DEFAULT_DRY_BREAKERS if breakers is None else breakers))
     return SamplingParams(**values, max_tokens=max_tokens, ignore_eos=req.get("ignore_eos", False),
                           logprobs=logprobs, prompt_logprobs=prompt_logprobs)

@@ -6,9 +6,11 @@ engine's loader and transformers can both read it. The rules mirror
 transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) and llama.cpp's
 `convert_hf_to_gguf.py`, which this reverses.
 """
+
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import uuid
@@ -29,8 +31,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # The tensor types gguf.quants.dequantize handles at a usable speed.
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
-        QType.F32, QType.F16, QType.BF16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-        QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+        QType.F32,
+        QType.F16,
+        QType.BF16,
+        QType.Q4_0,
+        QType.Q4_1,
+        QType.Q5_0,
+        QType.Q5_1,
+        QType.Q8_0,
+        QType.Q2_K,
+        QType.Q3_K,
+        QType.Q4_K,
+        QType.Q5_K,
+        QType.Q6_K,
     }
 )
 
@@ -59,7 +72,11 @@ class GGUFImportError(ValueError):
 
 def read_metadata(reader: GGUFReader) -> dict:
     """Every key/value field of the file, as Python values (str, int, float, bool, lists)."""
-    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    return {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.")
+    }
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -72,6 +89,16 @@ def hf_tensor_name(gguf_name: str) -> str:
     if gguf_name == "rope_freqs.weight":
         raise GGUFImportError("rope_freqs (Llama 3.1-style RoPE scaling) is not supported")
     raise GGUFImportError(f"tensor {gguf_name!r} has no HF Llama equivalent")
+
+
+def expected_tensor_names(config: dict) -> set[str]:
+    """The HF tensor names a Llama with this config.json needs."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config["tie_word_embeddings"]:
+        names.add("lm_head.weight")
+    for i in range(config["num_hidden_layers"]):
+        names.update(f"model.layers.{i}.{part}.weight" for part in _LAYER_TENSORS.values())
+    return names
 
 
 def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -124,7 +151,10 @@ def hf_config(meta: dict, tensor_names: set[str], dtype: str) -> dict:
         "torch_dtype": dtype,
     }
     if scaling == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(need("rope.scaling.factor")),
+        }
     if "tokenizer.ggml.padding_token_id" in meta:
         config["pad_token_id"] = meta["tokenizer.ggml.padding_token_id"]
     return config
@@ -139,7 +169,8 @@ def tokenizer_files(meta: dict) -> dict[str, str]:
     """tokenizer.json, tokenizer_config.json and generation_config.json, as text by file name."""
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise GGUFImportError(
-            f"tokenizer model {meta.get('tokenizer.ggml.model')!r} is not supported; only 'gpt2' (byte-level BPE) is"
+            f"tokenizer model {meta.get('tokenizer.ggml.model')!r} is not supported; "
+            "only 'gpt2' (byte-level BPE) is"
         )
     try:
         tokenizer = build_tokenizer(
@@ -163,8 +194,11 @@ def tokenizer_files(meta: dict) -> dict[str, str]:
     }
     generation_config = {
         key: meta[f"tokenizer.ggml.{gguf_key}"]
-        for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                              ("pad_token_id", "padding_token_id"))
+        for key, gguf_key in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+        )
         if f"tokenizer.ggml.{gguf_key}" in meta
     }
     return {
@@ -219,15 +253,21 @@ def import_gguf(
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if dtype not in DTYPES:
-        raise GGUFImportError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        raise GGUFImportError(
+            f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
+        )
     if out_dir.exists() and not overwrite:
         raise GGUFImportError(f"{out_dir} already exists (overwrite it with --force)")
     reader = _open(gguf_path)
     meta = read_metadata(reader)
     config = hf_config(meta, {t.name for t in reader.tensors}, dtype)
-    for t in reader.tensors:
-        hf_tensor_name(t.name)  # fail on an unknown tensor before writing anything
-    bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in SUPPORTED_TENSOR_TYPES})
+    # Fail on an unknown or missing tensor before writing anything.
+    missing = expected_tensor_names(config) - {hf_tensor_name(t.name) for t in reader.tensors}
+    if missing:
+        raise GGUFImportError(f"the file lacks tensors for {', '.join(sorted(missing)[:5])}")
+    bad = sorted(
+        {t.tensor_type.name for t in reader.tensors if t.tensor_type not in SUPPORTED_TENSOR_TYPES}
+    )
     if bad:
         raise GGUFImportError(f"tensor types {', '.join(bad)} are not supported")
     files = tokenizer_files(meta)
@@ -238,6 +278,8 @@ def import_gguf(
     try:
         tensors = convert_tensors(reader, config, DTYPES[dtype], progress)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        # safetensors creates the file owner-only; a model folder is readable data like the rest.
+        os.chmod(tmp / "model.safetensors", 0o644)
         del tensors
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for name, text in files.items():

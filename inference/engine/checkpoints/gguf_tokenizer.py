@@ -6,6 +6,7 @@ the merges, a token type per token and the name of the pre-tokenizer
 transformers' GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`)
 builds for the same file, so both produce the same ids.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -30,7 +31,7 @@ def _gpt2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
 def _smollm_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     # SmolLM's own tokenizer.json splits every digit apart before GPT-2's regex, as does
     # llama.cpp's "smollm" pre-tokenizer. transformers' converter uses GPT-2's regex alone;
-    # the ids agree because the vocabulary has no merge joining a digit to anything.
+    # the ids agree because no SmolLM token holds a digit next to any other character.
     return pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), _gpt2_pre_tokenizer()]
     )

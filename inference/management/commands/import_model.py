@@ -1,4 +1,5 @@
 """`manage.py import_model PATH.gguf OUT_DIR`: import a GGUF file into an HF-format model folder."""
+
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.checkpoints import GGUFImportError, import_gguf
@@ -11,14 +12,23 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("gguf_path", help="the .gguf file")
         parser.add_argument("out_dir", help="the folder to create")
-        parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                            help="dtype of the dequantized weights (default float32)")
+        parser.add_argument(
+            "--dtype",
+            choices=sorted(DTYPES),
+            default="float32",
+            help="dtype of the dequantized weights (default float32)",
+        )
         parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
 
     def handle(self, *args, **options):
         try:
-            out = import_gguf(options["gguf_path"], options["out_dir"], dtype=options["dtype"],
-                              overwrite=options["force"], progress=options["verbosity"] > 0)
+            out = import_gguf(
+                options["gguf_path"],
+                options["out_dir"],
+                dtype=options["dtype"],
+                overwrite=options["force"],
+                progress=options["verbosity"] > 0,
+            )
         except GGUFImportError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(self.style.SUCCESS(f"Imported {options['gguf_path']} -> {out}"))

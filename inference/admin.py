@@ -1,0 +1,126 @@
+"""The operators' console: tenants with their keys, keys (revocable), rate limits with live usage."""
+from django.contrib import admin, messages
+from django.utils import timezone
+
+from .models import ApiKey, RateLimitContext, Tenant
+from .ratelimiting.headers import format_duration
+from .ratelimiting.buckets import seconds_until
+
+
+def _announce_new_key(request, key: ApiKey) -> None:
+    if key.new_key:
+        messages.success(request, f"New API key for {key.tenant} ({key.name or 'unnamed'}): "
+                                  f"{key.new_key} — copy it now; it is not shown again.")
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    fields = ("name", "prefix", "created", "last_used", "expires_at", "revoked")
+    readonly_fields = ("prefix", "created", "last_used")
+    extra = 0
+    show_change_link = True
+
+
+class RateLimitContextInline(admin.StackedInline):
+    model = RateLimitContext
+    extra = 0
+    fields = ("api_key", ("requests_per_minute", "burst_requests"),
+              ("tokens_per_minute", "burst_tokens"),
+              ("max_concurrent_requests", "max_tokens_per_request"))
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "api_key":
+            tenant_id = request.resolver_match.kwargs.get("object_id")
+            kwargs["queryset"] = ApiKey.objects.filter(tenant_id=tenant_id)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("name", "active", "created", "key_count")
+    list_filter = ("active", "created")
+    search_fields = ("name", "api_keys__prefix", "api_keys__name")
+    readonly_fields = ("created",)
+    inlines = [ApiKeyInline, RateLimitContextInline]
+
+    @admin.display(description="keys")
+    def key_count(self, tenant):
+        return tenant.api_keys.filter(revoked=False).count()
+
+    def save_formset(self, request, form, formset, change):
+        super().save_formset(request, form, formset, change)
+        if formset.model is ApiKey:
+            for key in formset.new_objects:
+                _announce_new_key(request, key)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "name", "tenant", "created", "last_used", "expires_at", "revoked")
+    list_filter = ("revoked", "tenant", "created", "expires_at")
+    search_fields = ("prefix", "name", "tenant__name")
+    readonly_fields = ("prefix", "created", "last_used", "revoked_at")
+    fields = ("tenant", "name", "prefix", "expires_at", "revoked", "revoked_at", "created",
+              "last_used")
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        _announce_new_key(request, obj)
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request, queryset):
+        count = queryset.filter(revoked=False).update(revoked=True, revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+
+
+@admin.register(RateLimitContext)
+class RateLimitContextAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "requests_per_minute", "requests_remaining", "tokens_per_minute",
+                    "tokens_remaining", "max_concurrent_requests", "in_flight", "resets_in",
+                    "denials_last_hour")
+    list_filter = ("tenant__active", "tenant", ("api_key", admin.EmptyFieldListFilter))
+    search_fields = ("tenant__name", "api_key__prefix", "api_key__name")
+    autocomplete_fields = ("tenant", "api_key")
+    readonly_fields = ("updated", "live_usage")
+
+    def _usage(self, context):
+        # One cache read per row, shared by the row's live columns.
+        if not hasattr(context, "_admin_usage"):
+            context._admin_usage = context.usage()
+        return context._admin_usage
+
+    @admin.display(description="requests left")
+    def requests_remaining(self, context):
+        level = self._usage(context).snapshot.requests
+        return "unlimited" if level is None else int(max(0, level))
+
+    @admin.display(description="tokens left")
+    def tokens_remaining(self, context):
+        level = self._usage(context).snapshot.tokens
+        return "unlimited" if level is None else int(max(0, level))
+
+    @admin.display(description="in flight")
+    def in_flight(self, context):
+        return self._usage(context).snapshot.in_flight
+
+    @admin.display(description="full again in")
+    def resets_in(self, context):
+        snapshot, limits = self._usage(context).snapshot, context.limits()
+        waits = [seconds_until(level, cap, rate) for level, cap, rate in (
+            (snapshot.requests, limits.request_capacity, limits.request_rate_s),
+            (snapshot.tokens, limits.token_capacity, limits.token_rate_s)) if level is not None]
+        return format_duration(max(waits, default=0))
+
+    @admin.display(description="denials (1 h)")
+    def denials_last_hour(self, context):
+        return self._usage(context).denials_last_hour
+
+    @admin.display(description="live usage")
+    def live_usage(self, context):
+        if context.pk is None:
+            return "-"
+        return (f"requests left {self.requests_remaining(context)}, tokens left "
+                f"{self.tokens_remaining(context)}, in flight {self.in_flight(context)}, full "
+                f"again in {self.resets_in(context)}, denials in the last hour "
+                f"{self.denials_last_hour(context)}")

@@ -1,0 +1,44 @@
+"""System checks for auth and rate limiting (ids metrale.W001, metrale.W002)."""
+from django.core.checks import Warning, register
+from django.core.cache import caches
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from .ratelimiting.store import is_shared_atomically
+
+# Paths that must go through inference.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
+GUARDED_PREFIXES = ("v1/", "tokenize", "detokenize")
+
+
+@register()
+def check_rate_limit_cache(app_configs, **kwargs):
+    """W001: the default cache cannot debit budgets atomically across processes."""
+    cache = caches["default"]
+    if is_shared_atomically(cache):
+        return []
+    return [Warning(
+        f"The default cache ({type(cache).__name__}) has no atomic check-and-debit across "
+        "processes; rate limits are exact only within one process.",
+        hint="Set REDIS_URL (django-redis) to share limits between server processes.",
+        id="metrale.W001")]
+
+
+def guarded_routes(resolver=None, prefix=""):
+    """(route, view) for every URL under the guarded prefixes."""
+    resolver = resolver or get_resolver()
+    for entry in resolver.url_patterns:
+        route = prefix + str(entry.pattern)
+        if isinstance(entry, URLResolver):
+            yield from guarded_routes(entry, route)
+        elif isinstance(entry, URLPattern) and route.lstrip("^").startswith(GUARDED_PREFIXES):
+            yield route, entry.callback
+
+
+@register()
+def check_guarded_routes(app_configs, **kwargs):
+    """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting."""
+    return [
+        Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
+                "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002")
+        for route, view in guarded_routes()
+        if not getattr(view, "openai_endpoint", False)
+    ]

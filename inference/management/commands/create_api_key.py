@@ -1,0 +1,53 @@
+"""manage.py create_api_key TENANT [--name NAME] [--expires WHEN]: prints a new key, once."""
+import re
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from inference.models import ApiKey, Tenant
+
+_RELATIVE = re.compile(r"^(\d+)([dh])$")
+
+
+def parse_expiry(text: str) -> datetime:
+    """An expiry time from "30d" (days from now), "12h" (hours from now), an ISO date (midnight
+    UTC that day) or an ISO datetime (UTC when it names no zone)."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        amount, unit = int(match[1]), match[2]
+        return timezone.now() + (timedelta(days=amount) if unit == "d" else timedelta(hours=amount))
+    try:
+        moment = parse_datetime(text)
+        if moment is None:
+            day = parse_date(text)
+            moment = datetime(day.year, day.month, day.day) if day else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise CommandError(f"--expires: {text!r} is not 30d, 12h, YYYY-MM-DD or an ISO datetime")
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, dt_timezone.utc)
+    return moment
+
+
+class Command(BaseCommand):
+    help = "Create an API key for a tenant and print it (the only time it is shown)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("tenant", help="the tenant's name")
+        parser.add_argument("--name", default="", help="a label for people")
+        parser.add_argument("--expires", help="30d, 12h, YYYY-MM-DD or an ISO datetime")
+
+    def handle(self, *args, tenant, name, expires, **options):
+        try:
+            owner = Tenant.objects.get(name=tenant)
+        except Tenant.DoesNotExist:
+            raise CommandError(f"No tenant named {tenant!r} (create it with create_tenant).")
+        expires_at = parse_expiry(expires) if expires else None
+        key = ApiKey.objects.create(tenant=owner, name=name, expires_at=expires_at)
+        self.stderr.write(f"Created key {key.prefix}… for {owner}"
+                          f"{f', expires {expires_at.isoformat()}' if expires_at else ''}. "
+                          "It is printed below once and stored only as a hash:")
+        self.stdout.write(key.new_key)

@@ -1,0 +1,62 @@
+"""A hand-driven ASGI request against Django's handler: read a stream chunk by chunk, and
+disconnect in the middle, as a client that goes away does."""
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+from django.core.handlers.asgi import ASGIHandler
+
+
+class AsgiRequest:
+    def __init__(self, method: str, url: str, headers: dict[str, str] | None = None,
+                 body: bytes = b"", send_buffer: int = 0):
+        """send_buffer: how many messages the server may send ahead of the reader (0: any);
+        a small one makes the server wait in `send`, as it does for a slow client."""
+        parts = urlsplit(url)
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": method, "scheme": "http", "path": parts.path, "raw_path": parts.path.encode(),
+            "query_string": parts.query.encode(), "root_path": "",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+            "client": ("127.0.0.1", 40000), "server": ("testserver", 80),
+        }
+        self.body = body
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=send_buffer)
+        self.status: int | None = None
+        self.headers: dict[str, str] = {}
+        self.task: asyncio.Task | None = None
+        self.finished = False
+
+    async def start(self, timeout_s: float = 10.0) -> "AsgiRequest":
+        """Send the request and wait for the response's status and headers."""
+        await self.inbox.put({"type": "http.request", "body": self.body, "more_body": False})
+        self.task = asyncio.create_task(ASGIHandler()(self.scope, self.inbox.get, self.outbox.put))
+        message = await asyncio.wait_for(self.outbox.get(), timeout_s)
+        assert message["type"] == "http.response.start", message
+        self.status = message["status"]
+        self.headers = {k.decode().lower(): v.decode() for k, v in message["headers"]}
+        return self
+
+    async def chunk(self, timeout_s: float = 10.0) -> bytes:
+        """The next body chunk (b"" once the body has ended)."""
+        if self.finished:
+            return b""
+        message = await asyncio.wait_for(self.outbox.get(), timeout_s)
+        assert message["type"] == "http.response.body", message
+        if not message.get("more_body", False):
+            self.finished = True
+        return message.get("body", b"")
+
+    async def read_all(self, timeout_s: float = 10.0) -> bytes:
+        body = b""
+        while not self.finished:
+            body += await self.chunk(timeout_s)
+        await asyncio.wait_for(self.task, timeout_s)
+        return body
+
+    async def disconnect(self, timeout_s: float = 10.0) -> None:
+        """Go away mid-response and wait until the server has finished with the request."""
+        await self.inbox.put({"type": "http.disconnect"})
+        await asyncio.wait_for(self.task, timeout_s)

@@ -1,0 +1,114 @@
+"""Fixtures for the API tests: tenants and keys, a frozen rate-limit clock, and the cache backend
+(local memory, or the real Redis on 127.0.0.1:6379 under a key prefix of the test's own)."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.core import signals
+from django.db import close_old_connections
+
+from inference.models import ApiKey, RateLimitContext, Tenant
+from inference.ratelimiting import clock
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_reachable() -> bool:
+    try:
+        import redis
+
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+def use_locmem(settings):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                   "LOCATION": f"test-{uuid.uuid4().hex}"}}
+
+
+def use_redis(settings):
+    """Point the default cache at the real Redis under a fresh prefix; returns a cleanup."""
+    if not redis_reachable():
+        pytest.skip(f"Redis is not reachable at {REDIS_URL}")
+    import redis
+
+    prefix = f"metrale-test-{uuid.uuid4().hex}"
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": REDIS_URL, "KEY_PREFIX": prefix}}
+
+    def cleanup():
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    return cleanup
+
+
+@pytest.fixture(autouse=True)
+def fresh_locmem(settings):
+    """Every test starts with an empty local-memory cache of its own."""
+    use_locmem(settings)
+
+
+@pytest.fixture(params=["locmem", "redis"])
+def cache_backend(request, settings):
+    """Run the test once on local memory and once on the real Redis."""
+    if request.param == "redis":
+        cleanup = use_redis(settings)
+        request.addfinalizer(cleanup)
+    return request.param
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """The rate limiter's clock, stopped; `frozen_clock.advance(seconds)` moves it."""
+
+    class FrozenClock:
+        now = 1_800_000_000.0
+
+        def advance(self, seconds: float):
+            self.now += seconds
+
+    frozen = FrozenClock()
+    monkeypatch.setattr(clock, "now", lambda: frozen.now)
+    return frozen
+
+
+@pytest.fixture
+def require_auth(settings):
+    settings.METRALE = {**settings.METRALE, "REQUIRE_AUTH": True}
+
+
+@pytest.fixture
+def make_tenant(db):
+    """make_tenant(name, **limits) -> Tenant, with a tenant-wide RateLimitContext if limits given."""
+
+    def make(name="acme", **limits):
+        tenant = Tenant.objects.create(name=name)
+        if limits:
+            RateLimitContext.objects.create(tenant=tenant, **limits)
+        return tenant
+    return make
+
+
+@pytest.fixture
+def make_key(db):
+    """make_key(tenant, **fields) -> (ApiKey, the full key)."""
+
+    def make(tenant, **fields):
+        key = ApiKey.objects.create(tenant=tenant, **fields)
+        return key, key.new_key
+    return make
+
+
+@pytest.fixture
+def raw_asgi_requests():
+    """Let raw ASGI requests run inside a test's transaction, as Django's test client does:
+    the request signals must not close the test's database connection."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)

@@ -1,0 +1,132 @@
+"""Bearer-key auth on every /v1/* route: the matrix of headers and key states, and auth off."""
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from inference.checks import guarded_routes
+from inference.models import ApiKey, Tenant
+
+pytestmark = pytest.mark.django_db
+
+RATELIMIT_HEADERS = [f"x-ratelimit-{kind}-{axis}" for kind in ("limit", "remaining", "reset")
+                     for axis in ("requests", "tokens")]
+
+
+def v1_paths():
+    """A concrete path for every /v1/* (and /tokenize, /detokenize) route the site has."""
+    samples = {"int": "1", "uuid": "00000000-0000-0000-0000-000000000001"}
+    paths = []
+    for route, _ in guarded_routes():
+        path = "/" + route.lstrip("^").rstrip("$")
+        paths.append(re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m[1], "x1"), path))
+    assert "/v1/models" in paths
+    return paths
+
+
+def call(client, path, authorization=None):
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    if path == "/v1/models":
+        return client.get(path, headers=headers)
+    return client.post(path, data={}, content_type="application/json", headers=headers)
+
+
+@pytest.fixture
+def keys(make_tenant, make_key):
+    tenant = make_tenant()
+    _, good = make_key(tenant, name="good")
+    _, revoked = make_key(tenant, name="revoked", revoked=True)
+    _, expired = make_key(tenant, name="expired", expires_at=timezone.now() - timedelta(seconds=1))
+    _, later = make_key(tenant, name="later", expires_at=timezone.now() + timedelta(days=1))
+    _, inactive = make_key(make_tenant("gone"), name="inactive")
+    Tenant.objects.filter(name="gone").update(active=False)
+    return {"good": good, "revoked": revoked, "expired": expired, "later": later,
+            "inactive": inactive}
+
+
+CASES = [
+    ("no header", None, "missing_api_key"),
+    ("empty header", "", "missing_api_key"),
+    ("basic scheme", "Basic dXNlcjpwYXNz", "missing_api_key"),
+    ("bearer without token", "Bearer ", "missing_api_key"),
+    ("two tokens", "Bearer a b", "missing_api_key"),
+    ("unknown key", "Bearer mk-aaaaaaaaNOTAREALKEYxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "invalid_api_key"),
+    ("not our format", "Bearer sk-proj-abc", "invalid_api_key"),
+    ("revoked key", "Bearer {revoked}", "invalid_api_key"),
+    ("expired key", "Bearer {expired}", "invalid_api_key"),
+    ("inactive tenant", "Bearer {inactive}", "invalid_api_key"),
+    ("good prefix, wrong secret", "Bearer {good_prefix}wrongsecretwrongsecretwrongsecretwrongsec",
+     "invalid_api_key"),
+]
+
+
+@pytest.mark.parametrize("path", v1_paths())
+@pytest.mark.parametrize("case, authorization, code", CASES, ids=[c[0] for c in CASES])
+def test_it_refuses_bad_credentials(client, require_auth, keys, path, case, authorization, code):
+    if authorization is not None:
+        authorization = authorization.format(good_prefix=keys["good"][:11], **keys)
+    response = call(client, path, authorization)
+    assert response.status_code == 401
+    assert response.json() == {"error": {"message": response.json()["error"]["message"],
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": code}}
+
+
+@pytest.mark.parametrize("path", v1_paths())
+@pytest.mark.parametrize("which", ["good", "later"])
+def test_it_serves_a_good_key(client, require_auth, keys, path, which):
+    response = call(client, path, f"Bearer {keys[which]}")
+    assert response.status_code not in (401, 403, 429)
+    for header in RATELIMIT_HEADERS:
+        assert header in response.headers
+    if path == "/v1/models":
+        assert response.status_code == 200
+
+
+def test_the_scheme_is_case_insensitive(client, require_auth, keys):
+    assert call(client, "/v1/models", f"bearer {keys['good']}").status_code == 200
+
+
+def test_health_stays_open(client, require_auth):
+    assert client.get("/health").status_code != 401
+
+
+def test_with_auth_off_requests_run_as_the_default_tenant(client):
+    response = client.get("/v1/models")
+    assert response.status_code == 200
+    assert response.headers["x-ratelimit-limit-requests"] == "unlimited"
+    assert Tenant.objects.filter(name=Tenant.DEFAULT_NAME).exists()
+    assert client.get("/v1/models", headers={"Authorization": "Bearer nonsense"}).status_code == 200
+
+
+def test_last_used_is_written_at_most_once_a_minute(client, require_auth, keys):
+    key = ApiKey.objects.get(name="good")
+    assert key.last_used is None
+    call(client, "/v1/models", f"Bearer {keys['good']}")
+    first = ApiKey.objects.get(pk=key.pk).last_used
+    assert first is not None
+    call(client, "/v1/models", f"Bearer {keys['good']}")
+    assert ApiKey.objects.get(pk=key.pk).last_used == first
+    ApiKey.objects.filter(pk=key.pk).update(last_used=first - timedelta(minutes=2))
+    call(client, "/v1/models", f"Bearer {keys['good']}")
+    assert ApiKey.objects.get(pk=key.pk).last_used > first
+
+
+def test_the_key_is_stored_only_as_a_hash(keys):
+    key = ApiKey.objects.get(name="good")
+    assert keys["good"].startswith(key.prefix) and key.prefix.startswith("mk-")
+    assert keys["good"] not in {key.key_hash, key.prefix, key.name}
+    assert ApiKey.objects.get(pk=key.pk).new_key is None
+
+
+def test_each_tenant_has_its_own_prefix_cache_salt(make_tenant):
+    first, second = make_tenant("first"), make_tenant("second")
+    assert first.prefix_cache_salt != second.prefix_cache_salt
+    assert Tenant.objects.get(pk=first.pk).prefix_cache_salt == first.prefix_cache_salt
+
+
+def test_every_guarded_route_goes_through_openai_endpoint():
+    from inference.checks import check_guarded_routes
+
+    assert check_guarded_routes(None) == []

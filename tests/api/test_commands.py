@@ -1,0 +1,79 @@
+"""manage.py create_tenant, create_api_key and revoke_api_key."""
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from inference import apikeys
+from inference.models import ApiKey, RateLimitContext, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_create_tenant_sets_its_limits():
+    run("create_tenant", "acme", "--rpm", "60", "--tpm", "10000", "--concurrency", "4")
+    context = RateLimitContext.objects.get(tenant__name="acme", api_key=None)
+    assert (context.requests_per_minute, context.tokens_per_minute,
+            context.max_concurrent_requests) == (60, 10000, 4)
+    with pytest.raises(CommandError, match="already exists"):
+        run("create_tenant", "acme")
+    with pytest.raises(CommandError, match=">= 0"):
+        run("create_tenant", "other", "--rpm", "-1")
+
+
+def test_create_tenant_defaults_to_the_server_limits(settings):
+    settings.METRALE = {**settings.METRALE, "RATE_LIMITS": {"RPM": 7}}
+    run("create_tenant", "acme")
+    assert RateLimitContext.objects.get(tenant__name="acme").requests_per_minute == 7
+
+
+def test_create_api_key_prints_the_key_once():
+    run("create_tenant", "acme")
+    out, err = run("create_api_key", "acme", "--name", "laptop", "--expires", "30d")
+    key = out.strip()
+    stored = ApiKey.objects.get(name="laptop")
+    assert apikeys.key_matches(key, stored.key_hash)
+    assert stored.prefix in err and key not in err
+    assert abs(stored.expires_at - (timezone.now() + timedelta(days=30))) < timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2030-01-02", "2030-01-02T00:00:00+00:00"),
+    ("2030-01-02T03:04:05", "2030-01-02T03:04:05+00:00"),
+    ("2030-01-02T03:04:05+02:00", "2030-01-02T01:04:05+00:00"),
+])
+def test_create_api_key_reads_dates(text, expected):
+    Tenant.objects.create(name="acme")
+    run("create_api_key", "acme", "--expires", text)
+    assert ApiKey.objects.get().expires_at.isoformat() == expected
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nobody"], "No tenant"),
+    (["acme", "--expires", "soon"], "not 30d"),
+    (["acme", "--expires", "2030-13-45"], "not 30d"),
+])
+def test_create_api_key_refuses_bad_input(args, message):
+    Tenant.objects.create(name="acme")
+    with pytest.raises(CommandError, match=message):
+        run("create_api_key", *args)
+
+
+def test_revoke_api_key_by_prefix_or_whole_key():
+    tenant = Tenant.objects.create(name="acme")
+    first, second = ApiKey.objects.create(tenant=tenant), ApiKey.objects.create(tenant=tenant)
+    run("revoke_api_key", first.prefix)
+    run("revoke_api_key", second.new_key)
+    assert all(key.revoked and key.revoked_at for key in ApiKey.objects.all())
+    out, _ = run("revoke_api_key", first.prefix)
+    assert "already revoked" in out
+    with pytest.raises(CommandError, match="No API key"):
+        run("revoke_api_key", "mk-zzzzzzzz")
