@@ -42,7 +42,8 @@ def body_too_large(request, limit_bytes: int) -> int | None:
 class ApiRequestMiddleware:
     """For /v1/*, /tokenize and /detokenize: sets `request.request_id`, answers 413 when the body is
     over METRALE["MAX_REQUEST_BYTES"], and adds `x-request-id` and `openai-processing-ms` (the
-    time until the response, or a stream's headers, was ready) to every response.
+    time until the response, or a stream's headers, was ready) to every response, and the same
+    time as `app;dur=<ms>` to Server-Timing (after the views' own entries, e.g. `engine`).
 
     Source: OpenAI API reference, "Debugging requests" (x-request-id, openai-processing-ms).
     """
@@ -68,8 +69,12 @@ class ApiRequestMiddleware:
             response = JsonResponse(err.body(), status=413)
         else:
             response = await self.get_response(request)
+        elapsed_ms = (time.perf_counter() - started) * 1000
         response["x-request-id"] = request.request_id
-        response["openai-processing-ms"] = str(round((time.perf_counter() - started) * 1000))
+        response["openai-processing-ms"] = str(round(elapsed_ms))
+        timing = f"app;dur={elapsed_ms:.2f}"
+        response["Server-Timing"] = f"{response['Server-Timing']}, {timing}" if response.has_header(
+            "Server-Timing") else timing
         return response
 
     def process_exception(self, request, exception):
