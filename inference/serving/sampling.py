@@ -29,6 +29,8 @@ GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k
 PASSTHROUGH = ("temperature", "top_p", "top_k", "min_p", "top_n_sigma", "repetition_penalty", "presence_penalty",
                "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
                "min_tokens", "seed", "logit_bias", "stop_token_ids")
+# Temperatures this small divide logits into infinities; they mean greedy (vLLM's _SAMPLING_EPS).
+GREEDY_BELOW = 1e-5
 # llama.cpp's default DRY sequence breakers.
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)}
@@ -132,6 +134,8 @@ def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, lo
     values.update({k: req[k] for k in PASSTHROUGH if req.get(k) is not None})
     if values.get("top_k", 0) < 0:
         values["top_k"] = 0
+    if 0 < values.get("temperature", 1.0) < GREEDY_BELOW:
+        values["temperature"] = 0.0
     if values.get("seed") is not None:
         values["seed"] += seed_offset
     if values.get("dry_multiplier", 0) > 0:

@@ -127,3 +127,13 @@ def test_a_seed_gives_the_same_tokens_whatever_else_is_batched(openai_client):
     for t in threads:
         t.join()
     assert batched == alone
+
+
+def test_a_request_timeout_ends_the_stream_with_finish_reason_timeout(openai_client):
+    stream = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=2000,
+        temperature=0, stream=True, extra_body={"timeout": 1.0, "ignore_eos": True})
+    chunks = [c for c in stream if c.choices]
+    assert chunks[-1].choices[0].finish_reason == "timeout"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert 1 < len(chunks) < 2000

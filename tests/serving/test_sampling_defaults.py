@@ -51,3 +51,8 @@ def test_max_tokens_resolution():
 def test_top_k_minus_one_means_off_and_seed_offsets(tok):
     p = sampling_params({"top_k": -1, "seed": 9}, max_tokens=5, tokenizer=tok, defaults={}, seed_offset=2)
     assert p.top_k == 0 and p.seed == 11
+
+
+def test_a_vanishing_temperature_means_greedy(tok):
+    assert sampling_params({"temperature": 1e-9}, max_tokens=5, tokenizer=tok, defaults={}).temperature == 0.0
+    assert sampling_params({"temperature": 1e-3}, max_tokens=5, tokenizer=tok, defaults={}).temperature == 1e-3
