@@ -1,4 +1,4 @@
-"""Request validation (DRF serializers) for chat, completions and tokenize -> ApiError 400 naming the field.
+"""Request validation (DRF serializers) for chat and completions -> ApiError 400 naming the field.
 
 Source: OpenAI API reference, "Create chat completion" and "Create completion"
 (field names, types and ranges); vLLM's extra sampling fields (top_k, min_p,
@@ -37,7 +37,7 @@ def parse_json_body(raw: bytes) -> dict:
     return body
 
 
-def _opt(**kw) -> dict:
+def opt(**kw) -> dict:
     """Keyword arguments of an optional, nullable field (null means "not set")."""
     return {"required": False, "allow_null": True, "default": None, **kw}
 
@@ -66,34 +66,34 @@ class GenerationRequest(serializers.Serializer):
 
     model = StringField(required=False, default="")
     stream = BooleanField(required=False, default=False)
-    stream_options = StreamOptions(**_opt())
-    n = IntegerField(**_opt(low=1, high=MAX_N))
-    max_tokens = IntegerField(**_opt(low=1))
-    temperature = NumberField(**_opt(low=0, high=2))
-    top_p = NumberField(**_opt(low=0, high=1, low_open=True))
-    top_k = IntegerField(**_opt(low=-1))
-    min_p = NumberField(**_opt(low=0, high=1))
-    top_n_sigma = NumberField(**_opt(low=-1))
-    repetition_penalty = NumberField(**_opt(low=0, high=2, low_open=True))
-    presence_penalty = NumberField(**_opt(low=-2, high=2))
-    frequency_penalty = NumberField(**_opt(low=-2, high=2))
-    dry_multiplier = NumberField(**_opt(low=0))
-    dry_base = NumberField(**_opt(low=1))
-    dry_allowed_length = IntegerField(**_opt(low=0))
-    dry_penalty_last_n = IntegerField(**_opt(low=-1))
-    dry_sequence_breakers = StringListField(**_opt())
-    logit_bias = LogitBiasField(**_opt())
-    min_tokens = IntegerField(**_opt(low=0))
-    seed = IntegerField(**_opt(low=-INT64, high=INT64 - 1))
+    stream_options = StreamOptions(**opt())
+    n = IntegerField(**opt(low=1, high=MAX_N))
+    max_tokens = IntegerField(**opt(low=1))
+    temperature = NumberField(**opt(low=0, high=2))
+    top_p = NumberField(**opt(low=0, high=1, low_open=True))
+    top_k = IntegerField(**opt(low=-1))
+    min_p = NumberField(**opt(low=0, high=1))
+    top_n_sigma = NumberField(**opt(low=-1))
+    repetition_penalty = NumberField(**opt(low=0, high=2, low_open=True))
+    presence_penalty = NumberField(**opt(low=-2, high=2))
+    frequency_penalty = NumberField(**opt(low=-2, high=2))
+    dry_multiplier = NumberField(**opt(low=0))
+    dry_base = NumberField(**opt(low=1))
+    dry_allowed_length = IntegerField(**opt(low=0))
+    dry_penalty_last_n = IntegerField(**opt(low=-1))
+    dry_sequence_breakers = StringListField(**opt())
+    logit_bias = LogitBiasField(**opt())
+    min_tokens = IntegerField(**opt(low=0))
+    seed = IntegerField(**opt(low=-INT64, high=INT64 - 1))
     ignore_eos = BooleanField(required=False, default=False)
     stop = StopField(required=False, allow_null=True, default=list)
-    stop_token_ids = TokenIdListField(**_opt())
+    stop_token_ids = TokenIdListField(**opt())
     include_stop_str_in_output = BooleanField(required=False, default=False)
     return_token_ids = BooleanField(required=False, default=False)
-    timeout = NumberField(**_opt(low=0, low_open=True))
-    user = StringField(**_opt())
-    metadata = MetadataField(**_opt())
-    service_tier = StringField(**_opt(choices=SERVICE_TIERS))
+    timeout = NumberField(**opt(low=0, low_open=True))
+    user = StringField(**opt())
+    metadata = MetadataField(**opt())
+    service_tier = StringField(**opt(choices=SERVICE_TIERS))
 
     def validate(self, attrs):
         if attrs.get("stop") is None:
@@ -120,22 +120,22 @@ class ChatCompletionRequest(GenerationRequest):
     """POST /v1/chat/completions."""
 
     messages = MessagesField()
-    max_completion_tokens = IntegerField(**_opt(low=1))
-    logprobs = BooleanField(**_opt())
-    top_logprobs = IntegerField(**_opt(low=0, high=MAX_TOP_LOGPROBS))
+    max_completion_tokens = IntegerField(**opt(low=1))
+    logprobs = BooleanField(**opt())
+    top_logprobs = IntegerField(**opt(low=0, high=MAX_TOP_LOGPROBS))
     echo = BooleanField(required=False, default=False)
     add_generation_prompt = BooleanField(required=False, default=True)
     continue_final_message = BooleanField(required=False, default=False)
-    chat_template_kwargs = ObjectField(**_opt())
-    tools = ArrayField(**_opt())
-    tool_choice = AnyField(**_opt())
-    parallel_tool_calls = BooleanField(**_opt())
+    chat_template_kwargs = ObjectField(**opt())
+    tools = ArrayField(**opt())
+    tool_choice = AnyField(**opt())
+    parallel_tool_calls = BooleanField(**opt())
     store = BooleanField(required=False, default=False)
-    response_format = ObjectField(**_opt())
-    modalities = StringListField(**_opt(max_items=4))
-    prediction = AnyField(**_opt())
-    audio = AnyField(**_opt())
-    web_search_options = AnyField(**_opt())
+    response_format = ObjectField(**opt())
+    modalities = StringListField(**opt(max_items=4))
+    prediction = AnyField(**opt())
+    audio = AnyField(**opt())
+    web_search_options = AnyField(**opt())
 
     @staticmethod
     def max_tokens_of(attrs) -> int | None:
@@ -187,10 +187,10 @@ class CompletionRequest(GenerationRequest):
     """POST /v1/completions (OpenAI's legacy completions)."""
 
     prompt = PromptField()
-    suffix = StringField(**_opt())
+    suffix = StringField(**opt())
     echo = BooleanField(required=False, default=False)
-    logprobs = IntegerField(**_opt(low=0, high=MAX_TOP_LOGPROBS))
-    best_of = IntegerField(**_opt(low=1, high=MAX_N))
+    logprobs = IntegerField(**opt(low=0, high=MAX_TOP_LOGPROBS))
+    best_of = IntegerField(**opt(low=1, high=MAX_N))
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -205,35 +205,6 @@ class CompletionRequest(GenerationRequest):
         if attrs.get("suffix") and attrs["echo"]:
             raise bad_request("'echo' cannot be used with 'suffix'.", "echo")
         return attrs
-
-
-class TokenizeRequest(serializers.Serializer):
-    """POST /tokenize: `prompt` (a string) or `messages` (rendered with the chat template). vLLM's shape."""
-
-    model = StringField(required=False, default="")
-    prompt = StringField(**_opt())
-    messages = MessagesField(**_opt())
-    add_special_tokens = BooleanField(**_opt())
-    add_generation_prompt = BooleanField(required=False, default=True)
-    continue_final_message = BooleanField(required=False, default=False)
-    chat_template_kwargs = ObjectField(**_opt())
-    tools = ArrayField(**_opt())
-    return_token_strs = BooleanField(required=False, default=False)
-
-    def validate(self, attrs):
-        if (attrs.get("prompt") is None) == (attrs.get("messages") is None):
-            raise bad_request("Send exactly one of 'prompt' or 'messages'.", "prompt")
-        if attrs["continue_final_message"] and self.initial_data.get("add_generation_prompt") is True:
-            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true.",
-                              "continue_final_message")
-        return attrs
-
-
-class DetokenizeRequest(serializers.Serializer):
-    """POST /detokenize: `tokens` (token ids) -> text."""
-
-    model = StringField(required=False, default="")
-    tokens = TokenIdListField()
 
 
 def validate(serializer_cls, body: dict) -> dict:
@@ -265,5 +236,5 @@ def _first_error(errors, prefix: str = "") -> tuple[str, str]:
     return prefix, str(errors)
 
 
-__all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "TokenizeRequest",
-           "parse_json_body", "validate"]
+__all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "MessagesField", "opt", "parse_json_body",
+           "validate"]

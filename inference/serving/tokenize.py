@@ -8,10 +8,43 @@ serving_tokenization (TokenizeRequest, DetokenizeRequest).
 """
 from __future__ import annotations
 
+from rest_framework import serializers
+
+from .errors import bad_request
+from .fields import ArrayField, BooleanField, ObjectField, StringField, TokenIdListField
 from .model_names import check_model
 from .prompts import render_chat
-from .protocol import DetokenizeRequest, TokenizeRequest, parse_json_body, validate
+from .protocol import MessagesField, opt, parse_json_body, validate
 from .sampling import check_token_ids
+
+
+class TokenizeRequest(serializers.Serializer):
+    """POST /tokenize: `prompt` (a string) or `messages` (rendered with the chat template). vLLM's shape."""
+
+    model = StringField(required=False, default="")
+    prompt = StringField(**opt())
+    messages = MessagesField(**opt())
+    add_special_tokens = BooleanField(**opt())
+    add_generation_prompt = BooleanField(required=False, default=True)
+    continue_final_message = BooleanField(required=False, default=False)
+    chat_template_kwargs = ObjectField(**opt())
+    tools = ArrayField(**opt())
+    return_token_strs = BooleanField(required=False, default=False)
+
+    def validate(self, attrs):
+        if (attrs.get("prompt") is None) == (attrs.get("messages") is None):
+            raise bad_request("Send exactly one of 'prompt' or 'messages'.", "prompt")
+        if attrs["continue_final_message"] and self.initial_data.get("add_generation_prompt") is True:
+            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+                              "continue_final_message")
+        return attrs
+
+
+class DetokenizeRequest(serializers.Serializer):
+    """POST /detokenize: `tokens` (token ids) -> text."""
+
+    model = StringField(required=False, default="")
+    tokens = TokenIdListField()
 
 
 def tokenize(raw_body: bytes, rt) -> dict:
