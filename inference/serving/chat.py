@@ -147,9 +147,9 @@ async def stream(rt, p: PreparedChat, save: SaveFn | None = None) -> AsyncIterat
                     failed = True
                     yield sse(enc.error_frame(delta))
                     break
-                elif not _carries_nothing(p, delta):
+                else:
                     running.completion_tokens += len(getattr(delta, "token_ids", None) or [])
-                    chunk = enc.encode(delta, i, running_usage=running)
+                    chunk = None if _carries_nothing(p, delta) else enc.encode(delta, i, running_usage=running)
                     if chunk is not None:
                         yield sse(chunk)
     except Exception as exc:  # a bug must still end the stream in OpenAI's shape

@@ -153,11 +153,12 @@ async def stream(rt, p: PreparedCompletion) -> AsyncIterator[bytes]:
                     failed = True
                     yield sse(ChatChunkEncoder.error_frame(delta))
                     break
+                if isinstance(delta, Content):
+                    running.completion_tokens += len(delta.token_ids or [])
                 if isinstance(delta, Finish):
                     finishes[j] = delta
                     frame = sse(enc.chunk(j, "", finish_reason=delta.reason, usage=running))
                 elif isinstance(delta, Content) and (delta.text or p.logprobs or p.return_token_ids):
-                    running.completion_tokens += len(delta.token_ids or [])
                     lps = legacy[j].extend(delta.logprobs or []) if p.logprobs else None
                     ids = delta.token_ids if p.return_token_ids else None
                     frame = sse(enc.chunk(j, delta.text, logprobs=lps, token_ids=ids, usage=running))
