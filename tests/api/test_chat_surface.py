@@ -313,3 +313,6 @@ def test_special_tokens_held_back_still_count(fake_rt):
     assert body["choices"][0]["message"]["content"] == "Hi"
     assert body["choices"][0]["token_ids"] == [tok.encode("Hi")[0], end]
     assert body["usage"]["completion_tokens"] == 2
+    events = chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}).events()
+    finish = [c for c in choice_chunks(events) if c["choices"][0]["finish_reason"]][0]
+    assert finish["usage"]["completion_tokens"] == events[-2]["usage"]["completion_tokens"] == 2
