@@ -57,6 +57,8 @@ class AnyField(StrictField):
 
 
 class StreamOptions(serializers.Serializer):
+    """`stream_options`: include_usage (OpenAI) and continuous_usage_stats (vLLM)."""
+
     include_usage = BooleanField(required=False, default=False)
     continuous_usage_stats = BooleanField(required=False, default=False)
 
@@ -96,6 +98,7 @@ class GenerationRequest(serializers.Serializer):
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
 
     def validate(self, attrs):
+        """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens."""
         if attrs.get("stop") is None:
             attrs["stop"] = []
         if attrs.get("stream_options") is not None and not attrs["stream"]:
@@ -108,6 +111,7 @@ class GenerationRequest(serializers.Serializer):
 
     @staticmethod
     def max_tokens_of(attrs) -> int | None:
+        """The requested completion budget in tokens, or None (see sampling.resolve_max_tokens)."""
         return attrs.get("max_tokens")
 
 
@@ -139,9 +143,12 @@ class ChatCompletionRequest(GenerationRequest):
 
     @staticmethod
     def max_tokens_of(attrs) -> int | None:
+        """max_completion_tokens (OpenAI's current name) wins over max_tokens (deprecated for chat)."""
         return attrs.get("max_completion_tokens") or attrs.get("max_tokens")
 
     def validate(self, attrs):
+        """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
+        add_generation_prompt (vLLM); fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -193,6 +200,7 @@ class CompletionRequest(GenerationRequest):
     best_of = IntegerField(**opt(low=1, high=MAX_N))
 
     def validate(self, attrs):
+        """best_of must be >= n (OpenAI) and, here, equal to it; echo excludes suffix (OpenAI)."""
         attrs = super().validate(attrs)
         n, best_of = attrs.get("n") or 1, attrs.get("best_of")
         if best_of is not None and best_of < n:
