@@ -85,10 +85,12 @@ _database_url = envstr("DATABASE_URL")
 if _database_url:
     DATABASES = {"default": _database_from_url(_database_url)}
 else:
+    _sqlite_path = Path(envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")))
+    _sqlite_path.parent.mkdir(parents=True, exist_ok=True)  # var/ is not in git
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")),
+            "NAME": str(_sqlite_path),
             "OPTIONS": {"timeout": 20},
         }
     }
@@ -148,6 +150,11 @@ METRALE = {
     "DEVICE": envstr("METRALE_DEVICE", "auto"),
     # KV cache budget in bytes; None: a default sized from the model.
     "KV_CACHE_BYTES": envint("METRALE_KV_CACHE_BYTES", None),
+    # Fraction of available memory for the KV pool when KV_CACHE_BYTES is unset.
+    "KV_CACHE_FRACTION": envfloat("METRALE_KV_CACHE_FRACTION", 0.05),
+    # KV cache dtype: auto (the model's), float32, bfloat16 or float16.
+    "KV_CACHE_DTYPE": envstr("METRALE_KV_CACHE_DTYPE", "auto"),
+    "ENABLE_PREFIX_CACHING": envbool("METRALE_ENABLE_PREFIX_CACHING", True),
     "BLOCK_SIZE": envint("METRALE_BLOCK_SIZE", 16),
     "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", 64),
     "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", 512),

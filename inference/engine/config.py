@@ -112,8 +112,11 @@ class ModelConfig:
 class EngineConfig:
     """The engine's knobs.
 
-    kv_cache_bytes: the KV pool's size in bytes (None: room for max_num_seqs
-    sequences of max_model_len tokens, capped at 2 GiB). block_size in tokens.
+    kv_cache_bytes: the KV pool's size in bytes (None: kv_cache_fraction of the
+    device's available memory, and no more than max_num_seqs sequences of
+    max_model_len tokens need). kv_cache_dtype: "auto" (the model dtype), float32,
+    bfloat16 or float16 (halves the pool's bytes per token). block_size in tokens.
+    enable_prefix_caching: reuse full KV blocks across requests with the same salt.
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     """
 
@@ -125,6 +128,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
+    kv_cache_fraction: float = 0.05
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
     num_threads: int | None = None
     step_log: bool = False
 
@@ -133,5 +139,9 @@ class EngineConfig:
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
+        if not 0 < self.kv_cache_fraction <= 1:
+            raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")

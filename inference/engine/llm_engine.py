@@ -20,7 +20,6 @@ from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
 
-DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 
 @dataclass(slots=True)
@@ -45,6 +44,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return getattr(torch, name)
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Free memory for the KV pool: CUDA's free device memory, else /proc/meminfo's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
 
 
 def read_eos_token_ids(path: Path, cfg: ModelConfig) -> list[int]:
@@ -75,15 +88,17 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = read_eos_token_ids(path, self.model_config)
         model = load_model(path, self.model_config, self.dtype, self.device)
-        block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+        block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
         budget = config.kv_cache_bytes or min(
-            DEFAULT_KV_CACHE_BYTES, block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
+            int(available_memory_bytes(self.device) * config.kv_cache_fraction),
+            block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
         num_blocks = max(1, budget // block_bytes)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         from .scheduler import Scheduler
 
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, self.dtype,
+        self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         self.num_steps = 0

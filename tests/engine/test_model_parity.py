@@ -13,13 +13,13 @@ from inference.engine.sequence import Sequence
 from .tiny_models import make_tiny_model
 
 
-def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=torch.float32):
+def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=torch.float32, kv_dtype=None):
     """Logits float32 [len(prompt) + len(decode_tokens), V]: prefill in chunks, then one decode step per token."""
     cfg = ModelConfig.from_folder(folder)
     model = load_model(folder, cfg, dtype, torch.device("cpu"))
     bm = BlockManager(64, block_size)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=chunk)
-    runner = ModelRunner(model, cfg, 64, block_size, torch.device("cpu"), dtype)
+    runner = ModelRunner(model, cfg, 64, block_size, torch.device("cpu"), kv_dtype or dtype)
     seq = Sequence("r", list(prompt), SamplingParams(temperature=0, max_tokens=len(decode_tokens) + 1))
     sched.add(seq)
     rows = []
@@ -71,3 +71,11 @@ def test_it_matches_transformers_on_smollm2(smollm2_dir):
     ours = run_ours(smollm2_dir, tok_ids, decode)
     ref = reference_logits(smollm2_dir, tok_ids + decode)
     assert (ours - ref).abs().max().item() <= 1e-3
+
+
+def test_it_keeps_logits_close_with_a_bfloat16_kv_cache(tmp_path):
+    folder = make_tiny_model("llama", tmp_path / "m")
+    prompt = torch.randint(3, 320, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    full = run_ours(folder, prompt, [8, 9, 10])
+    half = run_ours(folder, prompt, [8, 9, 10], kv_dtype=torch.bfloat16)
+    assert 0 < (full - half).abs().max().item() <= 5e-2

@@ -57,15 +57,17 @@ def paged_attention(
     """Write this step's K/V into the cache, then attend each query over its sequence's blocks.
 
     q: [T, n_heads, head_dim]; k, v: [T, n_kv_heads, head_dim]; caches: [num_blocks,
-    block_size, n_kv_heads, head_dim], same dtype as k. Returns [T, n_heads, head_dim].
+    block_size, n_kv_heads, head_dim], in the KV dtype (may be narrower than q's; K/V are
+    cast back for the attention). Returns [T, n_heads, head_dim].
     Grouped-query attention folds the query heads of one KV head into the query-length
     axis, so K/V are never repeated.
     """
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     n_heads = q.shape[1]
     group = n_heads // n_kv
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, v)
+    k_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    convert = k_cache.dtype != q.dtype
     out = torch.empty_like(q)
 
     d = meta.num_decodes
@@ -74,6 +76,8 @@ def paged_attention(
         length = tables.shape[1] * block_size
         kd = k_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
         vd = v_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
+        if convert:
+            kd, vd = kd.to(q.dtype), vd.to(q.dtype)
         qd = q[:d].view(d, n_kv, group, head_dim)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask)
         out[:d] = od.reshape(d, n_heads, head_dim)
@@ -83,6 +87,8 @@ def paged_attention(
         length = p.block_table.shape[0] * block_size
         kp = k_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
         vp = v_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
+        if convert:
+            kp, vp = kp.to(q.dtype), vp.to(q.dtype)
         qp = q[p.q_start:p.q_end].view(q_len, n_kv, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(n_kv, group * q_len, head_dim)
         mask = p.mask.repeat(group, 1)

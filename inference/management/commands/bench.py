@@ -1,48 +1,116 @@
-"""`manage.py bench`: decode throughput of the served model through HTTP, float32 and bfloat16.
+"""`manage.py bench` (`make bench`): throughput, latency and the ratios the engine is held to.
 
-Prints single-stream decode tokens/s and the aggregate tokens/s of 8 concurrent
-streams, each the median of --repeats runs, measured against a daphne server this
-command starts. A script, not a test: figures vary with the machine.
+In one run, on the same prompts (ShareGPT-like mixed lengths, fixed seed): our
+engine offline and through HTTP at concurrency 1, 8 and 32 (output tokens/s, TTFT
+and TPOT p50/p99); transformers `generate` on the same weights and dtype; the
+memory-bandwidth floor of batch-1 decode; and the prefix cache's TTFT on a shared
+1,000-token system prompt. A script, not a test: figures depend on the machine.
 """
-import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import torch
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from inference.bench.http_streams import concurrent, stream_once
+from inference.bench.http_streams import run_http
 from inference.bench.live_server import LiveServer
+from inference.bench.offline import run_offline
+from inference.bench.prefix import prefix_ttft
+from inference.bench.references import copy_bandwidth_gb_s, hf_generate_tok_s, weight_bytes
+from inference.bench.stats import RunSummary
+from inference.bench.workload import sharegpt_like
 
-PROMPTS = ["Tell me a story about a dragon.", "Explain how rain forms.", "Describe the city of Paris.",
-           "Write a poem about autumn.", "What makes a good friend?", "How do airplanes fly?",
-           "Give advice to a new programmer.", "Describe a walk in the forest."]
+LLAMA_CPP_8_STREAMS_TOK_S = 80.0  # llama-cpp-python's server, same GGUF, measured on this machine kind (issue 3)
 
 
 class Command(BaseCommand):
-    help = "Benchmark decode throughput through HTTP (single stream and 8 concurrent), fp32 and bf16."
+    help = "Benchmark the engine offline and through HTTP against transformers and the bandwidth floor."
 
     def add_arguments(self, parser):
         parser.add_argument("--dtypes", default="float32,bfloat16")
-        parser.add_argument("--repeats", type=int, default=3)
-        parser.add_argument("--max-tokens", type=int, default=128)
-        parser.add_argument("--concurrency", type=int, default=8)
+        parser.add_argument("--concurrency", default="1,8,32")
+        parser.add_argument("--requests-per-stream", type=int, default=2,
+                            help="requests per concurrent stream at each concurrency (at least 3 at concurrency 1)")
+        parser.add_argument("--skip-hf", action="store_true", help="skip the transformers reference runs")
+        parser.add_argument("--skip-http", action="store_true")
 
-    def handle(self, *args, dtypes, repeats, max_tokens, concurrency, **options):
+    def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, **options):
+        from inference.engine.async_engine import AsyncEngine
+        from inference.engine.config import EngineConfig
+        from inference.engine.llm_engine import LLMEngine
+        from inference.engine.tokenizer import Tokenizer
+
         model = settings.METRALE["MODEL"]
-        rows = []
+        tokenizer = Tokenizer.from_folder(model)
+        levels = [int(c) for c in concurrency.split(",")]
+        bandwidth = copy_bandwidth_gb_s()
+        out = self.stdout.write
+        out(f"model {Path(model).name}; copy bandwidth {bandwidth:.1f} GB/s; torch threads {torch.get_num_threads()}")
         for dtype in dtypes.split(","):
-            with tempfile.TemporaryDirectory() as tmp, LiveServer(
-                    {"METRALE_MODEL": model, "METRALE_DTYPE": dtype}, Path(tmp)) as server:
-                stream_once(server.url, "Hello", 8)  # warm-up
-                single = [stream_once(server.url, PROMPTS[0], max_tokens)["decode_tok_s"] for _ in range(repeats)]
-                prompts = (PROMPTS * (concurrency // len(PROMPTS) + 1))[:concurrency]
-                agg = [concurrent(server.url, prompts, max_tokens)["aggregate_tok_s"] for _ in range(repeats)]
-            rows.append((dtype, statistics.median(single), statistics.median(agg)))
-            self.stdout.write(f"{dtype}: single-stream decode {rows[-1][1]:.1f} tok/s, "
-                              f"{concurrency} concurrent streams {rows[-1][2]:.1f} tok/s aggregate")
-        self.stdout.write("")
-        self.stdout.write(f"{'dtype':<10} {'1 stream tok/s':>15} {f'{concurrency} streams tok/s':>18}  (median of {repeats}, "
-                          f"{max_tokens} tokens each, greedy, ignore_eos, through HTTP)")
-        for dtype, s, a in rows:
-            self.stdout.write(f"{dtype:<10} {s:>15.1f} {a:>18.1f}")
+            rows: list[RunSummary] = []
+            workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
+                                          seed=c) for c in levels}
+            engine = LLMEngine(EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
+                                            kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"]))
+            wbytes = weight_bytes(engine.runner.model)
+            ae = AsyncEngine(engine)
+            run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
+            for c in levels:
+                timings, wall = run_offline(ae, tokenizer, workloads[c], c)
+                rows.append(RunSummary.of("offline", c, timings, wall))
+                out(self._row(dtype, rows[-1]))
+            ae.stop()
+            del ae, engine
+            prefix = None
+            if not skip_http:
+                with tempfile.TemporaryDirectory() as tmp, LiveServer(
+                        {"METRALE_MODEL": model, "METRALE_DTYPE": dtype, "METRALE_MAX_NUM_SEQS": str(max(levels))},
+                        Path(tmp)) as server:
+                    run_http(server.url, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)
+                    for c in levels:
+                        timings, wall = run_http(server.url, workloads[c], c)
+                        rows.append(RunSummary.of("http", c, timings, wall))
+                        out(self._row(dtype, rows[-1]))
+                    prefix = prefix_ttft(server.url, tokenizer)
+            hf = {}
+            if not skip_hf:
+                for b in (1, 8, 32):
+                    hf[b] = hf_generate_tok_s(model, getattr(torch, dtype), b)
+                    out(f"{dtype:<9} transformers generate, padded batch {b:>2}: {hf[b]:7.1f} tok/s")
+            self._report(dtype, rows, hf, prefix, wbytes, bandwidth)
+
+    @staticmethod
+    def _row(dtype: str, r: RunSummary) -> str:
+        return (f"{dtype:<9} {r.label:<8} c={r.concurrency:<3} {r.output_tok_s:7.1f} tok/s  "
+                f"TTFT p50 {r.ttft_p50 * 1000:7.0f} ms p99 {r.ttft_p99 * 1000:7.0f} ms  "
+                f"TPOT p50 {r.tpot_p50 * 1000:6.1f} ms p99 {r.tpot_p99 * 1000:6.1f} ms")
+
+    def _report(self, dtype, rows, hf, prefix, wbytes, bandwidth):
+        out = self.stdout.write
+        get = {(r.label, r.concurrency): r for r in rows}
+        out(f"\n== {dtype}: ratios (measured in this run) ==")
+        one = get.get(("offline", 1))
+        if one:
+            floor_s = wbytes / (bandwidth / 2 * 1e9)  # weights are read once per decode step
+            out(f"batch-1 decode: {1 / one.tpot_p50:.1f} tok/s; bandwidth floor {floor_s * 1000:.1f} ms/token "
+                f"({wbytes / 2**20:.0f} MiB of weights at {bandwidth / 2:.1f} GB/s read); "
+                f"ours {one.tpot_p50 * 1000:.1f} ms/token = {one.tpot_p50 / floor_s:.2f}x the floor")
+            if 1 in hf:
+                out(f"  vs transformers batch 1: {1 / one.tpot_p50 / hf[1]:.2f}x (target >= 2x)")
+        h8 = get.get(("http", 8))
+        if h8:
+            out(f"8 streams through HTTP: {h8.output_tok_s:.1f} tok/s = {h8.output_tok_s / LLAMA_CPP_8_STREAMS_TOK_S:.2f}x "
+                f"llama-cpp-python's {LLAMA_CPP_8_STREAMS_TOK_S:.0f} tok/s (reference figure; target >= 2x)")
+            o8 = get.get(("offline", 8))
+            if o8:
+                out(f"HTTP vs offline at concurrency 8: {h8.output_tok_s / o8.output_tok_s:.2f} (target >= 0.9)")
+        h32 = get.get(("http", 32)) or get.get(("offline", 32))
+        if h32 and 32 in hf:
+            out(f"32 streams ({h32.label}): {h32.output_tok_s:.1f} tok/s = {h32.output_tok_s / hf[32]:.2f}x transformers' "
+                f"padded batch 32 (target >= 1.5x)")
+        if prefix:
+            miss, hit = prefix
+            out(f"prefix cache, 1,000-token system prompt: TTFT miss {miss * 1000:.0f} ms, hit {hit * 1000:.0f} ms = "
+                f"{miss / hit:.1f}x lower (target >= 5x)")
