@@ -1,5 +1,6 @@
 """The official openai SDK against a live daphne serving SmolLM2: chat (n, logprobs, the stream helper),
 legacy completions with echo and logprobs, stored completions, the error classes, and seeded batching."""
+import re
 import threading
 
 import httpx
@@ -112,7 +113,7 @@ def test_headers_and_tokenize(openai_client, metrale_server):
     assert "What is the capital of France?" in text
 
 
-def test_a_seed_gives_the_same_tokens_whatever_else_is_batched(openai_client):
+def test_a_seed_gives_the_same_tokens_whatever_else_is_batched(openai_client, metrale_server):
     seeded = dict(model=MODEL, messages=[{"role": "user", "content": "Write a word."}], max_tokens=8,
                   temperature=1.0, seed=1234)
     alone = openai_client.chat.completions.create(**seeded).choices[0].message.content
@@ -121,12 +122,15 @@ def test_a_seed_gives_the_same_tokens_whatever_else_is_batched(openai_client):
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count to {i}"}],
                                               max_tokens=12, temperature=1.0)
     threads = [threading.Thread(target=noise, args=(i,)) for i in range(2)]
+    steps_before = len(re.findall(r"step \d+: seqs=(\d+)", metrale_server.log()))
     for t in threads:
         t.start()
     batched = openai_client.chat.completions.create(**seeded).choices[0].message.content
     for t in threads:
         t.join()
     assert batched == alone
+    sizes = [int(n) for n in re.findall(r"step \d+: seqs=(\d+)", metrale_server.log())[steps_before:]]
+    assert max(sizes) > 1  # it really shared steps with the others
 
 
 def test_a_request_timeout_ends_the_stream_with_finish_reason_timeout(openai_client):
