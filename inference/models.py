@@ -174,3 +174,6 @@ class RateLimitContext(models.Model):
         from .ratelimiting.store import get_store
 
         return get_store().peek(self.scope, self.limits(), now=clock.now())
+
+
+from .stored_completions import StoredChatCompletion  # noqa: E402,F401  (its own module: one model, one job)

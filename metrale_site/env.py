@@ -1,4 +1,5 @@
 """Small environment-variable readers that fail with ImproperlyConfigured on bad values."""
+import json
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -65,3 +66,19 @@ def envduration_s(name: str, default: float) -> float:
     if seconds < 0:
         raise ImproperlyConfigured(f"{name} must not be negative, got {value!r}")
     return seconds
+
+
+def envlist(name: str) -> list[str]:
+    """Read a comma-separated list; blanks around items are dropped, empty items skipped."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def envjson(name: str, default):
+    """Read a JSON value. Raises ImproperlyConfigured when the text is not JSON."""
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return default
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"{name} must be JSON, got {value!r}: {exc}") from exc

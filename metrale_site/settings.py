@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .env import envbool, envduration_s, envfloat, envint, envstr
+from .env import envbool, envduration_s, envfloat, envint, envjson, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "inference.middleware.ApiRequestMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -134,8 +135,15 @@ METRALE = {
     "MODEL": envstr("METRALE_MODEL", str(METRALE_HOME / "models" / DEFAULT_MODEL_NAME)),
     # The id the API reports for the model; default: the folder's name.
     "SERVED_MODEL_NAME": envstr("METRALE_SERVED_MODEL_NAME"),
-    # Accept any `model` name in requests (as llama.cpp's server does).
+    # Other names the served model answers to (comma-separated), like vLLM's extra served model names.
+    "MODEL_ALIASES": envlist("METRALE_MODEL_ALIASES"),
+    # Accept any `model` name in requests (as llama.cpp's server does); off: other names are a 404.
     "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", True),
+    # Sampling defaults used when neither the request nor the model's generation_config.json sets
+    # a field, as a JSON object, e.g. {"temperature": 0.7, "top_p": 0.9}.
+    "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),
+    # Request bodies larger than this many bytes are answered 413.
+    "MAX_REQUEST_BYTES": envint("METRALE_MAX_REQUEST_BYTES", 32 << 20),
     # float32 or bfloat16; "auto" picks float32 on CPU and bfloat16 on CUDA.
     "DTYPE": envstr("METRALE_DTYPE", "auto"),
     # "auto" (cuda when available, else cpu), "cpu" or "cuda".
@@ -186,6 +194,9 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": METRALE["PURGE_INTERVAL_S"],
     },
 }
+
+# Django refuses larger bodies itself; the API middleware answers 413 first, in OpenAI's shape.
+DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 
 LOGGING = {
     "version": 1,

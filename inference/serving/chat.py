@@ -1,27 +1,36 @@
-"""POST /v1/chat/completions: a validated request -> prompt tokens -> pipeline -> chunks or a body."""
+"""POST /v1/chat/completions: a validated request -> prompt tokens -> n engine requests -> chunks or a body.
+
+Source: OpenAI API reference, "Create chat completion"; ../shared/reference/openai-contract.md
+section 3 (chunk rules). With n > 1 every choice is its own engine request; with a
+seed, choice i uses seed + i, so each choice is reproducible on its own.
+"""
 from __future__ import annotations
 
+import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-from django.conf import settings
-
-from inference.engine.chat_template import ChatTemplateError
-from inference.engine.outputs import RequestRejected
-from inference.engine.sampling_params import SamplingParams
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
 
 from .chat_encoder import DONE, ChatChunkEncoder, ChatCompletionAssembler, chat_completion_body, sse
-from .deltas import Error, Finish, Usage
-from .errors import ApiError, bad_request
-from .pipeline import GenerationInput, generate
+from .choices import Choices, total_usage
+from .deltas import Content, Error, Finish, Usage
+from .errors import ApiError
+from .model_names import check_model
+from .pipeline import GenerationInput
+from .prompts import chat_prompt_ids, echo_text
 from .protocol import ChatCompletionRequest, parse_json_body, validate
+from .sampling import context_limit, defaults_for, resolve_max_tokens, sampling_params, timeout_for
+
+log = logging.getLogger("metrale.api")
+
+SaveFn = Callable[[dict, dict], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class PreparedChat:
-    """A chat request ready for the engine."""
+    """A chat request ready for the engine: one GenerationInput per choice, and what the wire needs."""
 
     completion_id: str
     model: str
@@ -29,31 +38,28 @@ class PreparedChat:
     stream: bool
     include_usage: bool
     continuous_usage: bool
-    gen: GenerationInput
+    return_token_ids: bool
+    want_token_details: bool
+    service_tier: str | None
+    echo: str
+    prompt_token_ids: list[int]
+    inputs: list[GenerationInput]
+    store: bool
+    stored_request: dict = field(default_factory=dict)
     # Updated as generation runs: what the rate limiter charges when it ends.
-    usage: Usage
+    usage: Usage = field(default_factory=Usage)
+    # Seconds from submit to the last choice's end (blocking requests; for Server-Timing).
+    engine_s: float | None = None
 
     @property
     def reserve_tokens(self) -> int:
-        """Tokens to reserve against the rate limit: prompt + max_tokens."""
-        return len(self.gen.prompt_token_ids) + self.gen.params.max_tokens
+        """Tokens to reserve against the rate limit: prompt + every choice's max_tokens."""
+        return len(self.prompt_token_ids) + sum(g.params.max_tokens for g in self.inputs)
 
-
-def sampling_params(req: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams from validated fields. A missing max_tokens means "up to the context"."""
-    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = max(1, max_model_len - prompt_len)
-    temperature = req.get("temperature")
-    return SamplingParams(
-        temperature=1.0 if temperature is None else temperature,
-        top_p=req.get("top_p") or 1.0,
-        top_k=req.get("top_k") or 0,
-        min_p=req.get("min_p") or 0.0,
-        seed=req.get("seed"),
-        max_tokens=max_tokens,
-        ignore_eos=req.get("ignore_eos", False),
-    )
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's deadline in seconds."""
+        return self.inputs[0].timeout_s
 
 
 def parse(raw_body: bytes) -> dict:
@@ -61,86 +67,137 @@ def parse(raw_body: bytes) -> dict:
     return validate(ChatCompletionRequest, parse_json_body(raw_body))
 
 
-def prepare(req: dict, rt, cache_salt: str = "") -> PreparedChat:
-    """Template and tokenize a validated request. Raises ApiError (400) when it cannot be served."""
-    try:
-        prompt = rt.tokenizer.apply_chat_template(req["messages"], add_generation_prompt=True)
-    except ChatTemplateError as exc:
-        raise bad_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
-    prompt_ids = rt.tokenizer.encode(prompt)
-    max_len = rt.engine.max_model_len
-    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
-    if len(prompt_ids) + (max_tokens or 1) > max_len:
-        raise ApiError(
-            400, f"This model's maximum context length is {max_len} tokens. However, you requested "
-                 f"{len(prompt_ids) + (max_tokens or 0)} tokens ({len(prompt_ids)} in the messages, "
-                 f"{max_tokens or 0} in the completion). Please reduce the length of the messages or completion.",
-            param="messages", code="context_length_exceeded")
+def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") -> PreparedChat:
+    """Template and tokenize a validated request and build its engine inputs.
+
+    request_id: the engine requests' ids are `<request_id>-<choice>`. cache_salt: the tenant's
+    prefix-cache salt.
+
+    Raises ApiError: 404 for an unknown model name, 400 when the template fails, a token id is out
+    of the vocabulary, or prompt + max_tokens exceed the context (with the numbers).
+    """
+    check_model(req.get("model", ""), rt.model_id)
+    prompt_ids = chat_prompt_ids(rt.tokenizer, req)
+    defaults = defaults_for(rt.model_path)
+    max_tokens = resolve_max_tokens(ChatCompletionRequest.max_tokens_of(req), defaults.get("max_tokens"),
+                                    len(prompt_ids), context_limit(rt.engine))
+    logprobs = (req.get("top_logprobs") or 0) if req.get("logprobs") else None
+    n = req.get("n") or 1
+    inputs = [
+        GenerationInput(prompt_ids, sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer,
+                                                    defaults=defaults, logprobs=logprobs, seed_offset=i),
+                        stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
+                        timeout_s=timeout_for(req), request_id=f"{request_id}-{i}" if request_id else None,
+                        cache_salt=cache_salt)
+        for i in range(n)
+    ]
     opts = req.get("stream_options") or {}
-    timeout_s = settings.METRALE["REQUEST_TIMEOUT_S"]
     return PreparedChat(
         completion_id=f"chatcmpl-{secrets.token_hex(12)}",
-        model=req.get("model") or rt.model_id,
+        model=rt.model_id,
         created=int(time.time()),
         stream=req["stream"],
         include_usage=bool(opts.get("include_usage")),
         continuous_usage=bool(opts.get("continuous_usage_stats")),
-        gen=GenerationInput(prompt_ids, sampling_params(req, len(prompt_ids), max_len), stop=req["stop"],
-                            include_stop_str_in_output=req["include_stop_str_in_output"], timeout_s=timeout_s,
-                            cache_salt=cache_salt),
+        return_token_ids=req["return_token_ids"],
+        want_token_details=logprobs is not None or req["return_token_ids"],
+        service_tier=req.get("service_tier"),
+        echo=echo_text(req),
+        prompt_token_ids=prompt_ids,
+        inputs=inputs,
+        store=req["store"],
+        stored_request={"messages": req["messages"], "metadata": req.get("metadata") or {}},
         usage=Usage(len(prompt_ids), 0),
     )
 
 
-async def stream(rt, p: PreparedChat) -> AsyncIterator[bytes]:
-    """SSE frames: role chunk, content chunks, the finish chunk, the usage chunk if asked, [DONE].
+def _carries_nothing(p: PreparedChat, delta) -> bool:
+    # An empty Content only carries token ids and logprobs; without those it is no chunk.
+    return isinstance(delta, Content) and not delta.text and not p.want_token_details
 
-    An error after the first frame is sent in-band as data: {"error": ...} then [DONE].
-    """
+
+async def stream(rt, p: PreparedChat, save: SaveFn | None = None) -> AsyncIterator[bytes]:
+    """SSE frames: each choice's role chunk (and echo), content chunks, each choice's finish chunk, the
+    usage chunk if asked, [DONE]. Submits the engine requests before the first frame, so RequestRejected
+    is raised by the first `anext`. An error after that is sent in-band as data: {"error": ...} then
+    [DONE]. `save(request, body)` stores the assembled completion when p.store."""
+    choices = Choices(rt.engine, rt.tokenizer, p.inputs)
     enc = ChatChunkEncoder(p.completion_id, p.model, include_usage=p.include_usage,
-                           continuous_usage=p.continuous_usage, created=p.created)
-    deltas = generate(rt.engine, rt.tokenizer, p.gen)
-    try:
-        first = await anext(deltas)
-    except RequestRejected as exc:
-        raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
-    yield sse(enc.role_chunk())
+                           continuous_usage=p.continuous_usage, created=p.created, service_tier=p.service_tier,
+                           return_token_ids=p.return_token_ids)
+    n = len(choices)
+    assemblers = [ChatCompletionAssembler(i) for i in range(n)]
+    for i in range(n):
+        yield sse(enc.role_chunk(i, p.prompt_token_ids if p.return_token_ids and i == 0 else None))
+    if p.echo:
+        for i in range(n):
+            assemblers[i].add(Content(p.echo))
+            yield sse(enc.encode(Content(p.echo, token_ids=[]), i))
     running = p.usage
-    async for delta in _chain(first, deltas):
-        if isinstance(delta, Finish):
-            p.usage = delta.usage
-            yield sse(enc.finish_chunk(delta))
-            if p.include_usage:
-                yield sse(enc.usage_chunk(delta.usage))
-        elif isinstance(delta, Error):
-            yield sse(enc.error_frame(delta))
-        else:
-            if delta.token_ids:
-                running.completion_tokens += len(delta.token_ids)
-            chunk = enc.encode(delta, running_usage=running)
-            if chunk is not None:
-                yield sse(chunk)
+    finishes: list[Finish] = []
+    failed = False
+    try:
+        async with aclosing(choices.merged()) as merged:
+            async for i, delta in merged:
+                assemblers[i].add(delta)
+                if isinstance(delta, Finish):
+                    finishes.append(delta)
+                    yield sse(enc.finish_chunk(Finish(delta.reason, running), i))
+                elif isinstance(delta, Error):
+                    failed = True
+                    yield sse(enc.error_frame(delta))
+                    break
+                else:
+                    running.completion_tokens += len(getattr(delta, "token_ids", None) or [])
+                    chunk = None if _carries_nothing(p, delta) else enc.encode(delta, i, running_usage=running)
+                    if chunk is not None:
+                        yield sse(chunk)
+    except Exception as exc:  # a bug must still end the stream in OpenAI's shape
+        log.exception("chat stream failed")
+        failed = True
+        yield sse(enc.error_frame(Error(f"internal error: {exc}")))
+    if not failed:
+        usage = p.usage = total_usage(finishes)
+        if p.include_usage:
+            yield sse(enc.usage_chunk(usage))
+        if p.store and save is not None:
+            await save(p.stored_request, _body(p, assemblers, usage))
     yield DONE
 
 
-async def _chain(first, rest):
-    yield first
-    async for item in rest:
-        yield item
+def _body(p: PreparedChat, assemblers: list[ChatCompletionAssembler], usage: Usage,
+          token_ids: list[list[int]] | None = None) -> dict:
+    body = chat_completion_body(p.completion_id, p.model, p.created, [a.choice() for a in assemblers], usage)
+    if p.service_tier is not None:
+        body["service_tier"] = p.service_tier
+    if token_ids is not None:
+        body["prompt_token_ids"] = p.prompt_token_ids
+        for choice, ids in zip(body["choices"], token_ids):
+            choice["token_ids"] = ids
+    return body
 
 
-async def complete(rt, p: PreparedChat) -> dict:
-    """The blocking chat.completion body. Raises ApiError 400 when the engine refuses the
-    request, 500 when it fails."""
-    asm = ChatCompletionAssembler()
-    try:
-        async for delta in generate(rt.engine, rt.tokenizer, p.gen):
-            asm.add(delta)
-            if isinstance(delta, Finish):
-                p.usage = delta.usage
-    except RequestRejected as exc:
-        raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
-    if asm.error is not None:
-        raise ApiError(500, asm.error.message, type="server_error")
-    usage = asm.finish.usage if asm.finish else Usage(len(p.gen.prompt_token_ids), 0)
-    return chat_completion_body(p.completion_id, p.model, p.created, [asm.choice()], usage)
+async def complete(rt, p: PreparedChat, save: SaveFn | None = None) -> dict:
+    """The blocking chat.completion body (choices in index order). Sets p.engine_s.
+
+    Raises RequestRejected (from submit) and ApiError 500 when the engine fails."""
+    choices = Choices(rt.engine, rt.tokenizer, p.inputs)
+    assemblers = [ChatCompletionAssembler(i) for i in range(len(choices))]
+    token_ids: list[list[int]] = [[] for _ in assemblers]
+    if p.echo:
+        for a in assemblers:
+            a.add(Content(p.echo))
+    async with aclosing(choices.merged()) as merged:
+        async for i, delta in merged:
+            assemblers[i].add(delta)
+            if isinstance(delta, Content) and delta.token_ids:
+                token_ids[i].extend(delta.token_ids)
+                p.usage.completion_tokens += len(delta.token_ids)
+            elif isinstance(delta, Error):
+                raise ApiError(500, delta.message, type="server_error")
+    p.engine_s = choices.engine_s
+    p.usage = total_usage([a.finish for a in assemblers if a.finish])
+    body = _body(p, assemblers, p.usage, token_ids if p.return_token_ids else None)
+    if p.store and save is not None:
+        await save(p.stored_request, body)
+    return body

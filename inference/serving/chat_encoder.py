@@ -26,27 +26,37 @@ class ChatChunkEncoder:
     """Turns one request's deltas into chunk dicts. One instance per response; `index` picks the choice."""
 
     def __init__(self, completion_id: str, model: str, *, include_usage: bool = False,
-                 continuous_usage: bool = False, created: int | None = None):
+                 continuous_usage: bool = False, created: int | None = None, service_tier: str | None = None,
+                 return_token_ids: bool = False):
         self.id = completion_id
         self.model = model
         self.created = created or int(time.time())
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
+        self.service_tier = service_tier
+        self.return_token_ids = return_token_ids
         self._role_sent: set[int] = set()
         self._tool_calls_seen: set[int] = set()
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                  "system_fingerprint": None, "choices": choices}
+        if self.service_tier is not None:
+            chunk["service_tier"] = self.service_tier
         if usage is not None:
             chunk["usage"] = usage
         return chunk
 
-    def role_chunk(self, index: int = 0) -> dict:
-        """The first chunk of a choice: delta {"role": "assistant", "content": ""}."""
+    def role_chunk(self, index: int = 0, prompt_token_ids: list[int] | None = None) -> dict:
+        """The first chunk of a choice: delta {"role": "assistant", "content": ""}.
+
+        prompt_token_ids (vLLM's return_token_ids extension) go on the chunk when given."""
         self._role_sent.add(index)
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        chunk = self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+        if prompt_token_ids is not None:
+            chunk["prompt_token_ids"] = prompt_token_ids
+        return chunk
 
     def encode(self, delta: StreamDelta, index: int = 0, running_usage: Usage | None = None) -> dict | None:
         """The chunk for one delta, or None when it carries nothing for the wire (Finish is `finish_chunk`)."""
@@ -69,7 +79,10 @@ class ChatChunkEncoder:
         else:
             return None
         usage = running_usage.to_openai() if self.continuous_usage and running_usage else None
-        return self._chunk([{"index": index, "delta": body, "logprobs": logprobs, "finish_reason": None}], usage)
+        choice = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": None}
+        if self.return_token_ids:
+            choice["token_ids"] = getattr(delta, "token_ids", None) or []
+        return self._chunk([choice], usage)
 
     def finish_chunk(self, finish: Finish, index: int = 0) -> dict:
         """The last chunk of a choice: an empty delta with its finish_reason."""

@@ -69,10 +69,15 @@ class ToolCallArgs:
 
 @dataclass(slots=True)
 class Finish:
-    """reason: stop, length, tool_calls, content_filter, cancelled or timeout."""
+    """reason: stop, length, tool_calls, content_filter, cancelled or timeout.
+
+    prompt_logprobs: when prompt logprobs were asked for, one chat-shape logprob entry per
+    prompt token (logprob None where the engine gave none), else None.
+    """
 
     reason: str
     usage: Usage = field(default_factory=Usage)
+    prompt_logprobs: list[dict] | None = None
 
 
 @dataclass(slots=True)

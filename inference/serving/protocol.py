@@ -1,17 +1,29 @@
-"""Request validation for the chat API (DRF serializers) -> ApiError 400 with `param` naming the field.
+"""Request validation (DRF serializers) for chat and completions -> ApiError 400 naming the field.
 
-Source: OpenAI API reference, "Create chat completion" (field names and ranges);
-vLLM's extra sampling fields (top_k, min_p, ...) where OpenAI is silent.
+Source: OpenAI API reference, "Create chat completion" and "Create completion"
+(field names, types and ranges); vLLM's extra sampling fields (top_k, min_p,
+repetition_penalty, min_tokens, stop_token_ids, ...) and llama.cpp's DRY and
+top_n_sigma where OpenAI is silent. Unknown fields are ignored (and logged at
+debug), as OpenAI does.
 """
 from __future__ import annotations
 
 import json
+import logging
 
 from rest_framework import serializers
 
 from .errors import ApiError, bad_request
+from .fields import (ArrayField, BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
+                     ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
+from .messages import normalize_messages
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+log = logging.getLogger("metrale.api")
+
+INT64 = 2**63
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -25,155 +37,212 @@ def parse_json_body(raw: bytes) -> dict:
     return body
 
 
-def _text_of(content, param: str) -> str:
-    """A message's content as text: a string, or an array of text parts (other part types are refused)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise bad_request(f"{param}[{i}] must be a content part object with a 'type'.", f"{param}[{i}]")
-            if part["type"] in ("text", "input_text", "output_text"):
-                if not isinstance(part.get("text"), str):
-                    raise bad_request(f"{param}[{i}].text must be a string.", f"{param}[{i}].text")
-                texts.append(part["text"])
-            else:
-                raise bad_request(
-                    f"Content part type {part['type']!r} is not supported: this model accepts text only.",
-                    f"{param}[{i}].type", code="unsupported_content_type")
-        return "".join(texts)
-    raise bad_request(f"{param} must be a string or an array of content parts.", param)
+def opt(**kw) -> dict:
+    """Keyword arguments of an optional, nullable field (null means "not set")."""
+    return {"required": False, "allow_null": True, "default": None, **kw}
 
 
-class MessagesField(serializers.Field):
-    """`messages`: a non-empty list of {role, content, ...}; normalised for the chat template."""
+class MessagesField(StrictField):
+    """`messages`: see messages.normalize_messages."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, list):
-            raise ApiError(400, "'messages' must be an array of message objects.", param="messages")
-        if not data:
-            raise ApiError(400, "'messages' must contain at least one message.", param="messages")
-        out = []
-        for i, m in enumerate(data):
-            p = f"messages[{i}]"
-            if not isinstance(m, dict):
-                raise bad_request(f"{p} must be an object.", p)
-            role = m.get("role")
-            if role not in ROLES:
-                raise bad_request(f"{p}.role must be one of {', '.join(ROLES)}; got {role!r}.", f"{p}.role")
-            msg = {"role": "system" if role == "developer" else role}
-            content = m.get("content")
-            if content is None:
-                if role not in ("assistant",) or not m.get("tool_calls"):
-                    if role != "assistant":
-                        raise bad_request(f"{p}.content is required for role {role!r}.", f"{p}.content")
-                msg["content"] = ""
-            else:
-                msg["content"] = _text_of(content, f"{p}.content")
-            if role == "tool":
-                if not isinstance(m.get("tool_call_id"), str):
-                    raise bad_request(f"{p}.tool_call_id is required for tool messages.", f"{p}.tool_call_id")
-                msg["tool_call_id"] = m["tool_call_id"]
-            if role == "assistant" and m.get("tool_calls") is not None:
-                if not isinstance(m["tool_calls"], list):
-                    raise bad_request(f"{p}.tool_calls must be an array.", f"{p}.tool_calls")
-                msg["tool_calls"] = m["tool_calls"]
-            if isinstance(m.get("name"), str):
-                msg["name"] = m["name"]
-            out.append(msg)
-        return out
-
-    def to_representation(self, value):
-        return value
+        return normalize_messages(data)
 
 
-class StopField(serializers.Field):
-    """`stop`: null, a string, or an array of up to 4 strings."""
+class AnyField(StrictField):
+    """Any JSON value, passed through (validated by the code that uses it)."""
 
     def to_internal_value(self, data):
-        if data is None:
-            return []
-        if isinstance(data, str):
-            return [data]
-        if isinstance(data, list) and all(isinstance(s, str) for s in data):
-            if len(data) > 4:
-                raise serializers.ValidationError("'stop' accepts at most 4 sequences.")
-            return data
-        raise serializers.ValidationError("'stop' must be a string or an array of strings.")
-
-    def to_representation(self, value):
-        return value
-
-
-class StrictBooleanField(serializers.Field):
-    """A JSON boolean only (DRF's BooleanField also takes "yes", 1, ...)."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            raise serializers.ValidationError("Must be a boolean.")
         return data
 
-    def to_representation(self, value):
-        return value
+
+class StreamOptions(serializers.Serializer):
+    """`stream_options`: include_usage (OpenAI) and continuous_usage_stats (vLLM)."""
+
+    include_usage = BooleanField(required=False, default=False)
+    continuous_usage_stats = BooleanField(required=False, default=False)
 
 
-class StreamOptionsSerializer(serializers.Serializer):
-    include_usage = StrictBooleanField(required=False, default=False)
-    continuous_usage_stats = StrictBooleanField(required=False, default=False)
+class GenerationRequest(serializers.Serializer):
+    """The fields chat and completions share: sampling, length, stops and output controls."""
 
-
-class ChatCompletionRequest(serializers.Serializer):
-    """POST /v1/chat/completions. Unknown fields are ignored, as OpenAI does."""
-
-    model = serializers.CharField(required=False, allow_blank=True, default="")
-    messages = MessagesField()
-    stream = StrictBooleanField(required=False, default=False)
-    stream_options = StreamOptionsSerializer(required=False, allow_null=True, default=None)
-    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1, default=None)
-    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1, default=None)
-    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0, default=None)
-    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0, default=None)
-    top_k = serializers.IntegerField(required=False, allow_null=True, min_value=-1, default=None)
-    min_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0, default=None)
-    seed = serializers.IntegerField(required=False, allow_null=True, default=None)
-    stop = StopField(required=False, default=list)
-    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1, default=None)
-    include_stop_str_in_output = StrictBooleanField(required=False, default=False)
-    ignore_eos = StrictBooleanField(required=False, default=False)
-    user = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-
-    def validate_top_p(self, value):
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("Must be greater than 0.")
-        return value
+    model = StringField(required=False, default="")
+    stream = BooleanField(required=False, default=False)
+    stream_options = StreamOptions(**opt())
+    n = IntegerField(**opt(low=1, high=MAX_N))
+    max_tokens = IntegerField(**opt(low=1))
+    temperature = NumberField(**opt(low=0, high=2))
+    top_p = NumberField(**opt(low=0, high=1, low_open=True))
+    top_k = IntegerField(**opt(low=-1))
+    min_p = NumberField(**opt(low=0, high=1))
+    top_n_sigma = NumberField(**opt(low=-1))
+    repetition_penalty = NumberField(**opt(low=0, high=2, low_open=True))
+    presence_penalty = NumberField(**opt(low=-2, high=2))
+    frequency_penalty = NumberField(**opt(low=-2, high=2))
+    dry_multiplier = NumberField(**opt(low=0))
+    dry_base = NumberField(**opt(low=1))
+    dry_allowed_length = IntegerField(**opt(low=0))
+    dry_penalty_last_n = IntegerField(**opt(low=-1))
+    dry_sequence_breakers = StringListField(**opt())
+    logit_bias = LogitBiasField(**opt())
+    min_tokens = IntegerField(**opt(low=0))
+    seed = IntegerField(**opt(low=-INT64, high=INT64 - 1))
+    ignore_eos = BooleanField(required=False, default=False)
+    stop = StopField(required=False, allow_null=True, default=list)
+    stop_token_ids = TokenIdListField(**opt())
+    include_stop_str_in_output = BooleanField(required=False, default=False)
+    return_token_ids = BooleanField(required=False, default=False)
+    timeout = NumberField(**opt(low=0, low_open=True))
+    user = StringField(**opt())
+    metadata = MetadataField(**opt())
+    service_tier = StringField(**opt(choices=SERVICE_TIERS))
 
     def validate(self, attrs):
-        if attrs.get("stream_options") is not None and not attrs.get("stream"):
-            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+        """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens."""
+        if attrs.get("stop") is None:
+            attrs["stop"] = []
+        if attrs.get("stream_options") is not None and not attrs["stream"]:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+        max_tokens = self.max_tokens_of(attrs)
+        if attrs.get("min_tokens") and max_tokens is not None and attrs["min_tokens"] > max_tokens:
+            raise bad_request(f"'min_tokens' ({attrs['min_tokens']}) must not exceed the maximum number of "
+                              f"tokens to generate ({max_tokens}).", "min_tokens")
+        return attrs
+
+    @staticmethod
+    def max_tokens_of(attrs) -> int | None:
+        """The requested completion budget in tokens, or None (see sampling.resolve_max_tokens)."""
+        return attrs.get("max_tokens")
+
+
+def _refuse_if_set(attrs: dict, name: str, why: str) -> None:
+    if attrs.get(name) is not None:
+        raise bad_request(f"'{name}' is not supported by this server: {why}", name, code="unsupported_parameter")
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """POST /v1/chat/completions."""
+
+    messages = MessagesField()
+    max_completion_tokens = IntegerField(**opt(low=1))
+    logprobs = BooleanField(**opt())
+    top_logprobs = IntegerField(**opt(low=0, high=MAX_TOP_LOGPROBS))
+    echo = BooleanField(required=False, default=False)
+    add_generation_prompt = BooleanField(required=False, default=True)
+    continue_final_message = BooleanField(required=False, default=False)
+    chat_template_kwargs = ObjectField(**opt())
+    tools = ArrayField(**opt())
+    tool_choice = AnyField(**opt())
+    parallel_tool_calls = BooleanField(**opt())
+    store = BooleanField(required=False, default=False)
+    response_format = ObjectField(**opt())
+    modalities = StringListField(**opt(max_items=4))
+    prediction = AnyField(**opt())
+    audio = AnyField(**opt())
+    web_search_options = AnyField(**opt())
+
+    @staticmethod
+    def max_tokens_of(attrs) -> int | None:
+        """max_completion_tokens (OpenAI's current name) wins over max_tokens (deprecated for chat)."""
+        return attrs.get("max_completion_tokens") or attrs.get("max_tokens")
+
+    def validate(self, attrs):
+        """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
+        add_generation_prompt (vLLM); fields this server cannot honour are refused by name."""
+        attrs = super().validate(attrs)
+        if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
+            raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+        if attrs["continue_final_message"] and self.initial_data.get("add_generation_prompt") is True:
+            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
+                              "first continues the last message, the second starts a new one.",
+                              "continue_final_message")
+        _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
+        _refuse_if_set(attrs, "audio", "this model has no audio output.")
+        _refuse_if_set(attrs, "web_search_options", "this server has no web search.")
+        if attrs.get("modalities") and set(attrs["modalities"]) != {"text"}:
+            raise bad_request("'modalities' other than 'text' are not supported: this model outputs text only.",
+                              "modalities", code="unsupported_parameter")
+        fmt = attrs.get("response_format")
+        if fmt is not None and fmt.get("type") != "text":
+            raise bad_request(f"'response_format' of type {fmt.get('type')!r} is not supported yet; only "
+                              "'text' is.", "response_format", code="unsupported_parameter")
+        return attrs
+
+
+class PromptField(StrictField):
+    """`prompt`: a string, an array of strings, an array of token ids, or an array of such arrays.
+
+    Returns a list of prompts, each a str or a list[int].
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            return [data]
+        if not isinstance(data, list) or not data:
+            raise serializers.ValidationError("must be a string, an array of strings, or an array of token ids "
+                                              "(or of arrays of token ids), and not empty.")
+        if all(isinstance(x, str) for x in data):
+            return data
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+            return [TokenIdListField().to_internal_value(data)]
+        if all(isinstance(x, list) for x in data):
+            return [TokenIdListField(allow_empty=False).to_internal_value(x) for x in data]
+        raise serializers.ValidationError("must not mix strings, token ids and arrays.")
+
+
+class CompletionRequest(GenerationRequest):
+    """POST /v1/completions (OpenAI's legacy completions)."""
+
+    prompt = PromptField()
+    suffix = StringField(**opt())
+    echo = BooleanField(required=False, default=False)
+    logprobs = IntegerField(**opt(low=0, high=MAX_TOP_LOGPROBS))
+    best_of = IntegerField(**opt(low=1, high=MAX_N))
+
+    def validate(self, attrs):
+        """best_of must be >= n (OpenAI) and, here, equal to it; echo excludes suffix (OpenAI)."""
+        attrs = super().validate(attrs)
+        n, best_of = attrs.get("n") or 1, attrs.get("best_of")
+        if best_of is not None and best_of < n:
+            raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({n}).", "best_of")
+        if best_of is not None and best_of > n:
+            raise bad_request("'best_of' greater than 'n' is not supported by this server.", "best_of",
+                              code="unsupported_parameter")
+        if best_of is not None and attrs["stream"] and best_of > 1:
+            raise bad_request("'best_of' cannot be used with 'stream'.", "best_of")
+        if attrs.get("suffix") and attrs["echo"]:
+            raise bad_request("'echo' cannot be used with 'suffix'.", "echo")
         return attrs
 
 
 def validate(serializer_cls, body: dict) -> dict:
-    """Run a serializer; the first error becomes ApiError 400 whose `param` names the field."""
+    """Run a serializer over a JSON object. Returns the validated fields.
+
+    Raises ApiError 400 for the first bad field, its `param` naming the field (dotted for
+    nested objects, e.g. stream_options.include_usage). Unknown fields are logged at debug.
+    """
     s = serializer_cls(data=body)
-    try:
-        ok = s.is_valid()
-    except ApiError:
-        raise
-    if not ok:
-        field, msgs = next(iter(s.errors.items()))
-        msg = _first_message(msgs)
-        if field == "non_field_errors":
+    if not s.is_valid():
+        param, msg = _first_error(s.errors)
+        if param == "non_field_errors":
             raise bad_request(msg)
-        raise bad_request(f"Invalid value for '{field}': {msg}", param=field)
+        raise bad_request(f"Invalid value for '{param}': {msg}", param=param)
+    unknown = set(body) - set(s.fields)
+    if unknown:
+        log.debug("ignoring unknown fields: %s", ", ".join(sorted(unknown)))
     return s.validated_data
 
 
-def _first_message(errors) -> str:
+def _first_error(errors, prefix: str = "") -> tuple[str, str]:
+    """(dotted field path, message) of the first error in DRF's nested error structure."""
     if isinstance(errors, dict):
         key, val = next(iter(errors.items()))
-        return f"{key}: {_first_message(val)}"
+        path = prefix if key == "non_field_errors" and prefix else (f"{prefix}.{key}" if prefix else key)
+        return _first_error(val, path)
     if isinstance(errors, list) and errors:
-        return _first_message(errors[0])
-    return str(errors)
+        return _first_error(errors[0], prefix)
+    return prefix, str(errors)
+
+
+__all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "MessagesField", "opt", "parse_json_body",
+           "validate"]

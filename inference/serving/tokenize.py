@@ -1,0 +1,73 @@
+"""POST /tokenize and POST /detokenize: vLLM's shapes.
+
+/tokenize takes `prompt` (text; add_special_tokens default true) or `messages`
+(rendered with the chat template; add_special_tokens default false) and answers
+`{tokens, count, max_model_len}` (+ `token_strs` with return_token_strs);
+/detokenize takes `tokens` and answers `{prompt}`. Source: vLLM's
+serving_tokenization (TokenizeRequest, DetokenizeRequest).
+"""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from .errors import bad_request
+from .fields import ArrayField, BooleanField, ObjectField, StringField, TokenIdListField
+from .model_names import check_model
+from .prompts import render_chat
+from .protocol import MessagesField, opt, parse_json_body, validate
+from .sampling import check_token_ids
+
+
+class TokenizeRequest(serializers.Serializer):
+    """POST /tokenize: `prompt` (a string) or `messages` (rendered with the chat template). vLLM's shape."""
+
+    model = StringField(required=False, default="")
+    prompt = StringField(**opt())
+    messages = MessagesField(**opt())
+    add_special_tokens = BooleanField(**opt())
+    add_generation_prompt = BooleanField(required=False, default=True)
+    continue_final_message = BooleanField(required=False, default=False)
+    chat_template_kwargs = ObjectField(**opt())
+    tools = ArrayField(**opt())
+    return_token_strs = BooleanField(required=False, default=False)
+
+    def validate(self, attrs):
+        if (attrs.get("prompt") is None) == (attrs.get("messages") is None):
+            raise bad_request("Send exactly one of 'prompt' or 'messages'.", "prompt")
+        if attrs["continue_final_message"] and self.initial_data.get("add_generation_prompt") is True:
+            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+                              "continue_final_message")
+        return attrs
+
+
+class DetokenizeRequest(serializers.Serializer):
+    """POST /detokenize: `tokens` (token ids) -> text."""
+
+    model = StringField(required=False, default="")
+    tokens = TokenIdListField()
+
+
+def tokenize(raw_body: bytes, rt) -> dict:
+    """The token ids of a prompt or a conversation. Raises ApiError 400 on bad input, 404 on a bad model."""
+    req = validate(TokenizeRequest, parse_json_body(raw_body))
+    check_model(req["model"], rt.model_id)
+    tok = rt.tokenizer
+    if req.get("messages") is not None:
+        text = render_chat(tok, req)
+        special = bool(req.get("add_special_tokens"))
+    else:
+        text = req["prompt"]
+        special = req.get("add_special_tokens") is not False
+    ids = tok.encode(text, add_special_tokens=special)
+    body = {"tokens": ids, "count": len(ids), "max_model_len": rt.engine.max_model_len}
+    if req["return_token_strs"]:
+        body["token_strs"] = tok.convert_ids_to_tokens(ids)
+    return body
+
+
+def detokenize(raw_body: bytes, rt) -> dict:
+    """The text of token ids (special tokens kept). Raises ApiError 400 for ids outside the vocabulary."""
+    req = validate(DetokenizeRequest, parse_json_body(raw_body))
+    check_model(req["model"], rt.model_id)
+    check_token_ids(req["tokens"], rt.tokenizer.vocab_size, "tokens")
+    return {"prompt": rt.tokenizer.decode(req["tokens"], skip_special_tokens=False)}
