@@ -16,9 +16,9 @@ import re
 from rest_framework import serializers
 
 from inference.serving.errors import bad_request
+from inference.serving.fields import BooleanField as StrictBooleanField
 from inference.serving.protocol import (
     ChatCompletionRequest,
-    StrictBooleanField,
     parse_json_body,
     validate,
 )

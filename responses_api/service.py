@@ -23,7 +23,7 @@ from django.db import DatabaseError, close_old_connections
 
 from inference.engine.chat_template import ChatTemplateError
 from inference.engine.outputs import RequestRejected
-from inference.serving.chat import sampling_params
+from inference.serving.sampling import context_limit, defaults_for, sampling_params
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.pipeline import GenerationInput, generate
@@ -133,7 +133,7 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict],
     messages = _messages(req, context + req["input"], rt.tokenizer.chat_template)
     if not messages:
         raise bad_request("'input' must not be empty when there is no earlier context.", "input")
-    max_len = rt.engine.max_model_len
+    max_len = context_limit(rt.engine)
     wanted = req["max_output_tokens"] or 1
     prompt_ids = _render(rt, messages, req)
     while len(prompt_ids) + wanted > max_len and req["truncation"] == "auto":
@@ -149,8 +149,9 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict],
                  "max_output_tokens, or set truncation to auto.",
             param="input", code="context_length_exceeded")
     response_id = new_id("resp")
-    params = sampling_params({**req, "max_tokens": req["max_output_tokens"],
-                              "max_completion_tokens": None}, len(prompt_ids), max_len)
+    defaults = defaults_for(rt.model_path)
+    max_tokens = req["max_output_tokens"] or max(1, max_len - len(prompt_ids))
+    params = sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer, defaults=defaults)
     gen = GenerationInput(prompt_ids, params, stop=req.get("stop") or [],
                           include_stop_str_in_output=req.get("include_stop_str_in_output", False),
                           timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id,

@@ -23,6 +23,8 @@ class FakeRuntime:
     tokenizer: Tokenizer
     engine: FakeEngine = field(default_factory=FakeEngine)
     model_id: str = "smollm2-135m-instruct"
+    # A folder without generation_config.json: sampling defaults come from settings.
+    model_path: str = "/nonexistent-model-folder"
 
 
 class Script:
