@@ -9,6 +9,8 @@ an earlier part of the context gets -= multiplier * base ** (n - allowed_length)
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .sequence import Sequence
@@ -83,7 +85,8 @@ def dry_penalties(tokens: list[int], multiplier: float, base: float, allowed_len
             nxt = tokens[end + 1]
             if nxt in breakers:
                 continue
-            pen = multiplier * base ** (length - allowed_length)
+            # Capped exponent: base ** n overflows a float for long repeats; e**50 already bans a token.
+            pen = multiplier * math.exp(min((length - allowed_length) * math.log(base), 50.0))
             if pen > out.get(nxt, 0.0):
                 out[nxt] = pen
     return out

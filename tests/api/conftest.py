@@ -14,6 +14,15 @@ from inference.ratelimiting import clock
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch):
+    """In-process API tests never load the real model: a stray background load would replace a
+    test's fake runtime mid-test. Tests that need an engine install a fake one (surface_fixtures)."""
+    from inference import runtime
+
+    monkeypatch.setattr(runtime, "start_loading", lambda: None)
+
+
 def redis_reachable() -> bool:
     try:
         import redis

@@ -167,3 +167,9 @@ def test_it_computes_dry_like_the_brute_force_definition(seed):
     tokens = [rng.choice([1, 2, 3]) for _ in range(rng.randint(2, 40))]
     breakers = {3} if seed % 2 else set()
     assert dry_penalties(tokens, 0.8, 1.75, 2, breakers) == pytest.approx(brute_dry(tokens, 0.8, 1.75, 2, breakers))
+
+
+def test_it_caps_dry_penalties_instead_of_overflowing_on_long_repeats():
+    tokens = [1, 2] * 2000
+    pens = dry_penalties(tokens, 0.8, 1.75, 2)
+    assert pens[1] == pytest.approx(0.8 * math.exp(50.0))
