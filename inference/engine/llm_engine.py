@@ -12,6 +12,7 @@ import torch
 
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig, ModelConfig
+from .grammar import grammar_state_for
 from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model
@@ -126,6 +127,7 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_token_ids), params, deadline=deadline, cache_salt=cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
+        seq.grammar = grammar_state_for(params, request_id)
         self.scheduler.add(seq)
         return seq
 
@@ -159,6 +161,10 @@ class LLMEngine:
             token = result.token_ids[k]
             logprobs = result.logprobs[k]
             k += 1
+            if seq.grammar is not None and not seq.grammar.accept(token, seq.output_token_ids):
+                self.scheduler.finish(seq, "stop")  # a dead end: end without the refused token
+                outputs.append(StepOutput(seq, None, None, True))
+                continue
             seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
@@ -170,6 +176,8 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
+        if seq.grammar is not None and seq.grammar.finished:
+            return "stop"
         if seq.num_output_tokens >= p.min_tokens:
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"

@@ -1,6 +1,6 @@
 """The batched sampler: one pass over [batch, vocab] logits, rows with different settings together.
 
-Order (vLLM's, plus llama.cpp's DRY and top-nσ): logit_bias, min_tokens (EOS and
+Order (vLLM's, plus llama.cpp's DRY and top-nσ): the grammar mask (grammar_mask.py), logit_bias, min_tokens (EOS and
 stop_token_ids masked), repetition penalty (prompt + output), presence and
 frequency penalties (output), DRY, temperature, top_k, top_p, min_p,
 top_n_sigma, then the draw. Greedy rows (temperature 0) take the argmax of the
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .grammar_mask import apply_grammar_masks
 from .penalties import apply_dry, apply_penalties
 from .sequence import Sequence
 
@@ -48,6 +49,7 @@ class Sampler:
         Greedy rows skip temperature and truncation (they only need the argmax).
         """
         logits = logits.float().clone()
+        apply_grammar_masks(logits, seqs)
         b, v = logits.shape
         device = logits.device
         params = [s.params for s in seqs]

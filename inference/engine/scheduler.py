@@ -56,6 +56,7 @@ class Scheduler:
         """End `seq` with `reason`, wherever it is, and free its blocks."""
         seq.finish_reason = reason
         seq.status = SequenceStatus.FINISHED
+        seq.grammar = None  # the grammar matcher's memory goes with the request
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
