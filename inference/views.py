@@ -16,7 +16,7 @@ from django.http import JsonResponse, StreamingHttpResponse
 from . import runtime
 from .api import admit, openai_endpoint
 from .engine.outputs import RequestRejected
-from .serving import chat, tokenize
+from .serving import chat, structured, tokenize
 from .serving import completions as legacy_completions
 from .serving.errors import ApiError, not_found
 from .serving.model_names import find_model, model_object
@@ -69,6 +69,7 @@ async def _generate(request, module, param: str):
     rt = _ready_runtime()
     salt = request.principal.prefix_cache_salt if getattr(request, "principal", None) else ""
     prepared = module.prepare(req, rt, request_id=getattr(request, "request_id", None), cache_salt=salt)
+    await structured.constrain(req, rt, prepared.inputs)
     lease = await admit(request, reserve_tokens=prepared.reserve_tokens, timeout_s=prepared.timeout_s)
     prepared_at = time.perf_counter()
     extra = {"save": save_chat_completion} if module is chat else {}

@@ -22,6 +22,7 @@ from inference.serving.protocol import (
     parse_json_body,
     validate,
 )
+from inference.serving.structured import check_request as check_structured_request
 
 from .models import new_id
 
@@ -278,8 +279,9 @@ class ReasoningField(serializers.Field):
 
 
 class TextConfigField(serializers.Field):
-    """`text`: {format, verbosity}. Only the `text` format: this server has no structured
-    outputs yet, so json_schema and json_object are a 400 rather than ignored."""
+    """`text`: {format, verbosity}. format: text, json_object, or json_schema {name, schema,
+    strict, description} (OpenAI's structured outputs; checked by serving.structured and
+    compiled by the view before anything runs)."""
 
     def to_internal_value(self, data):
         if data is None:
@@ -288,16 +290,14 @@ class TextConfigField(serializers.Field):
         fmt = data.get("format") or {"type": "text"}
         kind = _object(fmt, "text.format").get("type")
         if kind in ("json_schema", "json_object"):
-            raise bad_request(f"text.format {kind!r} needs structured outputs, which this server "
-                              "does not provide yet.", "text.format.type",
-                              code="unsupported_parameter")
-        if kind != "text":
+            check_structured_request({"text": {"format": fmt}}, format_field="text")
+        elif kind != "text":
             raise bad_request("'text.format.type' must be text, json_schema or json_object.",
                               "text.format.type")
         verbosity = data.get("verbosity")
         if verbosity not in (None, "low", "medium", "high"):
             raise bad_request("'text.verbosity' must be low, medium or high.", "text.verbosity")
-        out = {"format": {"type": "text"}}
+        out = {"format": dict(fmt) if kind != "text" else {"type": "text"}}
         if verbosity is not None:
             out["verbosity"] = verbosity
         return out

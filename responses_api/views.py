@@ -15,6 +15,7 @@ from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api import admit, openai_endpoint
+from inference.serving import structured
 from inference.serving.errors import ApiError, bad_request
 from inference.views import _ready_runtime
 
@@ -85,6 +86,7 @@ async def create_response(request):
     tenant = tenant_key_for(request)
     context = await db(service.load_context, tenant, req)
     p = service.prepare(req, rt, tenant, context, cache_salt=_cache_salt(request))
+    await structured.constrain(req, rt, [p.gen], format_field="text")
     lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s)
     try:
         if req["store"]:

@@ -17,6 +17,7 @@ from .errors import ApiError, bad_request
 from .fields import (ArrayField, BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .messages import normalize_messages
+from .structured import check_request as check_structured_request
 
 log = logging.getLogger("metrale.api")
 
@@ -96,9 +97,12 @@ class GenerationRequest(serializers.Serializer):
     user = StringField(**opt())
     metadata = MetadataField(**opt())
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
+    response_format = ObjectField(**opt())
+    structured_outputs = ObjectField(**opt())
 
     def validate(self, attrs):
-        """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens."""
+        """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens;
+        response_format / structured_outputs well formed and at most one of them (structured.check_request)."""
         if attrs.get("stop") is None:
             attrs["stop"] = []
         if attrs.get("stream_options") is not None and not attrs["stream"]:
@@ -107,6 +111,7 @@ class GenerationRequest(serializers.Serializer):
         if attrs.get("min_tokens") and max_tokens is not None and attrs["min_tokens"] > max_tokens:
             raise bad_request(f"'min_tokens' ({attrs['min_tokens']}) must not exceed the maximum number of "
                               f"tokens to generate ({max_tokens}).", "min_tokens")
+        check_structured_request(attrs)
         return attrs
 
     @staticmethod
@@ -135,7 +140,6 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice = AnyField(**opt())
     parallel_tool_calls = BooleanField(**opt())
     store = BooleanField(required=False, default=False)
-    response_format = ObjectField(**opt())
     modalities = StringListField(**opt(max_items=4))
     prediction = AnyField(**opt())
     audio = AnyField(**opt())
@@ -162,10 +166,6 @@ class ChatCompletionRequest(GenerationRequest):
         if attrs.get("modalities") and set(attrs["modalities"]) != {"text"}:
             raise bad_request("'modalities' other than 'text' are not supported: this model outputs text only.",
                               "modalities", code="unsupported_parameter")
-        fmt = attrs.get("response_format")
-        if fmt is not None and fmt.get("type") != "text":
-            raise bad_request(f"'response_format' of type {fmt.get('type')!r} is not supported yet; only "
-                              "'text' is.", "response_format", code="unsupported_parameter")
         return attrs
 
 

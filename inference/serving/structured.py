@@ -1,0 +1,216 @@
+"""Structured outputs: the request's response_format / structured_outputs / forced tool_choice -> one grammar.
+
+Sources: OpenAI's structured outputs guide and API reference (`response_format`
+`{"type": "json_object"}` and `{"type": "json_schema", "json_schema": {"name", "schema",
+"strict", "description"}}`; Responses `text.format` with the same fields flat); vLLM's
+`structured_outputs` extension field (`json`, `regex`, `choice`, `grammar`, `json_object`);
+OpenAI's function calling guide for tool_choice "required" and a named function.
+
+Two steps, both before anything runs:
+1. `check_request(attrs)`, from the serializers: shapes, and at most one mode (two modes
+   -> 400 naming both). A forced tool call takes precedence over response_format (that one
+   describes the final answer, which a forced-call turn is not); with structured_outputs it
+   is a 400.
+2. `await constrain(req, rt, inputs)`, in the view after templating: builds the GrammarSpec,
+   compiles it in the grammar worker thread (cached by spec and tokenizer; the event loop and
+   the engine thread never wait on a compile), and sets each choice's
+   `SamplingParams.structured`. A schema or grammar the compiler refuses is a 400 naming the
+   field and the problem. The engine only ever receives compiled grammars.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from django.conf import settings
+
+from inference.engine.grammar import GrammarError, GrammarSpec, StructuredOutput, compiler_for
+
+from .errors import bad_request
+from .reasoning import REASONING_PARSERS, choose_reasoning_parser
+from .tool_grammar import ToolGrammarError, forced_tool_names, tool_call_grammar
+from .tool_parsers import choose_tool_parser
+
+log = logging.getLogger("metrale.api")
+
+STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _schema_of(value, param: str) -> dict | bool:
+    """A JSON schema given as an object, a boolean, or a JSON string holding one (vLLM accepts strings)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise bad_request(f"'{param}' is not valid JSON: {exc}", param) from exc
+    if not isinstance(value, (dict, bool)):
+        raise bad_request(f"'{param}' must be a JSON schema (an object).", param)
+    return value
+
+
+def _response_format_spec(fmt: dict, param: str, flat: bool) -> tuple[GrammarSpec, str] | None:
+    """(spec, param of the schema) of a response_format (chat, completions) or a text.format
+    (Responses, `flat`: the json_schema fields beside type); None for text."""
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return GrammarSpec.json_schema({"type": "object"}), param
+    if kind != "json_schema":
+        raise bad_request(f"'{param}.type' must be text, json_object or json_schema; got {kind!r}.",
+                          f"{param}.type")
+    body = fmt if flat else fmt.get("json_schema")
+    where = param if flat else f"{param}.json_schema"
+    if not isinstance(body, dict):
+        raise bad_request(f"'{where}' is required when '{param}.type' is json_schema.", where)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(f"'{where}.name' must be a non-empty string.", f"{where}.name")
+    if "schema" not in body:
+        raise bad_request(f"'{where}.schema' is required.", f"{where}.schema")
+    return GrammarSpec.json_schema(_schema_of(body["schema"], f"{where}.schema")), f"{where}.schema"
+
+
+def _structured_outputs_spec(so: dict) -> tuple[GrammarSpec, str]:
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+    unknown = sorted(set(so) - set(STRUCTURED_OUTPUT_KEYS))
+    if unknown:
+        raise bad_request(f"'structured_outputs.{unknown[0]}' is not supported; use one of "
+                          f"{', '.join(STRUCTURED_OUTPUT_KEYS)}.", f"structured_outputs.{unknown[0]}",
+                          code="unsupported_parameter")
+    given = [k for k in STRUCTURED_OUTPUT_KEYS if so.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise bad_request("'structured_outputs' must set exactly one of " + ", ".join(STRUCTURED_OUTPUT_KEYS)
+                          + (f"; it sets {' and '.join(given)}." if given else "."), "structured_outputs")
+    key = given[0]
+    value, param = so[key], f"structured_outputs.{key}"
+    if key == "json":
+        return GrammarSpec.json_schema(_schema_of(value, param)), param
+    if key == "json_object":
+        if value is not True:
+            raise bad_request(f"'{param}' must be true.", param)
+        return GrammarSpec.json_schema({"type": "object"}), param
+    if key == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise bad_request(f"'{param}' must be a non-empty array of strings.", param)
+        return GrammarSpec.choice(value), param
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"'{param}' must be a non-empty string.", param)
+    return GrammarSpec("regex" if key == "regex" else "ebnf", value), param
+
+
+def check_request(attrs: dict, *, format_field: str = "response_format") -> None:
+    """Validate the structured-output fields of a request (shapes, one mode). Raises ApiError 400.
+
+    format_field: "response_format" (chat, completions) or "text" (Responses' text.format).
+    """
+    _requested(attrs, format_field)
+
+
+def _requested(attrs: dict, format_field: str) -> tuple[GrammarSpec, str] | None:
+    """(spec, param) of a response_format / text.format / structured_outputs, or None."""
+    specs = []
+    if format_field == "text":
+        fmt = (attrs.get("text") or {}).get("format") or {}
+        found = _response_format_spec(fmt, "text.format", flat=True)
+        if found is not None:
+            specs.append(found)
+    elif attrs.get(format_field) is not None:
+        found = _response_format_spec(attrs[format_field], format_field, flat=False)
+        if found is not None:
+            specs.append(found)
+    if attrs.get("structured_outputs") is not None:
+        specs.append(_structured_outputs_spec(attrs["structured_outputs"]))
+    if len(specs) > 1:
+        raise bad_request(f"Only one structured-output mode may be used per request; this one sets both "
+                          f"'{specs[0][1].split('.')[0]}' and 'structured_outputs'.", "structured_outputs")
+    try:
+        forced = forced_tool_names(attrs.get("tools"), attrs.get("tool_choice"))
+    except ToolGrammarError as exc:
+        raise bad_request(str(exc), "tool_choice") from exc
+    if forced and specs and specs[0][1].startswith("structured_outputs"):
+        raise bad_request("'structured_outputs' cannot be combined with a tool_choice that forces a tool call: "
+                          "only one grammar can constrain the output.", "structured_outputs")
+    return specs[0] if specs else None
+
+
+def _model_type(rt) -> str:
+    config = getattr(getattr(rt.engine, "engine", None), "model_config", None)
+    return getattr(config, "model_type", "") or ""
+
+
+def tool_format_for(rt) -> str | None:
+    """The tool-call format of the served model: METRALE["TOOL_PARSER"] when set, else the one its
+    chat template shows (tool_parsers.choose_tool_parser); None when it shows none."""
+    return settings.METRALE.get("TOOL_PARSER") or choose_tool_parser(_model_type(rt), rt.tokenizer.chat_template)
+
+
+def reasoning_gate(rt, prompt_token_ids: list[int]) -> dict:
+    """StructuredOutput's reasoning fields for a prompt: the grammar waits while the model reasons.
+
+    The model's reasoning parser (METRALE["REASONING_PARSER"], else the one its template shows)
+    gives the tags. A prompt ending in the open tag starts in reasoning; one ending in the close
+    tag (thinking disabled) has no gate; otherwise a single-token open tag may begin the output.
+    """
+    name = settings.METRALE.get("REASONING_PARSER") or choose_reasoning_parser(
+        _model_type(rt), rt.tokenizer.chat_template)
+    if not name or name not in REASONING_PARSERS:
+        return {}
+    cls = REASONING_PARSERS[name]
+    tok = rt.tokenizer
+    end_ids = tuple(tok.encode(cls.end_tag))
+    start_ids = tok.encode(cls.start_tag)
+    tail = tok.decode(prompt_token_ids[-32:], skip_special_tokens=False).rstrip()
+    if tail.endswith(cls.end_tag):
+        return {}
+    if tail.endswith(cls.start_tag):
+        return {"reasoning_end_ids": end_ids, "starts_in_reasoning": True}
+    return {"reasoning_end_ids": end_ids, "reasoning_start_id": start_ids[0] if len(start_ids) == 1 else None}
+
+
+def grammar_spec(req: dict, rt, *, format_field: str = "response_format") -> tuple[GrammarSpec, str] | None:
+    """(spec, param naming the field it came from) for a validated request, or None when unconstrained.
+
+    A forced tool call becomes the tool format's call grammar (tool_grammar.py); a format
+    without a grammar builder stays unconstrained (its parser still reads the calls).
+    """
+    requested = _requested(req, format_field)
+    names = forced_tool_names(req.get("tools"), req.get("tool_choice"))
+    if names:
+        tool_format = tool_format_for(rt)
+        lark = tool_call_grammar(tool_format, req.get("tools"), names,
+                                 parallel=req.get("parallel_tool_calls") is not False) if tool_format else None
+        if lark is not None:
+            return GrammarSpec("lark", lark), "tools"
+        log.debug("tool_choice %r: the tool format %r has no grammar; the call is not constrained",
+                  req.get("tool_choice"), tool_format)
+    return requested
+
+
+async def compile_spec(tokenizer, spec: GrammarSpec, param: str):
+    """The CompiledGrammar for `spec`, compiled off the event loop (cached). Raises ApiError 400
+    naming `param` when the schema or grammar is invalid or uses what the compiler cannot enforce."""
+    try:
+        return await asyncio.wrap_future(compiler_for(tokenizer).submit(spec))
+    except GrammarError as exc:
+        what = {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice list"}.get(
+            spec.kind, "grammar")
+        if param == "tools":
+            what = "tool parameters schema"
+        raise bad_request(f"Invalid {what} in '{param}': {exc}", param) from exc
+
+
+async def constrain(req: dict, rt, inputs, *, format_field: str = "response_format") -> None:
+    """Compile the request's grammar (if any) and attach it to every choice's SamplingParams.
+
+    inputs: pipeline.GenerationInput objects (one per choice); each gets its own
+    StructuredOutput (the engine makes a fresh matcher per sequence). Raises ApiError 400.
+    """
+    found = grammar_spec(req, rt, format_field=format_field)
+    if found is None:
+        return
+    spec, param = found
+    compiled = await compile_spec(rt.tokenizer, spec, param)
+    for gen in inputs:
+        gen.params.structured = StructuredOutput(compiled, **reasoning_gate(rt, gen.prompt_token_ids))
