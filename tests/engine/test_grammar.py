@@ -1,0 +1,141 @@
+"""Grammar compilation, per-sequence grammar state and the sampler's mask, on SmolLM2's tokenizer (no model)."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from inference.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState, StructuredOutput
+from inference.engine.sampler import Sampler
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.sequence import Sequence
+from inference.engine.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    return Tokenizer.from_folder(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def compiler(tok):
+    return GrammarCompiler(tok)
+
+
+def walk(state: GrammarState, tok, text: str, then: tuple[int, ...] = ()) -> bool:
+    out: list[int] = []
+    for t in [*tok.encode(text), *then]:
+        if not state.accept(t, out):
+            return False
+        out.append(t)
+    return True
+
+
+def test_it_caches_a_compiled_grammar_by_spec(compiler):
+    a = compiler.compile(GrammarSpec.json_schema({"type": "object", "properties": {"x": {"type": "integer"}}}))
+    b = compiler.compile(GrammarSpec.json_schema({"type": "object", "properties": {"x": {"type": "integer"}}}))
+    c = compiler.compile(GrammarSpec.json_schema({"type": "object", "properties": {"y": {"type": "integer"}}}))
+    assert a is b and a is not c
+    assert a.compile_s > 0 and a.mask_words == (49152 + 31) // 32
+
+
+@pytest.mark.parametrize("spec, words", [
+    (GrammarSpec.json_schema({"type": "strin"}), "Invalid type"),
+    (GrammarSpec.json_schema({"type": "array", "uniqueItems": True}), "uniqueItems"),
+    (GrammarSpec.json_schema({"$ref": "#/$defs/nope"}), "nope"),
+    (GrammarSpec.json_schema({"type": "string", "format": "zzz"}), "zzz"),
+    (GrammarSpec("regex", "(("), "unclosed group"),
+    (GrammarSpec("lark", "start: missing_rule"), "missing_rule"),
+    (GrammarSpec("ebnf", "root ::= ("), ""),
+])
+def test_it_refuses_what_it_cannot_enforce_naming_the_problem(compiler, spec, words):
+    with pytest.raises(GrammarError) as info:
+        compiler.compile(spec)
+    assert words in str(info.value) and "<state>" not in str(info.value)
+    with pytest.raises(GrammarError):  # a failure is cached too
+        compiler.compile(spec)
+
+
+def test_a_state_follows_valid_tokens_and_finishes_when_complete(compiler, tok):
+    g = compiler.compile(GrammarSpec.choice(["yes", "no"]))
+    state = GrammarState(StructuredOutput(g))
+    assert walk(state, tok, "yes") and state.finished
+    state = GrammarState(StructuredOutput(g))
+    assert walk(state, tok, "ye") is True and not state.finished
+
+
+def test_a_refused_token_is_a_logged_dead_end(compiler, tok, caplog):
+    state = GrammarState(StructuredOutput(compiler.compile(GrammarSpec("regex", "[0-9]+"))), "req-7")
+    with caplog.at_level(logging.WARNING, logger="metrale.engine"):
+        assert state.accept(tok.encode("x")[0], []) is False
+    assert state.dead_end and not state.masks
+    assert "req-7" in caplog.text and "finish_reason stop" in caplog.text
+
+
+def test_the_grammar_waits_for_the_reasoning_close_tag(compiler, tok):
+    g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
+    end = tuple(tok.encode("</think>"))
+    state = GrammarState(StructuredOutput(g, reasoning_end_ids=end, starts_in_reasoning=True))
+    assert not state.masks
+    assert walk(state, tok, "Let me think: 1 2 x", then=end)
+    assert state.gate == "on" and state.masks
+    assert walk(state, tok, "42") and not walk(state, tok, "x")
+
+
+def test_a_model_may_open_reasoning_with_its_first_token(compiler, tok):
+    g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
+    start = tok.encode("<|im_start|>")[0]  # a single-token tag stands in for <think>
+    end = tuple(tok.encode("</think>"))
+    opened = GrammarState(StructuredOutput(g, reasoning_end_ids=end, reasoning_start_id=start))
+    row = np.zeros(g.mask_words, dtype=np.uint32)
+    opened.fill_mask(row)
+    assert row[start // 32] >> (start % 32) & 1
+    assert opened.accept(start, []) and opened.gate == "reasoning"
+    direct = GrammarState(StructuredOutput(g, reasoning_end_ids=end, reasoning_start_id=start))
+    assert walk(direct, tok, "7") and direct.gate == "on"
+
+
+def seq(params, prompt=(5, 6, 7), output=(), request_id="r"):
+    s = Sequence(request_id, list(prompt), params)
+    s.token_ids.extend(output)
+    if params.structured is not None:
+        s.grammar = GrammarState(params.structured)
+    return s
+
+
+def test_the_mask_touches_only_constrained_rows(compiler, tok):
+    g = compiler.compile(GrammarSpec.choice(["yes", "no"]))
+    v = 49152 + 64  # a padded embedding: ids past the tokenizer's vocabulary are never allowed
+    logits = torch.randn(3, v, generator=torch.Generator().manual_seed(0))
+    plain = SamplingParams(temperature=0)
+    constrained = SamplingParams(temperature=0, structured=StructuredOutput(g))
+    seqs = [seq(plain), seq(constrained), seq(plain)]
+    out = Sampler([2]).process(logits, seqs)
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
+    allowed = set(torch.isfinite(out[1]).nonzero().flatten().tolist())
+    assert allowed and all(("yes".startswith(tok.decode([t])) or "no".startswith(tok.decode([t])))
+                           for t in allowed)
+    assert not any(t >= 49152 for t in allowed)
+
+
+def test_truncation_chooses_among_allowed_tokens_only(compiler, tok):
+    """The mask comes before top_k / top_p: top_k=1 of a masked row is its best allowed token."""
+    g = compiler.compile(GrammarSpec("regex", "[0-9]"))
+    logits = torch.zeros(2, 49152)
+    logits[:, tok.encode("x")[0]] = 50.0  # the unconstrained favourite, forbidden by the grammar
+    digit = tok.encode("7")[0]
+    logits[:, digit] = 5.0
+    params = SamplingParams(temperature=1.0, top_k=1, seed=3, structured=StructuredOutput(g))
+    seqs = [seq(params), seq(SamplingParams(temperature=0, structured=StructuredOutput(g)))]
+    result = Sampler([2]).__call__(logits, seqs)
+    assert result.token_ids == [digit, digit]
+
+
+def test_eos_is_allowed_only_once_the_grammar_is_complete(compiler, tok):
+    g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
+    s = seq(SamplingParams(temperature=0, structured=StructuredOutput(g)))
+    row = Sampler([2]).process(torch.zeros(1, 49152), [s])[0]
+    assert not torch.isfinite(row[2])
+    assert walk(s.grammar, tok, "1") and not s.grammar.finished
+    row = Sampler([2]).process(torch.zeros(1, 49152), [s])[0]
+    assert torch.isfinite(row[2]) and torch.isfinite(row[tok.encode("5")[0]])
