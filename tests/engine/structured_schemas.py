@@ -1,23 +1,29 @@
 """Thirty JSON schemas of increasing difficulty, each with a prompt that asks for it (the acceptance set).
 
-Strings and arrays are bounded (maxLength, maxItems) so that a small model's output
-always fits in the test's token budget; that bound is part of what the grammar enforces.
+Strings and arrays are bounded (maxLength, maxItems) and objects closed
+(additionalProperties false) so that a small model's output always fits in the test's
+token budget: an open object lets a 135M model add keys until max_tokens. Those bounds are
+part of what the grammar enforces.
 """
 from __future__ import annotations
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 20}
 SHORT = {"type": "string", "maxLength": 16}
+CLOSED = {"additionalProperties": False}
 
 SCHEMAS: list[tuple[str, dict]] = [
-    ("a city", {"type": "object", "properties": {"city": NAME}, "required": ["city"]}),
-    ("a year", {"type": "object", "properties": {"year": {"type": "integer"}}, "required": ["year"]}),
-    ("a yes/no answer", {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]}),
+    ("a city", {"type": "object", "properties": {"city": NAME}, "required": ["city"], **CLOSED}),
+    ("a year", {"type": "object", "properties": {"year": {"type": "integer", "minimum": 1000, "maximum": 2100}},
+                    "required": ["year"], **CLOSED}),
+    ("a yes/no answer", {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"],
+                         **CLOSED}),
     ("a temperature in Celsius",
      {"type": "object", "properties": {"celsius": {"type": "number", "minimum": -50, "maximum": 60}},
-      "required": ["celsius"]}),
-    ("a color", {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]}),
+      "required": ["celsius"], **CLOSED}),
+    ("a color", {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"],
+               **CLOSED}),
     ("a version tag", {"type": "object", "properties": {"version": {"const": "v1"}, "ok": {"type": "boolean"}},
-                       "required": ["version", "ok"]}),
+                       "required": ["version", "ok"], **CLOSED}),
     ("a person", {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0,
                                                                          "maximum": 120}},
                   "required": ["name", "age"], "additionalProperties": False}),
@@ -42,21 +48,21 @@ SCHEMAS: list[tuple[str, dict]] = [
       "required": ["user", "address"], "additionalProperties": False}),
     ("a country code", {"type": "object", "properties": {"code": {"type": "string", "minLength": 2,
                                                                   "maxLength": 3}},
-                        "required": ["code"]}),
+                        "required": ["code"], **CLOSED}),
     ("a percentage",
      {"type": "object", "properties": {"percent": {"type": "integer", "exclusiveMinimum": 0,
                                                    "exclusiveMaximum": 100}},
-      "required": ["percent"]}),
+      "required": ["percent"], **CLOSED}),
     ("a price", {"type": "object", "properties": {"price": {"type": "number", "exclusiveMinimum": 0,
                                                             "maximum": 1000}},
                  "required": ["price"], "additionalProperties": False}),
     ("a US zip code", {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                       "required": ["zip"]}),
+                       "required": ["zip"], **CLOSED}),
     ("a date", {"type": "object", "properties": {"date": {"type": "string", "format": "date"}},
-                "required": ["date"]}),
+                "required": ["date"], **CLOSED}),
     ("an email address", {"type": "object", "properties": {"email": {"type": "string", "format": "email",
                                                                      "maxLength": 40}},
-                          "required": ["email"]}),
+                          "required": ["email"], **CLOSED}),
     ("an event with an id and a time",
      {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
                                        "at": {"type": "string", "format": "date-time"}},
@@ -64,7 +70,7 @@ SCHEMAS: list[tuple[str, dict]] = [
     ("an id that is a string or a number",
      {"type": "object", "properties": {"id": {"anyOf": [SHORT, {"type": "integer", "minimum": 0,
                                                                  "maximum": 10**6}]}},
-      "required": ["id"]}),
+      "required": ["id"], **CLOSED}),
     ("a shape (circle or square)",
      {"type": "object", "properties": {"shape": {"anyOf": [
          {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0,
@@ -76,7 +82,7 @@ SCHEMAS: list[tuple[str, dict]] = [
       "required": ["shape"], "additionalProperties": False}),
     ("a nickname that may be null",
      {"type": "object", "properties": {"nickname": {"type": ["string", "null"], "maxLength": 16}},
-      "required": ["nickname"]}),
+      "required": ["nickname"], **CLOSED}),
     ("a pet (defined once, used twice)",
      {"$defs": {"pet": {"type": "object", "properties": {"name": NAME, "species": {"enum": ["cat", "dog"]}},
                         "required": ["name", "species"], "additionalProperties": False}},
@@ -97,7 +103,8 @@ SCHEMAS: list[tuple[str, dict]] = [
          "required": ["sku", "qty"], "additionalProperties": False}}},
       "required": ["products"], "additionalProperties": False}),
     ("a setting",
-     {"type": "object", "properties": {"value": {"enum": ["auto", 0, 1, True, None]}}, "required": ["value"]}),
+     {"type": "object", "properties": {"value": {"enum": ["auto", 0, 1, True, None]}}, "required": ["value"],
+      **CLOSED}),
     ("a 2x2 matrix",
      {"type": "object", "properties": {"matrix": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
          "type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": -9, "maximum": 9}}}},
