@@ -1,0 +1,115 @@
+"""Structured-output fields through the whole stack (scripted engine): each choice gets the compiled grammar."""
+import json
+
+import pytest
+
+from inference.engine.grammar import GrammarSpec
+from inference.serving import structured
+
+from .fake_engine import call, reply
+from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
+
+USER = [{"role": "user", "content": "hi"}]
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+          "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "add", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+
+def chat(**body):
+    return call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, **body})
+
+
+def specs(fake_rt) -> list:
+    return [s.params.structured.grammar.spec if s.params.structured else None for s in fake_rt.engine.submissions]
+
+
+def test_json_schema_reaches_every_choice_compiled(fake_rt):
+    fake_rt.engine.script = reply(fake_rt.tokenizer, '{"city": "Paris"}')
+    body = chat(n=2, response_format={"type": "json_schema", "json_schema": {
+        "name": "place", "schema": SCHEMA, "strict": True}}).json()
+    assert [c["message"]["content"] for c in body["choices"]] == ['{"city": "Paris"}'] * 2
+    assert specs(fake_rt) == [GrammarSpec.json_schema(SCHEMA)] * 2
+    a, b = (s.params.structured for s in fake_rt.engine.submissions)
+    assert a.grammar is b.grammar  # one compile, cached; each sequence gets its own matcher in the engine
+
+
+@pytest.mark.parametrize("field, spec", [
+    ({"response_format": {"type": "json_object"}}, GrammarSpec.json_schema({"type": "object"})),
+    ({"structured_outputs": {"json_object": True}}, GrammarSpec.json_schema({"type": "object"})),
+    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, GrammarSpec.json_schema(SCHEMA)),
+    ({"structured_outputs": {"regex": "[a-z]+"}}, GrammarSpec("regex", "[a-z]+")),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, GrammarSpec.choice(["yes", "no"])),
+    ({"structured_outputs": {"grammar": 'root ::= "a"+'}}, GrammarSpec("ebnf", 'root ::= "a"+')),
+    ({"response_format": {"type": "text"}}, None),
+    ({"tools": TOOLS, "tool_choice": "required"}, None),  # SmolLM2's template shows no tool format
+])
+def test_each_mode_becomes_its_spec(fake_rt, field, spec):
+    assert chat(**field).status == 200
+    assert specs(fake_rt) == [spec]
+
+
+def test_completions_take_response_format_and_structured_outputs(fake_rt):
+    r = call("POST", "/v1/completions", {"model": "m", "prompt": "x", "structured_outputs": {"choice": ["a", "b"]}})
+    assert r.status == 200, r.body
+    r = call("POST", "/v1/completions", {"model": "m", "prompt": ["x", "y"],
+                                         "response_format": {"type": "json_object"}})
+    assert r.status == 200, r.body
+    assert specs(fake_rt) == [GrammarSpec.choice(["a", "b"])] + [GrammarSpec.json_schema({"type": "object"})] * 2
+
+
+@pytest.mark.parametrize("tool_format, marker", [("hermes", "<tool_call>"), ("llama3_json", '"parameters"')])
+def test_a_forced_tool_call_compiles_the_tool_formats_grammar(fake_rt, settings, tool_format, marker):
+    settings.METRALE = {**settings.METRALE, "TOOL_PARSER": tool_format}
+    assert chat(tools=TOOLS, tool_choice="required").status == 200
+    assert chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}).status == 200
+    assert chat(tools=TOOLS, tool_choice="auto").status == 200
+    required, named, auto = specs(fake_rt)
+    assert required.kind == "lark" and marker in required.text and '"get_weather"' in required.text
+    assert '"add"' in named.text and '"get_weather"' not in named.text
+    assert auto is None
+    # response_format describes the final answer; a forced call turn follows the tool grammar.
+    assert chat(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}).status == 200
+    assert specs(fake_rt)[-1] == required
+    bad = chat(tools=TOOLS, tool_choice="required", structured_outputs={"regex": "x"})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "structured_outputs"
+
+
+def test_a_bad_tool_parameters_schema_is_a_400(fake_rt, settings):
+    settings.METRALE = {**settings.METRALE, "TOOL_PARSER": "hermes"}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "array", "uniqueItems": True}}}}}]
+    r = chat(tools=tools, tool_choice="required")
+    assert r.status == 400
+    err = r.json()["error"]
+    assert err["param"] == "tools" and "uniqueItems" in err["message"]
+
+
+def test_the_error_names_the_field_and_the_problem(fake_rt):
+    r = chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["n"]}}})
+    assert r.status == 400
+    err = r.json()["error"]
+    assert err["param"] == "response_format.json_schema.schema"
+    assert "required property 'n' is unsatisfiable" in err["message"]
+    assert not fake_rt.engine.submissions  # nothing ran
+
+
+def test_the_reasoning_gate_follows_the_prompt(smollm2_tokenizer, settings):
+    settings.METRALE = {**settings.METRALE, "REASONING_PARSER": "think"}
+
+    class Rt:
+        tokenizer = smollm2_tokenizer
+        engine = None
+
+    tok = smollm2_tokenizer
+    end = tuple(tok.encode("</think>"))
+    opened = structured.reasoning_gate(Rt, tok.encode("<|im_start|>assistant\n<think>\n"))
+    assert opened == {"reasoning_end_ids": end, "starts_in_reasoning": True}
+    assert structured.reasoning_gate(Rt, tok.encode("assistant\n<think>\n\n</think>\n\n")) == {}
+    # `<think>` is several tokens in SmolLM2's vocabulary: the model cannot open it past the grammar.
+    assert structured.reasoning_gate(Rt, tok.encode("assistant\n")) == {"reasoning_end_ids": end,
+                                                                         "reasoning_start_id": None}
+    settings.METRALE = {**settings.METRALE, "REASONING_PARSER": None}
+    assert structured.reasoning_gate(Rt, tok.encode("assistant\n<think>\n")) == {}
