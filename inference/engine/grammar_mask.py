@@ -24,10 +24,12 @@ def apply_grammar_masks(logits: torch.Tensor, seqs) -> None:
     states = [seqs[i].grammar for i in rows]
     words = max(s.structured.grammar.mask_words for s in states)
     bits = fill_masks(states, words)
-    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+    # Bit t of the little-endian words is token t; unpacked 0/1 bytes are valid torch bools.
+    forbid_bytes = np.unpackbits((~bits).view(np.uint8), axis=1, bitorder="little")
     v = logits.shape[1]
-    if allowed.shape[1] < v:
-        allowed = np.pad(allowed, ((0, 0), (0, v - allowed.shape[1])))
-    forbid = torch.from_numpy(allowed[:, :v] == 0).to(logits.device)
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(forbid, float("-inf"))
+    width = min(v, forbid_bytes.shape[1])
+    forbid = torch.from_numpy(forbid_bytes[:, :width]).view(torch.bool).to(logits.device)
+    for r, i in enumerate(rows):  # in place, row by row: no gather / scatter copies of [rows, V]
+        logits[i, :width].masked_fill_(forbid[r], float("-inf"))
+        if width < v:
+            logits[i, width:] = float("-inf")

@@ -17,7 +17,7 @@ from inference.engine.tokenizer import Tokenizer
 from inference.serving.tool_grammar import tool_call_grammar
 from inference.serving.tool_parsers import make_tool_parser
 
-from .structured_schemas import SCHEMAS
+from inference.bench.json_schemas import SCHEMAS
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""Thirty JSON schemas of increasing difficulty, each with a prompt that asks for it (the acceptance set).
+"""Thirty JSON schemas of increasing difficulty, each with what to ask for (issue 6's acceptance set; the
+structured-output tests and `manage.py bench_structured` use it).
 
 Strings and arrays are bounded (maxLength, maxItems) and objects closed
 (additionalProperties false) so that a small model's output always fits in the test's
