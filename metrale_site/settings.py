@@ -159,6 +159,9 @@ METRALE = {
     "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", 64),
     "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", 512),
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
+    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only) or the model's
+    # weights ("model": exact float, slower at small batches).
+    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS", "int8"),
     # torch intra-op threads for the engine; None: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
     # Load the model when the ASGI application starts (else on first use).
