@@ -84,9 +84,19 @@ def test_it_keeps_logits_close_with_a_bfloat16_kv_cache(tmp_path):
 
 def test_it_keeps_int8_decode_close_to_float32_on_smollm2(smollm2_dir):
     """The int8 decode path is lossy by design (METRALE_DECODE_WEIGHTS=model is exact); this bounds the loss."""
-    prompt, decode = list(range(1000, 1064)), list(range(2000, 2032))
+    from inference.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(smollm2_dir)
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
+    decode = tok.encode("The capital of France is Paris. It is famous for the Eiffel Tower and the Louvre museum.")
+    n = len(prompt)
     exact = run_ours(smollm2_dir, prompt, decode)
     fast = run_ours(smollm2_dir, prompt, decode, int8_decode=True)
-    assert torch.equal(exact[:64], fast[:64])  # prefill rows keep the float32 weights
-    assert (exact[64:] - fast[64:]).abs().max().item() <= 1.5
-    assert (exact[64:].argmax(-1) == fast[64:].argmax(-1)).float().mean().item() >= 0.85
+    assert torch.equal(exact[:n], fast[:n])  # prefill rows keep the float32 weights
+    err = (exact[n:] - fast[n:]).abs().max().item()
+    assert err <= 1.5
+    # Wherever the exact top-1 leads by more than twice the error, the int8 path picks it too.
+    top2 = exact[n:].topk(2, dim=-1).values
+    confident = (top2[:, 0] - top2[:, 1]) > 2 * err
+    assert confident.sum() >= 3
+    assert torch.equal(exact[n:].argmax(-1)[confident], fast[n:].argmax(-1)[confident])
