@@ -64,6 +64,9 @@ class Command(BaseCommand):
                 rows.append(RunSummary.of("offline", c, timings, wall))
                 out(self._row(dtype, rows[-1]))
             ae.stop()
+            total = sum(engine.phase_s.values())
+            out(f"{dtype:<9} offline step time ({engine.num_steps} steps, {total:.1f} s): " + ", ".join(
+                f"{name} {seconds / total:.0%}" for name, seconds in engine.phase_s.items()))
             del ae, engine
             prefix = None
             if not skip_http:
