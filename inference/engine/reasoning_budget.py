@@ -19,8 +19,10 @@ engine knows nothing about text.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # no torch import at runtime: serving builds ReasoningBudget without torch
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
