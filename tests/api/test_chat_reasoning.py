@@ -124,3 +124,16 @@ def test_the_reasoning_parser_setting_is_honoured(fake_rt, settings):
     message = chat(thinking_token_budget=8).json()["choices"][0]["message"]
     assert message["reasoning_content"] == "hm" and message["content"] == "4"
     assert budget_of(fake_rt).max_tokens == 8 and not budget_of(fake_rt).starts_in_reasoning
+
+
+def test_token_ids_cover_every_token_and_logprobs_only_content_tokens(thinking_rt):
+    tok = thinking_rt.tokenizer
+    text = "Two and two make four.\n</think>\n\nThe answer is 4."
+    thinking_rt.engine.script = reply(tok, text)
+    events = chat(stream=True, return_token_ids=True, logprobs=True).events()
+    choices = [e["choices"][0] for e in events if isinstance(e, dict) and e.get("choices")]
+    assert [i for c in choices for i in c.get("token_ids") or []] == tok.encode(text)
+    entries = [e for c in choices if c["logprobs"] for e in c["logprobs"]["content"]]
+    assert "".join(e["token"] for e in entries) == "\n\nThe answer is 4."
+    body = chat(logprobs=True).json()
+    assert "".join(e["token"] for e in body["choices"][0]["logprobs"]["content"]) == "\n\nThe answer is 4."
