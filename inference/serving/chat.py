@@ -73,7 +73,8 @@ def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") 
     """Template and tokenize a validated request and build its engine inputs.
 
     request_id: the engine requests' ids are `<request_id>-<choice>`. cache_salt: the tenant's
-    prefix-cache salt.
+    prefix-cache salt. Each input carries how its text is parsed (reasoning and tool-call parsers,
+    text_setup.py) and the engine's reasoning cap from the thinking controls (thinking.py).
 
     Raises ApiError: 404 for an unknown model name, 400 when the template fails, a token id is out
     of the vocabulary, or prompt + max_tokens exceed the context (with the numbers).
