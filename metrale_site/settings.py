@@ -168,6 +168,14 @@ METRALE = {
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
     # Seconds a request may run when it sets no `timeout`.
     "REQUEST_TIMEOUT_S": envfloat("METRALE_REQUEST_TIMEOUT_S", 600.0),
+    # Tool-call parser (hermes, qwen3_coder, llama3_json, mistral, pythonic, poolside_v1, glm47, or
+    # "none"); unset: chosen from the model's chat template and model_type, hermes for a model with
+    # none when a request has tools (README, "Tools and reasoning").
+    "TOOL_CALL_PARSER": envstr("METRALE_TOOL_CALL_PARSER"),
+    # Reasoning parser (think, mistral, glm47 and aliases, or "none"); unset: chosen from the model.
+    "REASONING_PARSER": envstr("METRALE_REASONING_PARSER"),
+    # Tool calls one response may make; the opener of one more ends the response.
+    "MAX_TOOL_CALLS_PER_RESPONSE": envint("METRALE_MAX_TOOL_CALLS_PER_RESPONSE", 12),
     # Log every engine step's batch composition (used by tests and the bench).
     "STEP_LOG": envbool("METRALE_STEP_LOG", False),
     # Require `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize. Off: every
