@@ -1,5 +1,5 @@
-"""System checks for auth and rate limiting (ids metrale.W001, metrale.W002)."""
-from django.core.checks import Warning, register
+"""System checks for auth, rate limiting and the parser settings (ids metrale.W001, W002, E001)."""
+from django.core.checks import Error, Warning, register
 from django.core.cache import caches
 from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -42,3 +42,11 @@ def check_guarded_routes(app_configs, **kwargs):
         for route, view in guarded_routes()
         if not getattr(view, "openai_endpoint", False)
     ]
+
+
+@register()
+def check_parser_settings(app_configs, **kwargs):
+    """E001: METRALE_TOOL_CALL_PARSER or METRALE_REASONING_PARSER names no known parser."""
+    from .serving.text_setup import check_parser_names
+
+    return [Error(problem, id="metrale.E001") for problem in check_parser_names()]

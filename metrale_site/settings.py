@@ -159,12 +159,23 @@ METRALE = {
     "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", 64),
     "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", 512),
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
+    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only) or the model's
+    # weights ("model": exact float, slower at small batches).
+    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS", "int8"),
     # torch intra-op threads for the engine; None: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
     # Load the model when the ASGI application starts (else on first use).
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
     # Seconds a request may run when it sets no `timeout`.
     "REQUEST_TIMEOUT_S": envfloat("METRALE_REQUEST_TIMEOUT_S", 600.0),
+    # Tool-call parser (hermes, qwen3_coder, llama3_json, mistral, pythonic, poolside_v1, glm47, or
+    # "none"); unset: chosen from the model's chat template and model_type, hermes for a model with
+    # none when a request has tools (README, "Tools and reasoning").
+    "TOOL_CALL_PARSER": envstr("METRALE_TOOL_CALL_PARSER"),
+    # Reasoning parser (think, mistral, glm47 and aliases, or "none"); unset: chosen from the model.
+    "REASONING_PARSER": envstr("METRALE_REASONING_PARSER"),
+    # Tool calls one response may make; the opener of one more ends the response.
+    "MAX_TOOL_CALLS_PER_RESPONSE": envint("METRALE_MAX_TOOL_CALLS_PER_RESPONSE", 12),
     # Log every engine step's batch composition (used by tests and the bench).
     "STEP_LOG": envbool("METRALE_STEP_LOG", False),
     # Require `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize. Off: every

@@ -8,6 +8,7 @@ Rules (OpenAI's Responses <-> Chat Completions mapping, as vLLM applies it):
 - a function_call_output becomes a tool message with its `tool_call_id`;
 - reasoning items are dropped from the prompt (the model reasons afresh each turn).
 Earlier `instructions` never reach here: only the current request's become the system message.
+Tools and earlier calls reach the prompt through inference.serving.tool_prompt, as on chat.
 """
 
 from __future__ import annotations
@@ -49,31 +50,3 @@ def items_to_messages(items: list[dict]) -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": item["output"]})
     return messages
-
-
-def template_renders_tool_calls(chat_template: str | None) -> bool:
-    """Whether a chat template reads `tool_calls` (else it would drop calls from the prompt)."""
-    return "tool_calls" in (chat_template or "")
-
-
-def fold_tool_calls(messages: list[dict]) -> list[dict]:
-    """Messages for a template that ignores `tool_calls`: each call is written into its
-    assistant message's content as `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`
-    (the Hermes format, which is also what the hermes tool parser reads back), so the model
-    still sees the calls it made. Tool messages are kept; templates render their role as is.
-    """
-    out = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if not calls:
-            out.append(message)
-            continue
-        written = [
-            "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
-                                          "arguments": c["function"]["arguments"]},
-                                         ensure_ascii=False) + "\n</tool_call>"
-            for c in calls
-        ]
-        content = "\n".join(([message["content"]] if message["content"] else []) + written)
-        out.append({"role": "assistant", "content": content})
-    return out

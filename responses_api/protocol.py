@@ -38,6 +38,8 @@ SAMPLING_EXTENSIONS = (
     "top_k", "min_p", "top_n_sigma", "seed", "stop", "ignore_eos", "include_stop_str_in_output",
     "min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
     "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    # Thinking controls (inference.serving.thinking), with `reasoning.effort` below them.
+    "thinking", "thinking_token_budget", "max_thinking_tokens", "thinking_budget",
 )
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",

@@ -27,10 +27,13 @@ from inference.serving.sampling import context_limit, defaults_for, sampling_par
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.pipeline import GenerationInput, generate
+from inference.serving.text_setup import TextSetup, text_setup
+from inference.serving.thinking import resolve_thinking
+from inference.serving.tool_prompt import prompt_messages
 
 from . import live, store
 from .encoder import EncoderError, ResponsesEventEncoder, outcome, responses_usage
-from .items import fold_tool_calls, items_to_messages, template_renders_tool_calls
+from .items import items_to_messages
 from .models import new_id
 
 log = logging.getLogger("metrale.responses")
@@ -79,12 +82,23 @@ def _chat_tools(tools: list[dict]) -> list[dict]:
     return out
 
 
-def _messages(req: dict, items: list[dict], chat_template: str | None) -> list[dict]:
+def _chat_tool_choice(choice):
+    """tool_choice in the chat form the serving layer uses ({type, function: {name}} for a name)."""
+    if isinstance(choice, dict):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+def _setup(rt, req: dict) -> TextSetup:
+    thinking = resolve_thinking(req, effort=(req["reasoning"] or {}).get("effort"))
+    return text_setup(rt, _chat_tools(req["tools"]) or None, _chat_tool_choice(req["tool_choice"]),
+                      req["parallel_tool_calls"], thinking, max_calls=req["max_tool_calls"])
+
+
+def _messages(req: dict, items: list[dict]) -> list[dict]:
     messages = items_to_messages(items)
     if req["instructions"]:
         messages.insert(0, {"role": "system", "content": req["instructions"]})
-    if not template_renders_tool_calls(chat_template):
-        messages = fold_tool_calls(messages)
     return messages
 
 
@@ -100,19 +114,17 @@ def _drop_oldest(messages: list[dict]) -> list[dict] | None:
     return messages[:first] + rest
 
 
-def _render(rt, messages: list[dict], req: dict) -> list[int]:
-    kwargs = {}
-    effort = (req["reasoning"] or {}).get("effort")
-    if effort is not None:
-        kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none"}
-    tools = _chat_tools(req["tools"]) if req["tool_choice"] != "none" else []
+def _render(rt, messages: list[dict], setup: TextSetup) -> str:
+    """The prompt text: tools and earlier calls as the chat surface gives them (tool_prompt.py),
+    the thinking choice as template variables."""
+    messages, tools = prompt_messages(messages, setup.tools, setup.tool_choice, setup.parallel_tool_calls,
+                                      rt.tokenizer.chat_template)
     try:
-        prompt = rt.tokenizer.apply_chat_template(messages, tools=tools or None,
-                                                  add_generation_prompt=True, **kwargs)
+        return rt.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                **setup.thinking.template_kwargs())
     except ChatTemplateError as exc:
         raise bad_request(f"The chat template could not render this input: {exc}",
                           param="input") from exc
-    return rt.tokenizer.encode(prompt)
 
 
 def prepare(req: dict, rt, tenant_key: str, context: list[dict],
@@ -130,17 +142,20 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict],
             if item["id"] in known:
                 raise bad_request(f"An item with id '{item['id']}' is already in the "
                                   "conversation.", f"input[{i}].id", code="duplicate_item_id")
-    messages = _messages(req, context + req["input"], rt.tokenizer.chat_template)
+    messages = _messages(req, context + req["input"])
     if not messages:
         raise bad_request("'input' must not be empty when there is no earlier context.", "input")
+    setup = _setup(rt, req)
     max_len = context_limit(rt.engine)
     wanted = req["max_output_tokens"] or 1
-    prompt_ids = _render(rt, messages, req)
+    prompt_text = _render(rt, messages, setup)
+    prompt_ids = rt.tokenizer.encode(prompt_text)
     while len(prompt_ids) + wanted > max_len and req["truncation"] == "auto":
         messages = _drop_oldest(messages)
         if messages is None:
             break
-        prompt_ids = _render(rt, messages, req)
+        prompt_text = _render(rt, messages, setup)
+        prompt_ids = rt.tokenizer.encode(prompt_text)
     if len(prompt_ids) + wanted > max_len:
         raise ApiError(
             400, f"This model's maximum context length is {max_len} tokens. However, the input "
@@ -151,11 +166,12 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict],
     response_id = new_id("resp")
     defaults = defaults_for(rt.model_path)
     max_tokens = req["max_output_tokens"] or max(1, max_len - len(prompt_ids))
-    params = sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer, defaults=defaults)
+    params = sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer, defaults=defaults,
+                             reasoning_budget=setup.reasoning_budget(rt.tokenizer, prompt_text))
     gen = GenerationInput(prompt_ids, params, stop=req.get("stop") or [],
                           include_stop_str_in_output=req.get("include_stop_str_in_output", False),
                           timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id,
-                          cache_salt=cache_salt)
+                          cache_salt=cache_salt, text=setup.spec(prompt_text))
     body = response_object(response_id, req, req["model"] or rt.model_id,
                            "queued" if req["background"] else "in_progress")
     return PreparedResponse(response_id, tenant_key, req, req["input"], gen, body)

@@ -5,6 +5,8 @@ import os
 # Tests never reach the HF hub; set before anything imports huggingface_hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# As the engine sets it (inference/engine/__init__.py): idle OpenMP workers sleep at once.
+os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 from pathlib import Path
 

@@ -103,6 +103,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
+        # Where step time goes, in seconds summed over all steps (see bench's per-step report).
+        self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
         self.num_steps = 0
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
@@ -141,9 +143,11 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Schedule, run one forward for the whole batch, sample, and retire finished sequences."""
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        t1 = time.perf_counter()
         self.num_steps += 1
         self.step_log.append((batch.num_decodes, len(batch.items) - batch.num_decodes, batch.num_tokens))
         if self.config.step_log:
@@ -172,6 +176,11 @@ class LLMEngine:
             if reason:
                 self.scheduler.finish(seq, reason)
             outputs.append(StepOutput(seq, token, logprobs, reason is not None))
+        phases = self.phase_s
+        phases["schedule"] += t1 - t0
+        for name, seconds in self.runner.last_phase_s.items():
+            phases[name] += seconds
+        phases["postprocess"] += time.perf_counter() - t1 - sum(self.runner.last_phase_s.values())
         return outputs
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:

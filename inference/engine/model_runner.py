@@ -1,6 +1,8 @@
 """ModelRunner: the only code that builds tensors. A scheduled batch in, sampled tokens out."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .config import ModelConfig
@@ -29,6 +31,8 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.sampler = Sampler(eos_token_ids, seed)
+        # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
+        self.last_phase_s: dict[str, float] = {}
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
@@ -88,14 +92,22 @@ class ModelRunner:
         Sequences that asked for prompt_logprobs get this chunk's entries appended to
         `seq.prompt_logprobs` (None for the first prompt token, as vLLM reports it).
         """
+        t0 = time.perf_counter()
         input_ids, positions, meta, sample_rows = self.prepare(batch)
+        t1 = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         self._prompt_logprobs(batch, hidden)
-        if not sample_rows:
-            return None
-        logits = self.model.compute_logits(hidden[sample_rows], batch.num_decodes)
-        sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
-        return self.sampler(logits, sampling)
+        result = None
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[sample_rows], batch.num_decodes)
+            t2 = time.perf_counter()
+            sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
+            result = self.sampler(logits, sampling)
+        else:
+            t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        self.last_phase_s = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
+        return result
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
         row = 0

@@ -19,6 +19,7 @@ import torch
 
 from .grammar_mask import apply_grammar_masks
 from .penalties import apply_dry, apply_penalties
+from .reasoning_budget import force_reasoning_end
 from .sequence import Sequence
 
 NEG_INF_LOGPROB = -9999.0
@@ -97,6 +98,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits: float32 [B, V], one row per sequence in `seqs`. Returns one token per row."""
         processed = self.process(logits, seqs)
+        force_reasoning_end(processed, seqs)
         b, v = processed.shape
         params = [s.params for s in seqs]
         greedy = torch.tensor([p.greedy for p in params], device=processed.device)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .reasoning_budget import ReasoningBudget
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -46,6 +48,8 @@ class SamplingParams:
     # Token ids that stop a DRY match (serving maps llama.cpp's default breakers "\n", ":", "\"", "*"
     # to the ids of tokens containing them); None: no breakers.
     dry_sequence_breaker_ids: frozenset[int] | None = None
+    # Reasoning cap (reasoning_budget.py): the close tag is forced after max_tokens reasoning tokens.
+    reasoning_budget: ReasoningBudget | None = None
 
     def __post_init__(self):
         if self.temperature < 0:

@@ -46,6 +46,8 @@ class Sequence:
     generator: object = None
     # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.
     prompt_logprobs: list | None = None
+    # reasoning_budget.ReasoningTracker, made on the first draw when params.reasoning_budget is set.
+    reasoning_tracker: object = None
 
     def __post_init__(self):
         if not self.token_ids:

@@ -19,9 +19,11 @@ from .deltas import Content, Error, Finish, Usage
 from .errors import ApiError
 from .model_names import check_model
 from .pipeline import GenerationInput
-from .prompts import chat_prompt_ids, echo_text
+from .prompts import echo_text, render_chat
 from .protocol import ChatCompletionRequest, parse_json_body, validate
 from .sampling import context_limit, defaults_for, resolve_max_tokens, sampling_params, timeout_for
+from .text_setup import text_setup
+from .thinking import resolve_thinking
 
 log = logging.getLogger("metrale.api")
 
@@ -71,13 +73,19 @@ def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") 
     """Template and tokenize a validated request and build its engine inputs.
 
     request_id: the engine requests' ids are `<request_id>-<choice>`. cache_salt: the tenant's
-    prefix-cache salt.
+    prefix-cache salt. Each input carries how its text is parsed (reasoning and tool-call parsers,
+    text_setup.py) and the engine's reasoning cap from the thinking controls (thinking.py).
 
     Raises ApiError: 404 for an unknown model name, 400 when the template fails, a token id is out
     of the vocabulary, or prompt + max_tokens exceed the context (with the numbers).
     """
     check_model(req.get("model", ""), rt.model_id)
-    prompt_ids = chat_prompt_ids(rt.tokenizer, req)
+    setup = text_setup(rt, req.get("tools"), req.get("tool_choice"), req.get("parallel_tool_calls"),
+                       resolve_thinking(req))
+    prompt_text = render_chat(rt.tokenizer, req)
+    prompt_ids = rt.tokenizer.encode(prompt_text)
+    text_spec = setup.spec(prompt_text)
+    budget = setup.reasoning_budget(rt.tokenizer, prompt_text)
     defaults = defaults_for(rt.model_path)
     max_tokens = resolve_max_tokens(ChatCompletionRequest.max_tokens_of(req), defaults.get("max_tokens"),
                                     len(prompt_ids), context_limit(rt.engine))
@@ -85,10 +93,11 @@ def prepare(req: dict, rt, request_id: str | None = None, cache_salt: str = "") 
     n = req.get("n") or 1
     inputs = [
         GenerationInput(prompt_ids, sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer,
-                                                    defaults=defaults, logprobs=logprobs, seed_offset=i),
+                                                    defaults=defaults, logprobs=logprobs, seed_offset=i,
+                                                    reasoning_budget=budget),
                         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
                         timeout_s=timeout_for(req), request_id=f"{request_id}-{i}" if request_id else None,
-                        cache_salt=cache_salt)
+                        cache_salt=cache_salt, text=text_spec)
         for i in range(n)
     ]
     opts = req.get("stream_options") or {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+from .assembly import final_content
 from .deltas import Content, Error, Finish, Reasoning, Refusal, StreamDelta, ToolCallArgs, ToolCallStart, Usage
 
 
@@ -132,13 +133,12 @@ class ChatCompletionAssembler:
             self.error = delta
 
     def choice(self) -> dict:
-        """The `choices[i]` object. Content is "" for an empty turn, null when the turn only made tool calls."""
-        content = "".join(self.content)
-        if self.tool_calls and not content.strip():
-            content = None
+        """The `choices[i]` object (content rules: assembly.final_content). Reasoning is under both
+        `reasoning_content` and `reasoning`, as on the stream."""
+        content = final_content("".join(self.content), bool(self.tool_calls))
         message: dict = {"role": "assistant", "content": content, "refusal": "".join(self.refusal) or None}
         if self.reasoning:
-            message["reasoning_content"] = "".join(self.reasoning)
+            message["reasoning_content"] = message["reasoning"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
         logprobs = {"content": self.logprobs, "refusal": None} if self.logprobs is not None else None

@@ -39,6 +39,8 @@ class Usage:
 @dataclass(slots=True)
 class Reasoning:
     text: str
+    # Ids of the tokens that produced this text (and any held before it), when known.
+    token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -1,10 +1,16 @@
 """One request through the engine: token events in, StreamDeltas out.
 
 Detokenizes incrementally (never half a UTF-8 character), holds back possible
-stop strings, and ends with Finish(reason, usage) or Error. Every generated
-token's id (and logprob entry, when asked) rides on the Content delta whose text
-it completed; tokens whose text never shows (a cut stop string, special tokens)
-ride on the last one. The engine request is aborted in `finally`, so a client
+stop strings, passes the text through the request's TextPipeline (reasoning
+parser, tool-call parser, sanitizer) when it has one, and ends with
+Finish(reason, usage) or Error. Every generated token's id (and logprob entry,
+when asked; reasoning tokens have none) rides on the Content delta whose text
+it completed, or the Reasoning delta when no content came with it; tokens
+whose text never shows (a cut stop string, special tokens, a held tool call)
+ride on the next one, and at the end on the last one. The finish reason is
+timeout, then tool_calls (the turn made calls), then stop for a matched stop
+string, then the engine's reason; the tool-call limit ends the request like a
+stop string. The engine request is aborted in `finally`, so a client
 that goes away frees its KV blocks at the next step.
 """
 from __future__ import annotations
@@ -17,9 +23,11 @@ from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.sampling_params import SamplingParams
 
-from .deltas import Content, Error, Finish, StreamDelta, Usage
+from .assembly import resolve_finish_reason
+from .deltas import Content, Error, Finish, Reasoning, StreamDelta, Usage
 from .logprobs import chat_entry, prompt_entries, spelling_for
 from .stop import StopStringMatcher
+from .text_pipeline import TextPipeline, TextSpec
 
 
 @dataclass(slots=True)
@@ -34,6 +42,8 @@ class GenerationInput:
     request_id: str | None = None
     # Prefix-cache blocks are shared only between requests with the same salt (the tenant).
     cache_salt: str = ""
+    # How the text is parsed into reasoning, content and tool calls (None: all content).
+    text: TextSpec | None = None
 
 
 class Generation:
@@ -53,48 +63,54 @@ class Generation:
         self.handle.abort(reason)
 
     async def deltas(self) -> AsyncIterator[StreamDelta]:
-        """Content deltas as text becomes safe to send, then exactly one Finish or Error."""
+        """Reasoning, Content and tool-call deltas as text becomes safe to send, then exactly one
+        Finish or Error."""
         gen, params = self.gen, self.gen.params
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=gen.prompt_token_ids, skip_special_tokens=True)
         stops = StopStringMatcher(gen.stop, gen.include_stop_str_in_output)
         spell = spelling_for(self.tokenizer) if params.logprobs is not None else None
-        pending_ids: list[int] = []
-        pending_lps: list[dict] = []
+        parse = gen.text.pipeline() if gen.text is not None and gen.text.active else None
+        carry = _TokenCarry()
         completion_tokens = 0
-
-        def content(text: str) -> Content:
-            delta = Content(text, logprobs=list(pending_lps) if spell else None, token_ids=list(pending_ids))
-            pending_ids.clear()
-            pending_lps.clear()
-            return delta
-
         try:
             async for event in self.handle:
                 if isinstance(event, TokenEvent):
                     completion_tokens += 1
-                    pending_ids.append(event.token_id)
-                    if spell:
-                        pending_lps.append(chat_entry(spell, event.token_id, event.logprobs))
                     text, matched = stops.feed(detok.add(event.token_id))
-                    if text or (matched and pending_ids):
-                        yield content(text)
-                    if matched:
+                    was_reasoning = parse is not None and parse.in_reasoning
+                    out = _parsed(parse, text)
+                    in_reasoning = was_reasoning or (parse is not None and parse.in_reasoning)
+                    # Logprobs cover content tokens only; reasoning tokens' ids still ride along.
+                    carry.add(event.token_id,
+                              chat_entry(spell, event.token_id, event.logprobs) if spell and not in_reasoning
+                              else None)
+                    stop_now = matched or (parse is not None and parse.should_stop)
+                    if stop_now:
                         self.abort("stop")
                         self.finished_at = time.perf_counter()
-                        yield Finish("stop", Usage(len(gen.prompt_token_ids), completion_tokens))
+                        out += parse.finish() if parse is not None else []
+                    for delta in carry.attach(out, final=stop_now, want_logprobs=spell is not None):
+                        yield delta
+                    if stop_now:
+                        yield Finish(_finish_reason("stop", parse),
+                                     Usage(len(gen.prompt_token_ids), completion_tokens,
+                                           reasoning_tokens=parse.reasoning_tokens if parse else 0))
                         return
                 elif isinstance(event, Finished):
                     self.finished_at = time.perf_counter()
                     tail, matched = stops.feed(detok.flush())
                     tail += stops.flush()
-                    if tail or pending_ids:
-                        yield content(tail)
-                    reason = "stop" if matched else event.reason
+                    out = _parsed(parse, tail) + (parse.finish() if parse is not None else [])
+                    for delta in carry.attach(out, final=True, want_logprobs=spell is not None):
+                        yield delta
+                    base = "stop" if matched and event.reason != "timeout" else event.reason
                     prompt_lps = None
                     if params.prompt_logprobs is not None:
                         prompt_lps = prompt_entries(spelling_for(self.tokenizer), gen.prompt_token_ids,
                                                     event.prompt_logprobs)
-                    yield Finish(reason, Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens),
+                    yield Finish(_finish_reason(base, parse),
+                                 Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
+                                       parse.reasoning_tokens if parse else 0),
                                  prompt_logprobs=prompt_lps)
                     return
                 elif isinstance(event, Failed):
@@ -102,6 +118,51 @@ class Generation:
                     return
         finally:
             self.abort()
+
+
+def _parsed(parse: TextPipeline | None, text: str) -> list[StreamDelta]:
+    """Deltas for newly decoded text: through the text pipeline, or as content when there is none."""
+    if parse is not None:
+        return parse.feed(text) if text else []
+    return [Content(text)] if text else []
+
+
+def _finish_reason(base: str, parse: TextPipeline | None) -> str:
+    """The wire finish_reason: timeout, then tool_calls, then a stop string / the engine's reason
+    (base already prefers a matched stop string over the engine's reason)."""
+    return resolve_finish_reason(base, bool(parse is not None and parse.tool_calls))
+
+
+class _TokenCarry:
+    """Token ids (and content logprob entries) waiting for a delta to ride on.
+
+    They go on the last Content of a batch of deltas, else (ids only) on the last Reasoning;
+    with `final`, leftovers ride on an empty Content, so every generated token's id is sent once.
+    """
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.logprobs: list[dict] = []
+
+    def add(self, token_id: int, logprob_entry: dict | None) -> None:
+        self.ids.append(token_id)
+        if logprob_entry is not None:
+            self.logprobs.append(logprob_entry)
+
+    def attach(self, deltas: list[StreamDelta], final: bool, want_logprobs: bool) -> list[StreamDelta]:
+        content = next((d for d in reversed(deltas) if isinstance(d, Content)), None)
+        if content is None and final and (self.ids or self.logprobs):
+            content = Content("")
+            deltas = [*deltas, content]
+        if content is not None:
+            content.token_ids = self.ids
+            content.logprobs = self.logprobs if want_logprobs else None
+            self.ids, self.logprobs = [], []
+            return deltas
+        reasoning = next((d for d in reversed(deltas) if isinstance(d, Reasoning)), None)
+        if reasoning is not None:
+            reasoning.token_ids, self.ids = self.ids, []
+        return deltas
 
 
 async def generate(engine, tokenizer, gen: GenerationInput) -> AsyncIterator[StreamDelta]:

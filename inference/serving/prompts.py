@@ -9,6 +9,8 @@ from __future__ import annotations
 from inference.engine.chat_template import ChatTemplateError
 
 from .errors import bad_request
+from .thinking import resolve_thinking
+from .tool_prompt import prompt_messages
 
 # Template variables a request may not override through chat_template_kwargs.
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "documents", "source"})
@@ -25,21 +27,26 @@ def continues_final_message(req: dict) -> bool:
 
 
 def render_chat(tokenizer, req: dict) -> str:
-    """The prompt text for `req["messages"]` (+ tools, chat_template_kwargs, generation prompt flags).
+    """The prompt text for `req["messages"]` (+ tools, thinking controls, chat_template_kwargs,
+    generation prompt flags).
 
-    Raises ApiError 400: param chat_template_kwargs for a reserved name, param messages when the
-    template fails or the final message cannot be continued.
+    Tools reach the template, or a system section when the template ignores them (tool_prompt.py);
+    the resolved thinking choice (thinking.py) sets enable_thinking and reasoning_effort over
+    chat_template_kwargs. Raises ApiError 400: param chat_template_kwargs for a reserved name, param
+    messages when the template fails or the final message cannot be continued.
     """
     kwargs = dict(req.get("chat_template_kwargs") or {})
     reserved = RESERVED_TEMPLATE_KWARGS & set(kwargs)
     if reserved:
         raise bad_request(f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}; use the request "
                           "fields of those names.", "chat_template_kwargs")
-    messages = req["messages"]
+    kwargs.update(resolve_thinking(req).template_kwargs())
+    messages, tools = prompt_messages(req["messages"], req.get("tools"), req.get("tool_choice") or "auto",
+                                      req.get("parallel_tool_calls") is not False, tokenizer.chat_template)
     cont = continues_final_message(req)
     add_generation_prompt = req.get("add_generation_prompt", True) and not cont
     try:
-        text = tokenizer.apply_chat_template(messages, tools=req.get("tools"),
+        text = tokenizer.apply_chat_template(messages, tools=tools,
                                              add_generation_prompt=add_generation_prompt, **kwargs)
     except ChatTemplateError as exc:
         raise bad_request(f"The chat template could not render these messages: {exc}", "messages") from exc
@@ -55,11 +62,6 @@ def render_chat(tokenizer, req: dict) -> str:
         if final:
             text = text[:cut + len(final)]
     return text
-
-
-def chat_prompt_ids(tokenizer, req: dict) -> list[int]:
-    """Prompt token ids for a chat request (the template writes any BOS itself). See render_chat."""
-    return tokenizer.encode(render_chat(tokenizer, req))
 
 
 def echo_text(req: dict) -> str:

@@ -14,10 +14,12 @@ import logging
 from rest_framework import serializers
 
 from .errors import ApiError, bad_request
-from .fields import (ArrayField, BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
+from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .messages import normalize_messages
 from .structured import check_request as check_structured_request
+from .thinking import REASONING_EFFORTS, ThinkingField
+from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
 
 log = logging.getLogger("metrale.api")
 
@@ -136,9 +138,15 @@ class ChatCompletionRequest(GenerationRequest):
     add_generation_prompt = BooleanField(required=False, default=True)
     continue_final_message = BooleanField(required=False, default=False)
     chat_template_kwargs = ObjectField(**opt())
-    tools = ArrayField(**opt())
-    tool_choice = AnyField(**opt())
+    tools = ToolsField(**opt())
+    tool_choice = ToolChoiceField(**opt())
     parallel_tool_calls = BooleanField(**opt())
+    # Thinking controls (thinking.py has the priority order).
+    thinking = ThinkingField(**opt())
+    thinking_token_budget = IntegerField(**opt(low=0))
+    max_thinking_tokens = IntegerField(**opt(low=0))
+    thinking_budget = IntegerField(**opt(low=0))
+    reasoning_effort = StringField(**opt(choices=REASONING_EFFORTS))
     store = BooleanField(required=False, default=False)
     modalities = StringListField(**opt(max_items=4))
     prediction = AnyField(**opt())
@@ -152,7 +160,8 @@ class ChatCompletionRequest(GenerationRequest):
 
     def validate(self, attrs):
         """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
-        add_generation_prompt (vLLM); fields this server cannot honour are refused by name."""
+        add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
+        (tool_fields.check_tool_choice); fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -160,6 +169,7 @@ class ChatCompletionRequest(GenerationRequest):
             raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
                               "first continues the last message, the second starts a new one.",
                               "continue_final_message")
+        check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
         _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")

@@ -14,11 +14,36 @@ glm47 keep-alive.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .deltas import Content, Reasoning, StreamDelta, ToolCallStart
 from .reasoning import make_reasoning_parser
 from .sanitizer import ContentSanitizer
 from .tool_parsers import DEFAULT_MAX_CALLS, make_tool_parser
+
+
+@dataclass(slots=True)
+class TextSpec:
+    """How one request's generated text is parsed: TextPipeline's arguments (see there)."""
+
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = "auto"
+    parallel_tool_calls: bool = True
+    max_calls: int = DEFAULT_MAX_CALLS
+    started_in_reasoning: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether any stage parses (else text is content as generated)."""
+        return bool(self.reasoning_parser or self.tool_parser)
+
+    def pipeline(self, id_factory: Callable[[], str] | None = None) -> TextPipeline:
+        """A new TextPipeline for one choice."""
+        return TextPipeline(self.reasoning_parser, self.tool_parser, self.tools, self.tool_choice,
+                            self.parallel_tool_calls, self.max_calls, self.started_in_reasoning,
+                            id_factory)
 
 
 class TextPipeline:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from .errors import bad_request
-from .fields import ArrayField, BooleanField, ObjectField, StringField, TokenIdListField
+from .fields import BooleanField, ObjectField, StringField, TokenIdListField
 from .model_names import check_model
 from .prompts import render_chat
 from .protocol import MessagesField, opt, parse_json_body, validate
 from .sampling import check_token_ids
+from .tool_fields import ToolsField
 
 
 class TokenizeRequest(serializers.Serializer):
@@ -28,7 +29,7 @@ class TokenizeRequest(serializers.Serializer):
     add_generation_prompt = BooleanField(required=False, default=True)
     continue_final_message = BooleanField(required=False, default=False)
     chat_template_kwargs = ObjectField(**opt())
-    tools = ArrayField(**opt())
+    tools = ToolsField(**opt())
     return_token_strs = BooleanField(required=False, default=False)
 
     def validate(self, attrs):

@@ -77,3 +77,9 @@ def test_revoke_api_key_by_prefix_or_whole_key():
     assert "already revoked" in out
     with pytest.raises(CommandError, match="No API key"):
         run("revoke_api_key", "mk-zzzzzzzz")
+
+
+def test_serve_refuses_an_unknown_parser_before_starting(settings):
+    settings.METRALE = {**settings.METRALE}  # the command writes into it; the fixture restores the original
+    with pytest.raises(CommandError, match="xml9"):
+        call_command("serve", "--tool-call-parser", "xml9")

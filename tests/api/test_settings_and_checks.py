@@ -94,3 +94,14 @@ def test_reset_times_read_like_openais(seconds, text):
 ])
 def test_bearer_token(header, token):
     assert bearer_token(header) == token
+
+
+def test_an_unknown_parser_setting_is_a_system_check_error(settings):
+    from inference.checks import check_parser_settings
+
+    assert check_parser_settings(None) == []
+    settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": "hermes", "REASONING_PARSER": "none"}
+    assert check_parser_settings(None) == []
+    settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": "xml9"}
+    [error] = check_parser_settings(None)
+    assert error.id == "metrale.E001" and "xml9" in error.msg and "hermes" in error.msg

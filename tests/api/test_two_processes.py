@@ -1,7 +1,8 @@
 """Two daphne processes sharing one Redis budget: a debit in one is seen by the other.
 
-Also drives the management commands (migrate, create_tenant, create_api_key) and the official
-openai SDK against the live server."""
+Runs on the default SQLite file and on the production database, the real PostgreSQL on
+127.0.0.1:5432 (a fresh database per run, dropped afterwards). Also drives the management commands
+(migrate, create_tenant, create_api_key) and the official openai SDK against the live server."""
 import os
 import socket
 import subprocess
@@ -18,6 +19,17 @@ from .conftest import REDIS_URL, redis_reachable
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def postgres_admin():
+    """An autocommit connection to the PostgreSQL server, or None when it is not reachable."""
+    try:
+        import psycopg
+
+        return psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=2)
+    except Exception:
+        return None
 
 
 def free_port() -> int:
@@ -45,8 +57,8 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 60.0):
     raise AssertionError(f"daphne at {url} did not come up in {timeout_s} s")
 
 
-@pytest.fixture
-def two_servers(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def two_servers(tmp_path, request):
     if not redis_reachable():
         pytest.skip(f"Redis is not reachable at {REDIS_URL}")
     prefix = f"metrale-test-{uuid.uuid4().hex}"
@@ -54,6 +66,16 @@ def two_servers(tmp_path):
            "METRALE_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": REDIS_URL,
            "METRALE_CACHE_KEY_PREFIX": prefix, "METRALE_LOAD_ON_START": "0",
            "METRALE_REQUIRE_AUTH": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None)
+    db_name = None
+    if request.param == "postgresql":
+        admin = postgres_admin()
+        if admin is None:
+            pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL}")
+        db_name = f"metrale_test_{uuid.uuid4().hex[:12]}"
+        admin.execute(f'CREATE DATABASE "{db_name}"')
+        admin.close()
+        env["DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:5432/{db_name}"
     manage(env, "migrate", "--noinput")
     manage(env, "create_tenant", "acme", "--rpm", "3")
     key = manage(env, "create_api_key", "acme", "--name", "two-process test").strip()
@@ -84,6 +106,10 @@ def two_servers(tmp_path):
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:
             client.delete(*keys)
+        if db_name:
+            admin = postgres_admin()
+            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+            admin.close()
 
 
 def test_the_second_process_sees_the_first_ones_debits(two_servers):

@@ -108,7 +108,7 @@ CHAT = [
     ({"chat_template_kwargs": {"enable_thinking": False}}, OK), ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, OK), ({"tools": "x"}, "tools"),
-    ({"tools": [1]}, "tools"), ({"tool_choice": "auto"}, OK),
+    ({"tools": [1]}, "tools[0]"), ({"tool_choice": "auto"}, OK),
     ({"parallel_tool_calls": True}, OK), ({"parallel_tool_calls": "x"}, "parallel_tool_calls"),
     ({"response_format": {"type": "text"}}, OK), ({"response_format": {"type": "json_object"}}, OK),
     ({"response_format": "x"}, "response_format"), ({"response_format": {"type": "xml"}}, "response_format.type"),

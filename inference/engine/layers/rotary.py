@@ -39,10 +39,12 @@ def inv_frequencies(head_dim: int, rope_theta: float, rope_scaling: dict | None)
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Precomputed cos/sin tables; `forward` rotates q and k in place of a copy.
+    """Precomputed cos/sin tables. `tables(positions, dtype)` looks up one step's rows once;
+    `rotate(q, k, cos, sin)` applies them in every layer.
 
     Uses the "rotate half" layout of transformers' Llama (not interleaved pairs).
-    q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: int64 [T].
+    q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: int64 [T];
+    cos, sin: [T, 1, head_dim] in the activations' dtype.
     """
 
     def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None):
@@ -54,10 +56,15 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return self.rotate(q, k, *self.tables(positions, q.dtype))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

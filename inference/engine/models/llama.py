@@ -52,7 +52,8 @@ class Attention(nn.Module):
     def packed(self) -> list[PackedLinear]:
         return [self.qkv, self.out]
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata, n_int8: int = 0):
+    def forward(self, x, rope, k_cache, v_cache, meta: AttentionMetadata, n_int8: int = 0):
+        """rope: this step's (cos, sin) rows from RotaryEmbedding.tables."""
         t = x.shape[0]
         q_size = self.n_heads * self.head_dim
         kv_size = self.n_kv * self.head_dim
@@ -66,7 +67,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = RotaryEmbedding.rotate(q, k, *rope)
         o = paged_attention(q, k, v, k_cache, v_cache, meta).view(t, q_size)
         return self.out(o, n_int8) if self.out is not None else self.o_proj(o)
 
@@ -108,8 +109,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta, n_int8: int = 0):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta, n_int8)
+    def forward(self, x, rope, k_cache, v_cache, meta, n_int8: int = 0):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, n_int8)
         return x + self.mlp(self.post_attention_layernorm(x), n_int8)
 
 
@@ -164,8 +165,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         n_int8 = meta.num_decodes if self.int8_decode else 0
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)  # once per step, shared by every layer
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
-            x = layer(x, positions, self.rotary, k_cache, v_cache, meta, n_int8)
+            x = layer(x, rope, k_cache, v_cache, meta, n_int8)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor, n_int8: int = 0) -> torch.Tensor:

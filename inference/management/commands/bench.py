@@ -47,13 +47,15 @@ class Command(BaseCommand):
         levels = [int(c) for c in concurrency.split(",")]
         bandwidth = copy_bandwidth_gb_s()
         out = self.stdout.write
-        out(f"model {Path(model).name}; copy bandwidth {bandwidth:.1f} GB/s; torch threads {torch.get_num_threads()}")
+        out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; copy bandwidth "
+            f"{bandwidth:.1f} GB/s; torch threads {torch.get_num_threads()}")
         for dtype in dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
             engine = LLMEngine(EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
-                                            kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"]))
+                                            kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"],
+                                            decode_weights=settings.METRALE["DECODE_WEIGHTS"]))
             wbytes = weight_bytes(engine.runner.model)
             ae = AsyncEngine(engine)
             run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
@@ -62,6 +64,9 @@ class Command(BaseCommand):
                 rows.append(RunSummary.of("offline", c, timings, wall))
                 out(self._row(dtype, rows[-1]))
             ae.stop()
+            total = sum(engine.phase_s.values())
+            out(f"{dtype:<9} offline step time ({engine.num_steps} steps, {total:.1f} s): " + ", ".join(
+                f"{name} {seconds / total:.0%}" for name, seconds in engine.phase_s.items()))
             del ae, engine
             prefix = None
             if not skip_http:

@@ -1,0 +1,125 @@
+"""Which parsers read a request's output, and the engine's reasoning cap for it.
+
+Parsers (settings, then the model): METRALE["TOOL_CALL_PARSER"] and
+METRALE["REASONING_PARSER"] name a parser ("none" turns that stage off); unset,
+they are chosen from the model's chat template and its config.json model_type
+(tool_parsers.choose_tool_parser, reasoning.choose_reasoning_parser). A request
+with tools on a model that has no tool parser gets `hermes`: a template that
+ignores tools is given a Hermes-format tools section (tool_prompt.py), and
+Hermes is what most tool-capable templates without a known marker write too.
+Without tools, the model's own parser (if any) still runs, so its markup never
+leaks into content.
+
+The reasoning cap: the reasoning parser's close tag (and open tag) tokenized,
+with the request's thinking budget (thinking.py) and whether the prompt opened
+the block; None when there is no parser or no cap.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+from inference.engine.reasoning_budget import ReasoningBudget
+
+from .reasoning import REASONING_PARSERS, choose_reasoning_parser, prompt_opens_reasoning
+from .text_pipeline import TextSpec
+from .thinking import Thinking
+from .tool_parsers import TOOL_PARSERS, choose_tool_parser
+
+log = logging.getLogger("metrale.api")
+
+FALLBACK_TOOL_PARSER = "hermes"
+OFF = "none"
+
+
+@lru_cache(maxsize=8)
+def model_type(model_path: str) -> str:
+    """config.json's model_type ("" when absent or unreadable)."""
+    try:
+        return json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8")).get("model_type") or ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _setting(key: str) -> str | None:
+    return settings.METRALE.get(key) or None
+
+
+def model_tool_parser(model_path, chat_template: str | None) -> str | None:
+    """The tool parser for this model without regard to a request: the setting, else the chooser."""
+    name = _setting("TOOL_CALL_PARSER")
+    if name is not None:
+        return None if name == OFF else name
+    return choose_tool_parser(model_type(str(model_path)), chat_template)
+
+
+def model_reasoning_parser(model_path, chat_template: str | None) -> str | None:
+    """The reasoning parser for this model: the setting, else the chooser (None: no reasoning)."""
+    name = _setting("REASONING_PARSER")
+    if name is not None:
+        return None if name == OFF else name
+    return choose_reasoning_parser(model_type(str(model_path)), chat_template)
+
+
+def check_parser_names() -> list[str]:
+    """Problems with the configured parser names, for the system check (empty when fine)."""
+    problems = []
+    for key, known in (("TOOL_CALL_PARSER", TOOL_PARSERS), ("REASONING_PARSER", REASONING_PARSERS)):
+        name = _setting(key)
+        if name is not None and name != OFF and name not in known:
+            problems.append(f"METRALE_{key}={name!r} is not a known parser; known: "
+                            f"{', '.join(sorted(known))}, or {OFF!r}.")
+    return problems
+
+
+@dataclass(slots=True)
+class TextSetup:
+    """One request's parsing choices, before its prompt is rendered."""
+
+    reasoning_parser: str | None
+    tool_parser: str | None
+    tools: list[dict] | None
+    tool_choice: str | dict
+    parallel_tool_calls: bool
+    thinking: Thinking
+    max_calls: int
+
+    def spec(self, prompt_text: str) -> TextSpec:
+        """The TextPipeline arguments, once the rendered prompt shows whether reasoning is open."""
+        return TextSpec(self.reasoning_parser, self.tool_parser, self.tools, self.tool_choice,
+                        self.parallel_tool_calls, self.max_calls,
+                        prompt_opens_reasoning(prompt_text, self.reasoning_parser))
+
+    def reasoning_budget(self, tokenizer, prompt_text: str) -> ReasoningBudget | None:
+        """The engine's reasoning cap, or None (no reasoning parser, or no cap asked for)."""
+        cap = self.thinking.engine_cap()
+        if cap is None or self.reasoning_parser is None:
+            return None
+        parser = REASONING_PARSERS[self.reasoning_parser]
+        end_ids = tuple(tokenizer.encode(parser.end_tag))
+        start_ids = tuple(tokenizer.encode(parser.start_tag))
+        return ReasoningBudget(cap, end_ids, start_ids,
+                               prompt_opens_reasoning(prompt_text, self.reasoning_parser))
+
+
+def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None,
+               thinking: Thinking, max_calls: int | None = None) -> TextSetup:
+    """The parsers for one request on the runtime's model (rules in the module doc).
+
+    max_calls: the request's own cap on tool calls (Responses' max_tool_calls); the lower of it
+    and METRALE["MAX_TOOL_CALLS_PER_RESPONSE"] applies.
+    """
+    limit = settings.METRALE["MAX_TOOL_CALLS_PER_RESPONSE"]
+    if max_calls is not None:
+        limit = min(limit, max_calls)
+    template = rt.tokenizer.chat_template
+    tool_parser = model_tool_parser(rt.model_path, template)
+    if tools and tool_parser is None and _setting("TOOL_CALL_PARSER") != OFF:
+        tool_parser = FALLBACK_TOOL_PARSER
+    return TextSetup(model_reasoning_parser(rt.model_path, template), tool_parser, tools,
+                     tool_choice or "auto", parallel_tool_calls is not False, thinking, limit)
