@@ -7,15 +7,17 @@ Sources: OpenAI's structured outputs guide and API reference (`response_format`
 OpenAI's function calling guide for tool_choice "required" and a named function.
 
 Two steps, both before anything runs:
-1. `check_request(attrs)`, from the serializers: shapes, and at most one mode (two modes
-   -> 400 naming both). A forced tool call takes precedence over response_format (that one
-   describes the final answer, which a forced-call turn is not); with structured_outputs it
-   is a 400.
-2. `await constrain(req, rt, inputs)`, in the view after templating: builds the GrammarSpec,
-   compiles it in the grammar worker thread (cached by spec and tokenizer; the event loop and
-   the engine thread never wait on a compile), and sets each choice's
-   `SamplingParams.structured`. A schema or grammar the compiler refuses is a 400 naming the
-   field and the problem. The engine only ever receives compiled grammars.
+1. `check_request(attrs)`, from the serializers: shapes, and at most one of response_format
+   and structured_outputs (both -> 400). A forced tool call takes precedence over
+   response_format (that one describes the final answer, which a forced-call turn is not);
+   with structured_outputs it is a 400.
+2. `await constrain(req, rt, inputs)`, in the view after templating: builds the GrammarSpec
+   (a forced call uses the request's tool parser format, from its TextSpec), compiles it in
+   the grammar worker thread (cached by spec and tokenizer; neither the event loop nor the
+   engine thread waits on a compile), and sets each choice's `SamplingParams.structured`,
+   with the reasoning gate from its reasoning parser. A schema or grammar the compiler
+   refuses is a 400 naming the field and the problem; the engine only receives compiled
+   grammars.
 """
 from __future__ import annotations
 
@@ -23,14 +25,11 @@ import asyncio
 import json
 import logging
 
-from django.conf import settings
-
 from inference.engine.grammar import GrammarError, GrammarSpec, StructuredOutput, compiler_for
 
 from .errors import bad_request
-from .reasoning import REASONING_PARSERS, choose_reasoning_parser
+from .reasoning import REASONING_PARSERS
 from .tool_grammar import ToolGrammarError, forced_tool_names, tool_call_grammar
-from .tool_parsers import choose_tool_parser
 
 log = logging.getLogger("metrale.api")
 
@@ -108,6 +107,15 @@ def check_request(attrs: dict, *, format_field: str = "response_format") -> None
     _requested(attrs, format_field)
 
 
+def _forced(tools, tool_choice) -> tuple[str, ...] | None:
+    """The tool names a forced tool_choice allows; None when it forces nothing or is invalid (the
+    tools validation answers that one with its own 400)."""
+    try:
+        return forced_tool_names(tools, tool_choice)
+    except ToolGrammarError:
+        return None
+
+
 def _requested(attrs: dict, format_field: str) -> tuple[GrammarSpec, str] | None:
     """(spec, param) of a response_format / text.format / structured_outputs, or None."""
     specs = []
@@ -125,66 +133,49 @@ def _requested(attrs: dict, format_field: str) -> tuple[GrammarSpec, str] | None
     if len(specs) > 1:
         raise bad_request(f"Only one structured-output mode may be used per request; this one sets both "
                           f"'{specs[0][1].split('.')[0]}' and 'structured_outputs'.", "structured_outputs")
-    try:
-        forced = forced_tool_names(attrs.get("tools"), attrs.get("tool_choice"))
-    except ToolGrammarError as exc:
-        raise bad_request(str(exc), "tool_choice") from exc
+    forced = _forced(attrs.get("tools"), attrs.get("tool_choice"))
     if forced and specs and specs[0][1].startswith("structured_outputs"):
         raise bad_request("'structured_outputs' cannot be combined with a tool_choice that forces a tool call: "
                           "only one grammar can constrain the output.", "structured_outputs")
     return specs[0] if specs else None
 
 
-def _model_type(rt) -> str:
-    config = getattr(getattr(rt.engine, "engine", None), "model_config", None)
-    return getattr(config, "model_type", "") or ""
+def reasoning_gate(tokenizer, text, prompt_token_ids: list[int]) -> dict:
+    """StructuredOutput's reasoning fields for one choice: the grammar waits while the model reasons.
 
-
-def tool_format_for(rt) -> str | None:
-    """The tool-call format of the served model: METRALE["TOOL_PARSER"] when set, else the one its
-    chat template shows (tool_parsers.choose_tool_parser); None when it shows none."""
-    return settings.METRALE.get("TOOL_PARSER") or choose_tool_parser(_model_type(rt), rt.tokenizer.chat_template)
-
-
-def reasoning_gate(rt, prompt_token_ids: list[int]) -> dict:
-    """StructuredOutput's reasoning fields for a prompt: the grammar waits while the model reasons.
-
-    The model's reasoning parser (METRALE["REASONING_PARSER"], else the one its template shows)
-    gives the tags. A prompt ending in the open tag starts in reasoning; one ending in the close
-    tag (thinking disabled) has no gate; otherwise a single-token open tag may begin the output.
+    text: the choice's TextSpec (text_pipeline.py), whose reasoning parser gives the tags; None
+    or no parser: no gate. A prompt that opened the block starts in reasoning; one ending in the
+    close tag (thinking turned off in the template) has no gate; otherwise a single-token open
+    tag may begin the output in place of the grammar's first token.
     """
-    name = settings.METRALE.get("REASONING_PARSER") or choose_reasoning_parser(
-        _model_type(rt), rt.tokenizer.chat_template)
-    if not name or name not in REASONING_PARSERS:
+    if text is None or not text.reasoning_parser or text.reasoning_parser not in REASONING_PARSERS:
         return {}
-    cls = REASONING_PARSERS[name]
-    tok = rt.tokenizer
-    end_ids = tuple(tok.encode(cls.end_tag))
-    start_ids = tok.encode(cls.start_tag)
-    tail = tok.decode(prompt_token_ids[-32:], skip_special_tokens=False).rstrip()
-    if tail.endswith(cls.end_tag):
-        return {}
-    if tail.endswith(cls.start_tag):
+    cls = REASONING_PARSERS[text.reasoning_parser]
+    end_ids = tuple(tokenizer.encode(cls.end_tag))
+    if text.started_in_reasoning:
         return {"reasoning_end_ids": end_ids, "starts_in_reasoning": True}
+    if tokenizer.decode(prompt_token_ids[-32:], skip_special_tokens=False).rstrip().endswith(cls.end_tag):
+        return {}
+    start_ids = tokenizer.encode(cls.start_tag)
     return {"reasoning_end_ids": end_ids, "reasoning_start_id": start_ids[0] if len(start_ids) == 1 else None}
 
 
-def grammar_spec(req: dict, rt, *, format_field: str = "response_format") -> tuple[GrammarSpec, str] | None:
+def grammar_spec(req: dict, text=None, *, format_field: str = "response_format") -> tuple[GrammarSpec, str] | None:
     """(spec, param naming the field it came from) for a validated request, or None when unconstrained.
 
-    A forced tool call becomes the tool format's call grammar (tool_grammar.py); a format
-    without a grammar builder stays unconstrained (its parser still reads the calls).
+    text: the request's TextSpec (text_pipeline.py; None for completions): with a forced tool
+    call, its tool parser's format gives the call grammar (tool_grammar.py) over its tools; a
+    format without a grammar builder stays unconstrained (its parser still reads the calls).
     """
     requested = _requested(req, format_field)
-    names = forced_tool_names(req.get("tools"), req.get("tool_choice"))
-    if names:
-        tool_format = tool_format_for(rt)
-        lark = tool_call_grammar(tool_format, req.get("tools"), names,
-                                 parallel=req.get("parallel_tool_calls") is not False) if tool_format else None
+    if text is not None and text.tool_parser:
+        names = _forced(text.tools, text.tool_choice)
+        lark = tool_call_grammar(text.tool_parser, text.tools, names, text.parallel_tool_calls) if names else None
         if lark is not None:
             return GrammarSpec("lark", lark), "tools"
-        log.debug("tool_choice %r: the tool format %r has no grammar; the call is not constrained",
-                  req.get("tool_choice"), tool_format)
+        if names:
+            log.debug("tool_choice %r: the %s format has no grammar; the call is not constrained",
+                      text.tool_choice, text.tool_parser)
     return requested
 
 
@@ -207,10 +198,11 @@ async def constrain(req: dict, rt, inputs, *, format_field: str = "response_form
     inputs: pipeline.GenerationInput objects (one per choice); each gets its own
     StructuredOutput (the engine makes a fresh matcher per sequence). Raises ApiError 400.
     """
-    found = grammar_spec(req, rt, format_field=format_field)
+    found = grammar_spec(req, inputs[0].text if inputs else None, format_field=format_field)
     if found is None:
         return
     spec, param = found
     compiled = await compile_spec(rt.tokenizer, spec, param)
     for gen in inputs:
-        gen.params.structured = StructuredOutput(compiled, **reasoning_gate(rt, gen.prompt_token_ids))
+        gen.params.structured = StructuredOutput(compiled, **reasoning_gate(rt.tokenizer, gen.text,
+                                                                            gen.prompt_token_ids))

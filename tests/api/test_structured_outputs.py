@@ -5,6 +5,7 @@ import pytest
 
 from inference.engine.grammar import GrammarSpec
 from inference.serving import structured
+from inference.serving.text_pipeline import TextSpec
 
 from .fake_engine import call, reply
 from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
@@ -43,7 +44,9 @@ def test_json_schema_reaches_every_choice_compiled(fake_rt):
     ({"structured_outputs": {"choice": ["yes", "no"]}}, GrammarSpec.choice(["yes", "no"])),
     ({"structured_outputs": {"grammar": 'root ::= "a"+'}}, GrammarSpec("ebnf", 'root ::= "a"+')),
     ({"response_format": {"type": "text"}}, None),
-    ({"tools": TOOLS, "tool_choice": "required"}, None),  # SmolLM2's template shows no tool format
+    ({"tools": TOOLS, "tool_choice": "auto"}, None),
+    ({"tools": TOOLS, "tool_choice": "none", "response_format": {"type": "json_object"}},
+     GrammarSpec.json_schema({"type": "object"})),
 ])
 def test_each_mode_becomes_its_spec(fake_rt, field, spec):
     assert chat(**field).status == 200
@@ -61,7 +64,7 @@ def test_completions_take_response_format_and_structured_outputs(fake_rt):
 
 @pytest.mark.parametrize("tool_format, marker", [("hermes", "<tool_call>"), ("llama3_json", '"parameters"')])
 def test_a_forced_tool_call_compiles_the_tool_formats_grammar(fake_rt, settings, tool_format, marker):
-    settings.METRALE = {**settings.METRALE, "TOOL_PARSER": tool_format}
+    settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": tool_format}
     assert chat(tools=TOOLS, tool_choice="required").status == 200
     assert chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}).status == 200
     assert chat(tools=TOOLS, tool_choice="auto").status == 200
@@ -76,8 +79,20 @@ def test_a_forced_tool_call_compiles_the_tool_formats_grammar(fake_rt, settings,
     assert bad.status == 400 and bad.json()["error"]["param"] == "structured_outputs"
 
 
-def test_a_bad_tool_parameters_schema_is_a_400(fake_rt, settings):
-    settings.METRALE = {**settings.METRALE, "TOOL_PARSER": "hermes"}
+def test_smollm2_gets_the_hermes_call_grammar_with_its_fallback_parser(fake_rt):
+    """SmolLM2's template shows no tool format: requests with tools get hermes (text_setup.py)."""
+    assert chat(tools=TOOLS, tool_choice="required").status == 200
+    (spec,) = specs(fake_rt)
+    assert spec.kind == "lark" and "<tool_call>" in spec.text
+
+
+def test_no_parser_means_no_call_grammar(fake_rt, settings):
+    settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": "none"}
+    assert chat(tools=TOOLS, tool_choice="required").status == 200
+    assert specs(fake_rt) == [None]
+
+
+def test_a_bad_tool_parameters_schema_is_a_400(fake_rt):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "x": {"type": "array", "uniqueItems": True}}}}}]
     r = chat(tools=tools, tool_choice="required")
@@ -96,20 +111,16 @@ def test_the_error_names_the_field_and_the_problem(fake_rt):
     assert not fake_rt.engine.submissions  # nothing ran
 
 
-def test_the_reasoning_gate_follows_the_prompt(smollm2_tokenizer, settings):
-    settings.METRALE = {**settings.METRALE, "REASONING_PARSER": "think"}
-
-    class Rt:
-        tokenizer = smollm2_tokenizer
-        engine = None
-
+def test_the_reasoning_gate_follows_the_prompt(smollm2_tokenizer):
     tok = smollm2_tokenizer
     end = tuple(tok.encode("</think>"))
-    opened = structured.reasoning_gate(Rt, tok.encode("<|im_start|>assistant\n<think>\n"))
-    assert opened == {"reasoning_end_ids": end, "starts_in_reasoning": True}
-    assert structured.reasoning_gate(Rt, tok.encode("assistant\n<think>\n\n</think>\n\n")) == {}
+    think = TextSpec(reasoning_parser="think", started_in_reasoning=True)
+    assert structured.reasoning_gate(tok, think, tok.encode("<think>\n")) == {
+        "reasoning_end_ids": end, "starts_in_reasoning": True}
+    model_opens = TextSpec(reasoning_parser="think")
+    assert structured.reasoning_gate(tok, model_opens, tok.encode("assistant\n<think>\n\n</think>\n\n")) == {}
     # `<think>` is several tokens in SmolLM2's vocabulary: the model cannot open it past the grammar.
-    assert structured.reasoning_gate(Rt, tok.encode("assistant\n")) == {"reasoning_end_ids": end,
-                                                                         "reasoning_start_id": None}
-    settings.METRALE = {**settings.METRALE, "REASONING_PARSER": None}
-    assert structured.reasoning_gate(Rt, tok.encode("assistant\n<think>\n")) == {}
+    assert structured.reasoning_gate(tok, model_opens, tok.encode("assistant\n")) == {
+        "reasoning_end_ids": end, "reasoning_start_id": None}
+    assert structured.reasoning_gate(tok, TextSpec(), tok.encode("<think>\n")) == {}
+    assert structured.reasoning_gate(tok, None, tok.encode("<think>\n")) == {}
