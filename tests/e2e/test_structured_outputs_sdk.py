@@ -64,3 +64,32 @@ def test_a_bad_schema_is_a_bad_request(openai_client):
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {}}}})
     assert info.value.body["param"] == "response_format.json_schema.schema"
     assert "not" in info.value.body["message"]
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string", "maxLength": 30},
+                                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                          "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                                          "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+                                          "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_a_forced_tool_choice_always_gives_a_valid_call(openai_client, tool_choice):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for seed, question in enumerate(["What is the weather in Paris?", "What is 12 plus 30?", "Tell me a joke."]):
+        out = openai_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], tools=TOOLS, tool_choice=tool_choice,
+            max_tokens=80, temperature=0.7, seed=seed)
+        choice = out.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
+            if isinstance(tool_choice, dict):
+                assert call.function.name == "add"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
