@@ -122,7 +122,8 @@ class GrammarCompiler:
     """Compiles GrammarSpecs for one tokenizer in a worker thread, caching the results.
 
     The cache holds futures, least recently used dropped past `cache_size`, so concurrent
-    requests for one schema share one compile; a spec that failed is cached with its error.
+    requests for one schema share one compile; a spec the compiler refused is cached with its
+    GrammarError (any other failure is not cached).
     The first compile also builds llguidance's tokenizer (~0.3 s for a 49k vocabulary).
     """
 
@@ -143,10 +144,19 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return future
             future = self._executor.submit(self._compile, spec)
+            future.add_done_callback(lambda done, spec=spec: self._forget_if_broken(spec, done))
             self._cache[spec] = future
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
             return future
+
+    def _forget_if_broken(self, spec: GrammarSpec, future: Future) -> None:
+        # A GrammarError is the spec's own fault and stays cached; anything else may not recur.
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, GrammarError):
+            with self._lock:
+                if self._cache.get(spec) is future:
+                    del self._cache[spec]
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Blocking compile (tests, benchmarks). Raises GrammarError."""
