@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 
 from inference.engine import sampler as sampler_module
-from inference.engine.grammar import GrammarCompiler, GrammarSpec, StructuredOutput
+from inference.engine.grammar import GrammarCompiler, GrammarSpec
+from inference.engine.grammar_state import StructuredOutput
 from inference.engine.sampling_params import SamplingParams
 
 RECORDS = {"type": "array", "minItems": 64, "items": {

@@ -1,7 +1,8 @@
 """Grammar-constrained decoding with llguidance: compiled grammars (cached per tokenizer) and per-sequence state.
 
 No torch here: serving compiles through this module (in a worker thread, never on the
-engine thread), and the sampler's torch side is `grammar_mask.py`.
+engine thread); a sequence's state is `grammar_state.py` and the sampler's torch side
+`grammar_mask.py`.
 
 Why llguidance (measured on the 2-vCPU dev machine with SmolLM2's 49,152-token
 vocabulary; the numbers are in the README's structured-outputs section): it builds a
@@ -93,18 +94,16 @@ def _llguidance_grammar(spec: GrammarSpec) -> str:
 class CompiledGrammar:
     """A validated grammar for one tokenizer: `new_matcher()` gives a fresh matcher per sequence.
 
-    compile_s: seconds the compile took (grammar text, validation, first mask). mask_words: int32
+    compile_s: seconds the compile took (grammar text, validation, first mask). mask_words: uint32
     words in one row of the token bitmask (ceil(vocab / 32)).
     """
 
-    __slots__ = ("spec", "compile_s", "mask_words", "eos_token_ids", "_template", "__weakref__")
+    __slots__ = ("spec", "compile_s", "mask_words", "_template", "__weakref__")
 
-    def __init__(self, spec: GrammarSpec, template: llguidance.LLMatcher, mask_words: int,
-                 eos_token_ids: tuple[int, ...], compile_s: float):
+    def __init__(self, spec: GrammarSpec, template: llguidance.LLMatcher, mask_words: int, compile_s: float):
         self.spec = spec
         self._template = template
         self.mask_words = mask_words
-        self.eos_token_ids = eos_token_ids
         self.compile_s = compile_s
 
     def new_matcher(self) -> llguidance.LLMatcher:
@@ -174,20 +173,20 @@ class GrammarCompiler:
         grammar = _llguidance_grammar(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltok)
         if is_error:
-            raise GrammarError(_first_line(messages[0]))
+            raise GrammarError(first_line(messages[0]))
         matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
         words = (lltok.vocab_size + 31) // 32
         # The first mask builds the lexer; do it here, off the engine thread (the copies share it).
         first = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
         if matcher.is_error():
-            raise GrammarError(_first_line(matcher.get_error()))
+            raise GrammarError(first_line(matcher.get_error()))
         if not first.any():
             raise GrammarError("the grammar allows no output at all")
-        return CompiledGrammar(spec, matcher, words, tuple(lltok.eos_tokens), time.perf_counter() - started)
+        return CompiledGrammar(spec, matcher, words, time.perf_counter() - started)
 
 
-def _first_line(message: str) -> str:
-    """llguidance's errors carry parser state after the first line; the first line names the problem."""
+def first_line(message: str) -> str:
+    """The problem in an llguidance error message (the parser state that follows it is left out)."""
     return message.strip().split("\n<state>")[0].strip()
 
 
@@ -204,119 +203,5 @@ def compiler_for(tokenizer) -> GrammarCompiler:
         return compiler
 
 
-@dataclass(frozen=True, slots=True)
-class StructuredOutput:
-    """A request's constraint (SamplingParams.structured): the compiled grammar and when it starts.
-
-    reasoning_end_ids: the reasoning close tag's token ids; with them the grammar applies only
-    after the output ends with that tag. starts_in_reasoning: the prompt opened the reasoning
-    block. reasoning_start_id: a single-token open tag the model may begin with instead of the
-    grammar's first token (model-opened reasoning); None: it may not.
-    """
-
-    grammar: CompiledGrammar
-    reasoning_end_ids: tuple[int, ...] = ()
-    starts_in_reasoning: bool = False
-    reasoning_start_id: int | None = None
-
-
-class GrammarState:
-    """One sequence's grammar: a matcher, the reasoning gate in front of it, and how it ended.
-
-    Gate: "reasoning" (grammar off until the close tag), "open" (the first output token may
-    open reasoning instead), "on". finished: the grammar is complete and allows only EOS, so
-    the engine ends the request with "stop". dead_end: a token the grammar refused was drawn
-    (no allowed token survived the sampler's other controls); the engine ends it with "stop".
-    """
-
-    __slots__ = ("structured", "matcher", "gate", "finished", "dead_end", "request_id")
-
-    def __init__(self, structured: StructuredOutput, request_id: str = ""):
-        self.structured = structured
-        self.matcher = structured.grammar.new_matcher()
-        self.request_id = request_id
-        if structured.starts_in_reasoning and structured.reasoning_end_ids:
-            self.gate = "reasoning"
-        elif structured.reasoning_start_id is not None and structured.reasoning_end_ids:
-            self.gate = "open"
-        else:
-            self.gate = "on"
-        self.finished = False
-        self.dead_end = False
-
-    @property
-    def masks(self) -> bool:
-        """Whether this draw is constrained (the gate is not holding the grammar off)."""
-        return self.gate != "reasoning" and not self.finished and not self.dead_end
-
-    def fill_mask(self, row: np.ndarray) -> None:
-        """Write the allowed tokens into one bitmask row (uint32 [mask_words], bit t % 32 of word
-        t // 32 set = token t allowed), C-contiguous."""
-        self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-        if self.gate == "open":
-            t = self.structured.reasoning_start_id
-            if t // 32 < len(row):
-                row[t // 32] |= np.uint32(1 << (t % 32))
-
-    def accept(self, token: int, output_ids: list[int]) -> bool:
-        """Advance with the drawn `token`; output_ids: the output so far, `token` not yet in it.
-
-        Returns False for a dead end (the grammar refuses the token; it is logged and the
-        request should end with "stop" without the token). Sets `finished` when the grammar
-        allows nothing more than EOS.
-        """
-        if self.gate == "reasoning":
-            end = self.structured.reasoning_end_ids
-            tail = (output_ids + [token])[-len(end):]
-            if tuple(tail) == end:
-                self.gate = "on"
-            return True
-        if self.gate == "open":
-            if token == self.structured.reasoning_start_id:
-                self.gate = "reasoning"
-                return True
-            self.gate = "on"
-        if not self.matcher.consume_token(token):
-            self.dead_end = True
-            log.warning("request %s: the grammar (%s) has no allowed token left; ending it with finish_reason "
-                        "stop: %s", self.request_id, self.structured.grammar.spec.describe(),
-                        _first_line(self.matcher.get_error()))
-            return False
-        if self.matcher.is_stopped():
-            self.finished = True
-        return True
-
-
-_executor: llguidance.LLExecutor | None = None
-
-
-def fill_masks(states: list[GrammarState], words: int) -> np.ndarray:
-    """The bitmasks of several sequences at once: uint32 [len(states), words], row r for states[r].
-
-    Rows are computed in parallel by llguidance's thread pool when there are several.
-    """
-    global _executor
-    buf = np.zeros((len(states), words), dtype=np.uint32)
-    if len(states) == 1:
-        states[0].fill_mask(buf[0])
-        return buf
-    if _executor is None:
-        _executor = llguidance.LLExecutor()
-    _executor.unsafe_compute_mask_ptr([(s.matcher, r) for r, s in enumerate(states)], buf.ctypes.data,
-                                      words * 4, len(states))
-    for r, s in enumerate(states):
-        if s.gate == "open":
-            t = s.structured.reasoning_start_id
-            if t // 32 < words:
-                buf[r, t // 32] |= np.uint32(1 << (t % 32))
-    return buf
-
-
-def grammar_state_for(params, request_id: str = "") -> GrammarState | None:
-    """A new GrammarState when `params` (SamplingParams) carries a StructuredOutput, else None."""
-    structured = getattr(params, "structured", None)
-    return GrammarState(structured, request_id) if structured is not None else None
-
-
-__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarSpec", "GrammarState", "JSON_OPTIONS",
-           "StructuredOutput", "compiler_for", "fill_masks", "grammar_state_for"]
+__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarSpec", "JSON_OPTIONS", "compiler_for",
+           "first_line"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .grammar import fill_masks
+from .grammar_state import fill_masks
 
 
 def apply_grammar_masks(logits: torch.Tensor, seqs) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig, ModelConfig
-from .grammar import grammar_state_for
+from .grammar_state import grammar_state_for
 from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model

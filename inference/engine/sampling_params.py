@@ -19,7 +19,7 @@ class SamplingParams:
     max_tokens / min_tokens count generated tokens. seed: a per-request generator so
     the tokens do not depend on batch neighbours. logprobs: None, or the number of top
     logprobs to return per generated token (0 = only the sampled token's);
-    prompt_logprobs likewise for prompt tokens. structured: a grammar.StructuredOutput; its
+    prompt_logprobs likewise for prompt tokens. structured: a grammar_state.StructuredOutput; its
     mask applies to the raw logits, before every other control (grammar_mask.py).
     """
 
@@ -33,7 +33,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    # grammar.StructuredOutput: the output must match this compiled grammar (None: unconstrained).
+    # grammar_state.StructuredOutput: the output must match this compiled grammar (None: unconstrained).
     structured: object = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None

@@ -41,7 +41,7 @@ class Sequence:
     num_hashed_blocks: int = 0
     # Prefix-cache salt: blocks are shared only between sequences with the same salt (the tenant).
     cache_salt: str = ""
-    # grammar.GrammarState while params.structured is set and the sequence runs; None once it ends.
+    # grammar_state.GrammarState while params.structured is set and the sequence runs; None once it ends.
     grammar: object = None
     generator: object = None
     # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.

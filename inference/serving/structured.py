@@ -25,7 +25,8 @@ import asyncio
 import json
 import logging
 
-from inference.engine.grammar import GrammarError, GrammarSpec, StructuredOutput, compiler_for
+from inference.engine.grammar import GrammarError, GrammarSpec, compiler_for
+from inference.engine.grammar_state import StructuredOutput
 
 from .errors import bad_request
 from .reasoning import REASONING_PARSERS

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState, StructuredOutput
+from inference.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from inference.engine.grammar_state import GrammarState, StructuredOutput
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence

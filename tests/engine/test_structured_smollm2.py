@@ -9,15 +9,15 @@ import re
 import jsonschema
 import pytest
 
+from inference.bench.json_schemas import SCHEMAS
 from inference.engine.config import EngineConfig
-from inference.engine.grammar import GrammarCompiler, GrammarSpec, StructuredOutput
+from inference.engine.grammar import GrammarCompiler, GrammarSpec
+from inference.engine.grammar_state import StructuredOutput
 from inference.engine.llm_engine import LLMEngine
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.tokenizer import Tokenizer
 from inference.serving.tool_grammar import tool_call_grammar
 from inference.serving.tool_parsers import make_tool_parser
-
-from inference.bench.json_schemas import SCHEMAS
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ with/without ratio. A script, not a test: the figures depend on the machine and 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from inference.bench.structured import RECORDS, compile_times_s, decode_run, median_ms
 from inference.bench.json_schemas import SCHEMAS
+from inference.bench.structured import RECORDS, compile_times_s, decode_run, median_ms
 
 
 class Command(BaseCommand):
@@ -24,7 +24,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, batches, max_tokens, repeats, **options):
         from inference.engine.config import EngineConfig
-        from inference.engine.grammar import GrammarSpec, StructuredOutput, compiler_for
+        from inference.engine.grammar import GrammarSpec, compiler_for
+        from inference.engine.grammar_state import StructuredOutput
         from inference.engine.llm_engine import LLMEngine
         from inference.engine.tokenizer import Tokenizer
 
