@@ -130,7 +130,8 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self.cache_size = cache_size
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="metrale-grammar")
-        self._lock = threading.Lock()
+        # Re-entrant: a compile that ends at once runs its done-callback inside `submit`.
+        self._lock = threading.RLock()
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._lltok: llguidance.LLTokenizer | None = None
         self._lltok_lock = threading.Lock()
@@ -143,16 +144,15 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return future
             future = self._executor.submit(self._compile, spec)
-            future.add_done_callback(lambda done, spec=spec: self._forget_if_broken(spec, done))
             self._cache[spec] = future
+            future.add_done_callback(lambda done, spec=spec: self._forget_if_broken(spec, done))
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
             return future
 
     def _forget_if_broken(self, spec: GrammarSpec, future: Future) -> None:
         # A GrammarError is the spec's own fault and stays cached; anything else may not recur.
-        exc = future.exception()
-        if exc is not None and not isinstance(exc, GrammarError):
+        if future.cancelled() or not isinstance(future.exception() or GrammarError(), GrammarError):
             with self._lock:
                 if self._cache.get(spec) is future:
                     del self._cache[spec]

@@ -184,7 +184,8 @@ async def compile_spec(tokenizer, spec: GrammarSpec, param: str):
     """The CompiledGrammar for `spec`, compiled off the event loop (cached). Raises ApiError 400
     naming `param` when the schema or grammar is invalid or uses what the compiler cannot enforce."""
     try:
-        return await asyncio.wrap_future(compiler_for(tokenizer).submit(spec))
+        # Shielded: a client that leaves must not cancel a compile other requests share.
+        return await asyncio.shield(asyncio.wrap_future(compiler_for(tokenizer).submit(spec)))
     except GrammarError as exc:
         what = {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice list"}.get(
             spec.kind, "grammar")

@@ -140,3 +140,19 @@ def test_eos_is_allowed_only_once_the_grammar_is_complete(compiler, tok):
     assert walk(s.grammar, tok, "1") and not s.grammar.finished
     row = Sampler([2]).process(torch.zeros(1, 49152), [s])[0]
     assert torch.isfinite(row[2]) and torch.isfinite(row[tok.encode("5")[0]])
+
+
+def test_a_cancelled_or_crashed_compile_is_not_cached(tok, monkeypatch):
+    compiler = GrammarCompiler(tok)
+    spec = GrammarSpec("regex", "[a-c]+")
+    calls = []
+
+    def crash(s):
+        calls.append(s)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(compiler, "_compile", crash)
+    with pytest.raises(RuntimeError):
+        compiler.compile(spec)
+    monkeypatch.undo()
+    assert compiler.compile(spec).spec == spec and calls == [spec]
