@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from ..markers import next_marker
+
 
 class JsonExtent:
     """Finds the end of one JSON object or array that starts at `start` (a `{` or `[`).
@@ -134,3 +136,43 @@ class PythonListExtent:
                 self._depth -= 1
                 if self._depth <= 0:
                     return i + 1
+
+
+class TagEnvelopeExtent:
+    """Finds the end of a tag-delimited call whose values are opaque between `value_open` and
+    `value_close` (so a closing tag inside a value does not end the call).
+
+    The envelope starts with `open_tag` at index 0 and ends after `close_tag`; with
+    `abandon_on_open`, a new `open_tag` outside a value ends it just before that tag (the open
+    call is abandoned). `advance(buf)` returns the end index (exclusive) or None while more
+    text is needed; it resumes where the last call stopped.
+    """
+
+    def __init__(self, open_tag: str, close_tag: str, value_open: str, value_close: str,
+                 abandon_on_open: bool = False):
+        self._open, self._close = open_tag, close_tag
+        self._value_open, self._value_close = value_open, value_close
+        self._markers = (value_open, close_tag, open_tag) if abandon_on_open else (value_open, close_tag)
+        self._pos = len(open_tag)
+        self._in_value = False
+
+    def advance(self, buf: str) -> int | None:
+        while True:
+            if self._in_value:
+                j = buf.find(self._value_close, self._pos)
+                if j < 0:
+                    self._pos = max(self._pos, len(buf) - len(self._value_close) + 1)
+                    return None
+                self._pos = j + len(self._value_close)
+                self._in_value = False
+                continue
+            j, marker = next_marker(buf, self._markers, start=self._pos)
+            if marker is None:
+                self._pos = j
+                return None
+            if marker == self._close:
+                return j + len(self._close)
+            if marker == self._open:
+                return j
+            self._pos = j + len(self._value_open)
+            self._in_value = True

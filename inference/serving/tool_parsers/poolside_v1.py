@@ -14,44 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..markers import next_marker, skip_whitespace
+from ..markers import skip_whitespace
 from ..sanitizer import LeakMarkers
 from .base import ParsedCall, ParseResult, Rejected, ToolParser
+from .extent import TagEnvelopeExtent
 from .schema import type_raw_value
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 KEY, KEY_END = "<arg_key>", "</arg_key>"
 VALUE, VALUE_END = "<arg_value>", "</arg_value>"
-
-
-class ArgEnvelopeScanner:
-    """Ends at `</tool_call>`, or just before a new `<tool_call>` (abandoned); values are opaque."""
-
-    def __init__(self):
-        self._pos = len(OPEN)
-        self._in_value = False
-
-    def advance(self, buf: str) -> int | None:
-        while True:
-            if self._in_value:
-                j = buf.find(VALUE_END, self._pos)
-                if j < 0:
-                    self._pos = max(self._pos, len(buf) - len(VALUE_END) + 1)
-                    return None
-                self._pos = j + len(VALUE_END)
-                self._in_value = False
-                continue
-            j, marker = next_marker(buf, (VALUE, CLOSE, OPEN), start=self._pos)
-            if marker is None:
-                self._pos = j
-                return None
-            if marker == CLOSE:
-                return j + len(CLOSE)
-            if marker == OPEN:
-                return j
-            self._pos = j + len(VALUE)
-            self._in_value = True
 
 
 @dataclass(slots=True)
@@ -104,8 +76,9 @@ class PoolsideV1ToolParser(ToolParser):
     leak_markers = LeakMarkers(orphan_open=(KEY, VALUE), close=(KEY_END, VALUE_END, CLOSE),
                                envelope_open=(OPEN,), envelope_close=(CLOSE,))
 
-    def _new_scanner(self) -> ArgEnvelopeScanner:
-        return ArgEnvelopeScanner()
+    def _new_scanner(self) -> TagEnvelopeExtent:
+        # Ends at </tool_call>, or just before a new <tool_call> (abandoned); values are opaque.
+        return TagEnvelopeExtent(OPEN, CLOSE, VALUE, VALUE_END, abandon_on_open=True)
 
     def _parse(self, region: str) -> ParseResult:
         env = read_arg_envelope(region)

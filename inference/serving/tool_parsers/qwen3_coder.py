@@ -12,9 +12,9 @@ qwen3_6_moe, holo3_1_moe, nemotron_h): a `</tool_call>` inside a
 """
 from __future__ import annotations
 
-from ..markers import next_marker
 from ..sanitizer import LeakMarkers
 from .base import ParsedCall, ParseResult, Rejected, ToolParser
+from .extent import TagEnvelopeExtent
 from .schema import type_raw_value
 
 OPEN = "<tool_call>"
@@ -22,33 +22,6 @@ CLOSE = "</tool_call>"
 FUNCTION = "<function="
 PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
-
-
-class _Qwen3CoderScanner:
-    """Outside a value `</tool_call>` ends the envelope; inside one only `</parameter>` counts."""
-
-    def __init__(self):
-        self._pos = len(OPEN)
-        self._in_value = False
-
-    def advance(self, buf: str) -> int | None:
-        while True:
-            if self._in_value:
-                j = buf.find(PARAMETER_END, self._pos)
-                if j < 0:
-                    self._pos = max(self._pos, len(buf) - len(PARAMETER_END) + 1)
-                    return None
-                self._pos = j + len(PARAMETER_END)
-                self._in_value = False
-                continue
-            j, marker = next_marker(buf, (PARAMETER, CLOSE), start=self._pos)
-            if marker is None:
-                self._pos = j
-                return None
-            if marker == CLOSE:
-                return j + len(CLOSE)
-            self._pos = j + len(PARAMETER)
-            self._in_value = True
 
 
 class Qwen3CoderToolParser(ToolParser):
@@ -61,8 +34,9 @@ class Qwen3CoderToolParser(ToolParser):
         close=(PARAMETER_END, "</function>", CLOSE, "</tool_use>", "</tool_response>"),
     )
 
-    def _new_scanner(self) -> _Qwen3CoderScanner:
-        return _Qwen3CoderScanner()
+    def _new_scanner(self) -> TagEnvelopeExtent:
+        # Outside a value </tool_call> ends the envelope; inside one only </parameter> counts.
+        return TagEnvelopeExtent(OPEN, CLOSE, PARAMETER, PARAMETER_END)
 
     def _parse(self, region: str) -> ParseResult:
         body = region[len(OPEN):-len(CLOSE)]
