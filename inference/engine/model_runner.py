@@ -5,8 +5,10 @@ import time
 
 import torch
 
+from . import kernels
 from .config import ModelConfig
 from .layers.attention import AttentionMetadata, PrefillSlice
+from .layers.fused_decode import FusedDecoder
 from .sampler import SampleResult, Sampler, token_logprobs
 from .scheduler import ScheduledBatch
 
@@ -31,6 +33,12 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.sampler = Sampler(eos_token_ids, seed)
+        # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
+        # model has int8 decode weights, decode rows run through whole compiled layers.
+        self.decode_kernel = (device.type == "cpu" and next(model.parameters()).dtype == torch.float32
+                              and kernels.supports_kv_dtype(kv_dtype) and kernels.available())
+        self.fused = FusedDecoder(model, self.kv_caches) if self.decode_kernel and FusedDecoder.supports(
+            model, kv_dtype) else None
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
         self.last_phase_s: dict[str, float] = {}
 
@@ -74,7 +82,9 @@ class ModelRunner:
             meta.num_decodes = len(decode_tables)
             meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, device=dev)
-            meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+            meta.decode_lens = lens
+            if not self.decode_kernel:
+                meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         for q_start, q_end, table, computed in prefill_specs:
             q_len = q_end - q_start
             length = len(table) * bs
@@ -95,7 +105,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         t1 = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
         self._prompt_logprobs(batch, hidden)
         result = None
         if sample_rows:
@@ -130,4 +140,5 @@ class ModelRunner:
     def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits float32 [T, vocab] for every scheduled token (used by parity tests)."""
         input_ids, positions, meta, _ = self.prepare(batch)
-        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta), meta.num_decodes)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
+        return self.model.compute_logits(hidden, meta.num_decodes)

@@ -37,8 +37,9 @@ def prompts(n, length=20, seed=0):
     return [torch.randint(3, 320, (length + 3 * i,), generator=g).tolist() for i in range(n)]
 
 
-def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder):
-    engine = make_engine(tiny_folder, step_log=True)
+@pytest.mark.parametrize("decode_weights", ["model", "int8"])  # int8: the compiled decode layers
+def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, decode_weights):
+    engine = make_engine(tiny_folder, step_log=True, decode_weights=decode_weights)
     ae = AsyncEngine(engine)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
+
 
 @dataclass(slots=True)
 class PrefillSlice:
@@ -36,14 +38,23 @@ class AttentionMetadata:
     token's K/V is written to. The first `num_decodes` packed tokens are decodes (one
     token per sequence); decode_block_tables: int64 [D, max_blocks] (padding rows
     point at block 0 and are masked); decode_mask: bool [D, 1, 1, max_blocks *
-    block_size]. prefills: the prefill chunks after the decodes.
+    block_size], None when the compiled kernel runs the decodes; decode_lens: int64
+    [D], tokens each decode attends. prefills: the prefill chunks after the decodes.
     """
 
     slot_mapping: torch.Tensor
     num_decodes: int = 0
     decode_block_tables: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None
     prefills: list[PrefillSlice] = field(default_factory=list)
+
+    def prefill_part(self) -> "AttentionMetadata":
+        """The metadata of the prefill rows alone, as if the decodes were not in the batch."""
+        d = self.num_decodes
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[d:],
+            prefills=[PrefillSlice(p.q_start - d, p.q_end - d, p.block_table, p.mask) for p in self.prefills])
 
 
 def paged_attention(
@@ -71,7 +82,10 @@ def paged_attention(
     out = torch.empty_like(q)
 
     d = meta.num_decodes
-    if d:
+    if d and meta.decode_mask is None:  # the model runner chose the compiled kernel
+        out[:d] = kernels.paged_decode_attention(q[:d], k_cache, v_cache, meta.decode_block_tables,
+                                                 meta.decode_lens, head_dim ** -0.5)
+    elif d:
         tables = meta.decode_block_tables
         length = tables.shape[1] * block_size
         kd = k_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)

@@ -162,13 +162,26 @@ class LlamaForCausalLM(nn.Module):
             lin.enable_int8()
         self.int8_decode = any(lin.q is not None for lin in self.packed())
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        n_int8 = meta.num_decodes if self.int8_decode else 0
-        x = self.model.embed_tokens(input_ids)
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, fused=None) -> torch.Tensor:
+        """fused: a layers.fused_decode.FusedDecoder; when given, the decode rows run through it
+        and only the prefill rows take the torch layers."""
+        d = meta.num_decodes
+        if fused is not None and d:
+            x = self.model.embed_tokens(input_ids)
+            decodes = x[:d].contiguous()
+            fused.run(decodes, positions[:d], meta)
+            if d == x.shape[0]:
+                return self.model.norm(decodes)
+            prefill = self._layers(x[d:], positions[d:], kv_caches, meta.prefill_part(), 0)
+            return self.model.norm(torch.cat([decodes, prefill]))
+        return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions, kv_caches, meta,
+                                            d if self.int8_decode else 0))
+
+    def _layers(self, x, positions, kv_caches, meta: AttentionMetadata, n_int8: int) -> torch.Tensor:
         rope = self.rotary.tables(positions, x.dtype)  # once per step, shared by every layer
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
             x = layer(x, rope, k_cache, v_cache, meta, n_int8)
-        return self.model.norm(x)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor, n_int8: int = 0) -> torch.Tensor:
         if self.head is None:

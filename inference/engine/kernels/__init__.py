@@ -1,0 +1,129 @@
+"""Compiled CPU kernels for the decode step, called on torch tensors through ctypes.
+
+`available()` says whether they can be used (CPU build succeeded and
+METRALE_CPU_KERNELS is not "0"); the callers fall back to plain torch otherwise.
+The C source is cpu_kernels.c; build.py compiles and caches it.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import torch
+
+from .build import KernelBuildError, build
+
+log = logging.getLogger("metrale.engine")
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+_lock = threading.Lock()
+
+_P = ctypes.c_void_p
+_L = ctypes.c_long
+_I = ctypes.c_int
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _tried
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get("METRALE_CPU_KERNELS", "1") == "0":
+            return None
+        try:
+            lib = ctypes.CDLL(str(build()))
+        except (KernelBuildError, OSError) as exc:
+            log.warning("CPU kernels unavailable, using plain torch: %s", exc)
+            return None
+        lib.metrale_paged_decode_attention.argtypes = [_P, _P, _P, _P, _P, _P, _L, _I, _I, _I, _I, _L,
+                                                       ctypes.c_float, _I, _I]
+        lib.metrale_paged_decode_attention.restype = None
+        lib.metrale_int8_linear.argtypes = [_P, _P, _P, _P, _L, _L, _L, _I]
+        lib.metrale_int8_linear.restype = None
+        lib.metrale_int8_pack.argtypes = [_P, _P, _L, _L]
+        lib.metrale_int8_pack.restype = None
+        _lib = lib
+        return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library (building it on first call), or None where it is unavailable."""
+    return _load()
+
+
+def available() -> bool:
+    """True when the compiled kernels are loaded (built on first call)."""
+    return _load() is not None
+
+
+_KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def supports_kv_dtype(dtype: torch.dtype) -> bool:
+    """The decode attention kernel reads float32 and bfloat16 KV caches."""
+    return dtype in _KV_DTYPES
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q·Kᵀ·scale)·V for one new token per sequence, reading K/V through block tables.
+
+    q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
+    head_dim] float32 or bfloat16; block_tables: int64 [D, width]; seq_lens: int64 [D]
+    (tokens attended, the new one included). Returns float32 [D, n_heads, head_dim].
+    Raises RuntimeError if the kernels are unavailable.
+    """
+    lib = _load()
+    if lib is None:
+        raise RuntimeError("CPU kernels are unavailable")
+    q = q.contiguous()
+    d, n_heads, head_dim = q.shape
+    _, block_size, n_kv, _ = k_cache.shape
+    out = torch.empty_like(q)
+    lib.metrale_paged_decode_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
+        out.data_ptr(), d, n_heads, n_kv, head_dim, block_size, block_tables.shape[1], scale,
+        _KV_DTYPES[k_cache.dtype], torch.get_num_threads())
+    return out
+
+
+TILE = 32  # output channels per packed tile (NT in cpu_kernels.c)
+
+
+def int8_pack(weight: torch.Tensor) -> torch.Tensor:
+    """Repack an int8 weight [N, K] for int8_linear: int8 [ceil(N / 32), K, 32], k-major per tile.
+
+    Raises RuntimeError if the kernels are unavailable.
+    """
+    lib = _load()
+    if lib is None:
+        raise RuntimeError("CPU kernels are unavailable")
+    weight = weight.contiguous()
+    n, k = weight.shape
+    packed = torch.empty((-(-n // TILE), k, TILE), dtype=torch.int8)
+    lib.metrale_int8_pack(weight.data_ptr(), packed.data_ptr(), n, k)
+    return packed
+
+
+def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """y = (x · weightᵀ) * scale with int8 weights and float32 activations and sums.
+
+    x: float32 [M, K]; packed: int8_pack(weight) of an int8 weight [N, K]; scale:
+    float32 [N] (per output channel; N = scale's length).
+    Returns float32 [M, N]. Each row's result is independent of the other rows.
+    Raises RuntimeError if the kernels are unavailable.
+    """
+    lib = _load()
+    if lib is None:
+        raise RuntimeError("CPU kernels are unavailable")
+    x = x.contiguous()
+    m, k = x.shape
+    n = scale.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    lib.metrale_int8_linear(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), out.data_ptr(), m, n, k,
+                            torch.get_num_threads())
+    return out

@@ -1,0 +1,124 @@
+/* One Llama-family decoder layer for decode rows, in a single call:
+ *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
+ *   K/V written at the rows' slots ; attention through the block tables ;
+ *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
+ * with int8 weights (metrale_int8_linear) and float32 activations. One call per
+ * layer replaces the ~40 small torch ops a layer costs at batch sizes where each
+ * takes longer to dispatch than to compute. Every row is computed independently of
+ * the others (batch invariance). Rules: transformers' modeling_llama.py (RMSNorm
+ * statistics in float32, rotate-half RoPE, SwiGLU), Qwen2 qkv bias, Qwen3 q/k norm.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "kernels.h"
+
+typedef struct {
+    const float *ln1, *ln2;                     /* [hidden] RMSNorm weights */
+    const int8_t *qkv, *o, *gate_up, *down;     /* packed int8 weights (metrale_int8_pack) */
+    const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale;
+    const float *qkv_bias;                      /* [q + 2 kv] or NULL */
+    const float *q_norm, *k_norm;               /* [head_dim] or NULL */
+    void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] */
+} metrale_layer;
+
+typedef struct {
+    long M, width;
+    int hidden, n_heads, n_kv, head_dim, inter, block_size, kv_dtype, nthreads;
+    float eps, scale;
+    const float *cos, *sin;                     /* [M, head_dim] for the rows' positions */
+    const int64_t *slots;                       /* [M] flat KV slot of each row's new token */
+    const int64_t *block_tables;                /* [M, width] */
+    const int64_t *seq_lens;                    /* [M] */
+    float *scratch;                             /* metrale_decode_scratch_floats(S) floats */
+} metrale_step;
+
+long metrale_decode_scratch_floats(const metrale_step *S) {
+    const long qkv = (long)(S->n_heads + 2 * S->n_kv) * S->head_dim;
+    return S->M * (S->hidden + qkv + (long)S->n_heads * S->head_dim + 3L * S->inter + S->hidden);
+}
+
+/* y = weight * x / sqrt(mean(x^2) + eps), statistics in float32 (transformers' LlamaRMSNorm). */
+static void rms_norm(const float *x, const float *w, float *y, long n, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (long i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (long i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+/* Rotate-half RoPE on one head in place: x' = x * cos + rotate_half(x) * sin. */
+static void rope(float *x, const float *cos, const float *sin, int head_dim) {
+    const int half = head_dim / 2;
+    float tmp[512];
+    for (int i = 0; i < half; i++) {
+        tmp[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        tmp[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+    memcpy(x, tmp, sizeof(float) * (size_t)head_dim);
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);                                           /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+static void write_kv(void *cache, long slot, const float *src, long n, int kv_dtype) {
+    if (kv_dtype == 0) {
+        memcpy((float *)cache + slot * n, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *dst = (uint16_t *)cache + slot * n;
+    for (long i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
+}
+
+/* Runs the layer for S->M decode rows; x: float32 [M, hidden], updated in place. */
+void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *x) {
+    const long M = S->M, H = S->hidden, I = S->inter;
+    const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
+    const long qs = (long)nh * hd, kvs = (long)nkv * hd, qkvs = qs + 2 * kvs;
+    float *h = S->scratch;          /* [M, H] */
+    float *qkv = h + M * H;         /* [M, qkv] */
+    float *attn = qkv + M * qkvs;   /* [M, q] */
+    float *gu = attn + M * qs;      /* [M, 2I] */
+    float *act = gu + M * 2 * I;    /* [M, I] */
+    float *proj = act + M * I;      /* [M, H] */
+
+    for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
+    metrale_int8_linear(h, L->qkv, L->qkv_scale, qkv, M, qkvs, H, S->nthreads);
+    for (long m = 0; m < M; m++) {
+        float *row = qkv + m * qkvs;
+        if (L->qkv_bias)
+            for (long i = 0; i < qkvs; i++) row[i] += L->qkv_bias[i];
+        const float *c = S->cos + m * hd, *s = S->sin + m * hd;
+        for (int j = 0; j < nh; j++) {
+            float *qh = row + (long)j * hd;
+            if (L->q_norm) rms_norm(qh, L->q_norm, qh, hd, S->eps);
+            rope(qh, c, s, hd);
+        }
+        for (int j = 0; j < nkv; j++) {
+            float *kh = row + qs + (long)j * hd;
+            if (L->k_norm) rms_norm(kh, L->k_norm, kh, hd, S->eps);
+            rope(kh, c, s, hd);
+        }
+        write_kv(L->k_cache, S->slots[m], row + qs, kvs, S->kv_dtype);
+        write_kv(L->v_cache, S->slots[m], row + qs + kvs, kvs, S->kv_dtype);
+    }
+    metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
+                                           nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);
+    metrale_int8_linear(attn, L->o, L->o_scale, proj, M, H, qs, S->nthreads);
+    for (long i = 0; i < M * H; i++) x[i] += proj[i];
+
+    for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
+    metrale_int8_linear(h, L->gate_up, L->gate_up_scale, gu, M, 2 * I, H, S->nthreads);
+    for (long m = 0; m < M; m++) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        float *a = act + m * I;
+        for (long i = 0; i < I; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    metrale_int8_linear(act, L->down, L->down_scale, proj, M, H, I, S->nthreads);
+    for (long i = 0; i < M * H; i++) x[i] += proj[i];
+}

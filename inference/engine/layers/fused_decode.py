@@ -1,0 +1,110 @@
+"""Decode rows through whole decoder layers in one compiled call each (kernels/decode_layer.c).
+
+At small batches a decode step is dominated by dispatching ~40 small torch ops per
+layer, not by arithmetic. `FusedDecoder` hands each layer's decode rows to one C
+call that does norm, int8 GEMMs, RoPE, the KV write, paged attention and the MLP.
+It is used for float32 models on CPU with int8 decode weights and the compiled
+kernels available; prefill rows keep the torch path (MKL float32 GEMMs, SDPA).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .. import kernels
+
+_f = ctypes.POINTER(ctypes.c_float)
+_P = ctypes.c_void_p
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _P) for name in (
+        "ln1", "ln2", "qkv", "o", "gate_up", "down", "qkv_scale", "o_scale", "gate_up_scale", "down_scale",
+        "qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache")]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("M", ctypes.c_long), ("width", ctypes.c_long)] + [
+        (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
+                                          "kv_dtype", "nthreads")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch")]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class FusedDecoder:
+    """Runs decode rows through every layer of a fused, int8-enabled Llama-family model.
+
+    Built once per model and KV cache set; `run(x, positions, meta)` updates x (float32
+    [D, hidden], the embedded decode rows) in place through all layers, writing their
+    K/V at meta.slot_mapping[:D]. Raises RuntimeError if the kernels are unavailable.
+    """
+
+    def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+        lib = kernels.library()
+        if lib is None:
+            raise RuntimeError("CPU kernels are unavailable")
+        self._run_layer = lib.metrale_decode_layer
+        self._run_layer.argtypes = [ctypes.POINTER(_Layer), ctypes.POINTER(_Step), _P]
+        self._run_layer.restype = None
+        self._scratch_floats = lib.metrale_decode_scratch_floats
+        self._scratch_floats.argtypes = [ctypes.POINTER(_Step)]
+        self._scratch_floats.restype = ctypes.c_long
+        cfg = model.config
+        self.cfg = cfg
+        self.rotary = model.rotary
+        self._keep = []  # tensors the structs point into
+        self.layers = []
+        for layer, (k_cache, v_cache) in zip(model.model.layers, kv_caches):
+            attn, mlp = layer.self_attn, layer.mlp
+            tensors = dict(
+                ln1=layer.input_layernorm.weight.detach().contiguous(),
+                ln2=layer.post_attention_layernorm.weight.detach().contiguous(),
+                qkv=attn.qkv.q, o=attn.out.q, gate_up=mlp.gate_up.q, down=mlp.down.q,
+                qkv_scale=attn.qkv.scale, o_scale=attn.out.scale, gate_up_scale=mlp.gate_up.scale,
+                down_scale=mlp.down.scale,
+                qkv_bias=None if attn.qkv.bias is None else attn.qkv.bias.float().contiguous(),
+                q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach().contiguous(),
+                k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach().contiguous(),
+                k_cache=k_cache, v_cache=v_cache)
+            self._keep.append(tensors)
+            self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}))
+        self.kv_dtype = {torch.float32: 0, torch.bfloat16: 1}[kv_caches[0][0].dtype]
+
+    @staticmethod
+    def supports(model, kv_dtype: torch.dtype) -> bool:
+        """True for a fused float32 CPU model whose linears all have packed int8 copies."""
+        if not kernels.available() or not kernels.supports_kv_dtype(kv_dtype):
+            return False
+        if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
+            return False
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if not layers or model.head is None or not model.head.packed:
+            return False
+        return all(lin is not None and lin.packed for layer in layers
+                   for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down))
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, meta) -> None:
+        cfg = self.cfg
+        d = x.shape[0]
+        cos = self.rotary.cos[positions].contiguous()
+        sin = self.rotary.sin[positions].contiguous()
+        tables = meta.decode_block_tables.contiguous()
+        lens = meta.decode_lens.contiguous()
+        slots = meta.slot_mapping[:d].contiguous()
+        step = _Step(M=d, width=tables.shape[1], hidden=cfg.hidden_size, n_heads=cfg.num_attention_heads,
+                     n_kv=cfg.num_key_value_heads, head_dim=cfg.head_dim, inter=cfg.intermediate_size,
+                     block_size=self._keep[0]["k_cache"].shape[1], kv_dtype=self.kv_dtype,
+                     nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+                     cos=cos.data_ptr(), sin=sin.data_ptr(), slots=slots.data_ptr(), block_tables=tables.data_ptr(),
+                     seq_lens=lens.data_ptr())
+        scratch = torch.empty(self._scratch_floats(ctypes.byref(step)), dtype=torch.float32)
+        step.scratch = scratch.data_ptr()
+        xp = x.data_ptr()
+        ref = ctypes.byref(step)
+        for layer in self.layers:
+            self._run_layer(ctypes.byref(layer), ref, xp)

@@ -1,0 +1,121 @@
+"""The compiled CPU kernels (inference/engine/kernels): int8 linear, paged decode attention and
+whole decode layers, each against plain torch, and each row independent of its batch."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.engine import kernels
+from inference.engine.layers.linear import quantize_int8
+
+from .test_model_parity import reference_logits, run_ours
+from .tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
+
+
+@pytest.mark.parametrize("n, k", [(96, 64), (100, 72), (37, 13), (576, 1536)])
+def test_int8_linear_matches_a_float64_reference_and_each_row_is_batch_independent(n, k):
+    g = torch.Generator().manual_seed(n * k)
+    q, scale = quantize_int8(torch.randn(n, k, generator=g))
+    packed, scale = kernels.int8_pack(q), scale.float()
+    exact = q.double() * scale.double()[:, None]
+    for m in (1, 2, 3, 8, 9, 17, 33):
+        x = torch.randn(m, k, generator=g)
+        y = kernels.int8_linear(x, packed, scale)
+        assert y.shape == (m, n) and y.dtype == torch.float32
+        ref = x.double() @ exact.T
+        assert (y.double() - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+        for row in range(m):  # bitwise: the same row alone gives the same floats
+            assert torch.equal(kernels.int8_linear(x[row:row + 1], packed, scale)[0], y[row])
+
+
+def reference_decode_attention(q, k_cache, v_cache, tables, lens):
+    """SDPA over each sequence's gathered blocks, one sequence at a time."""
+    block_size, n_kv, head_dim = k_cache.shape[1:]
+    group = q.shape[1] // n_kv
+    out = []
+    for d in range(q.shape[0]):
+        length = int(lens[d])
+        k = k_cache[tables[d]].reshape(-1, n_kv, head_dim)[:length].float().transpose(0, 1)
+        v = v_cache[tables[d]].reshape(-1, n_kv, head_dim)[:length].float().transpose(0, 1)
+        qd = q[d].view(n_kv, group, head_dim)
+        out.append(F.scaled_dot_product_attention(qd, k, v).reshape(-1, head_dim))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_heads, n_kv", [(9, 3), (4, 4), (8, 1)])
+def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv):
+    g = torch.Generator().manual_seed(n_heads)
+    block_size, head_dim, num_blocks = 16, 64, 40
+    k_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
+    v_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
+    lens = torch.tensor([1, 17, 100, 64, 33])
+    width = 7
+    tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
+    q = torch.randn(len(lens), n_heads, head_dim, generator=g)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim ** -0.5)
+    ref = reference_decode_attention(q, k_cache, v_cache, tables, lens)
+    assert (out - ref).abs().max().item() <= 1e-5
+    for d in range(len(lens)):  # alone (one task per KV head) equals batched (one task per sequence)
+        alone = kernels.paged_decode_attention(q[d:d + 1], k_cache, v_cache, tables[d:d + 1], lens[d:d + 1],
+                                               head_dim ** -0.5)
+        assert torch.equal(alone[0], out[d])
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, monkeypatch):
+    """Decode rows through the compiled layers vs the torch layers with the same int8 weights."""
+    from inference.engine.model_runner import ModelRunner
+
+    folder = make_tiny_model(arch, tmp_path / arch)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, 320, (40,), generator=g).tolist()
+    decode = torch.randint(3, 320, (12,), generator=g).tolist()
+    fused = run_ours(folder, prompt, decode, int8_decode=True, kv_dtype=kv_dtype)
+    built = []
+    original = ModelRunner.__init__
+
+    def without_fused(self, *a, **kw):
+        original(self, *a, **kw)
+        built.append(self.fused is not None)
+        self.fused = None
+
+    monkeypatch.setattr(ModelRunner, "__init__", without_fused)
+    plain = run_ours(folder, prompt, decode, int8_decode=True, kv_dtype=kv_dtype)
+    assert built == [True]  # the first run did use the compiled layers
+    # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart
+    assert (fused - plain).abs().max().item() <= (1e-4 if kv_dtype == torch.float32 else 5e-3)
+    if kv_dtype != torch.float32:
+        return
+    # and both stay close to transformers' float32 logits (int8 weights only on decode rows)
+    ref = reference_logits(folder, prompt + decode)
+    assert (fused[:len(prompt)] - ref[:len(prompt)]).abs().max().item() <= 1e-4
+    assert (fused - ref).abs().max().item() <= 0.05
+
+
+def test_without_the_kernels_the_torch_paths_still_match_transformers(tmp_path, monkeypatch):
+    """METRALE_CPU_KERNELS=0 (or no compiler): masks, SDPA and torch's int8 kernel instead."""
+    from inference.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(kernels, "_load", lambda: None)
+    assert not kernels.available()
+    folder = make_tiny_model("llama", tmp_path / "llama")
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 320, (30,), generator=g).tolist()
+    decode = torch.randint(3, 320, (8,), generator=g).tolist()
+    runners = []
+    original = ModelRunner.__init__
+
+    def spy(self, *a, **kw):
+        original(self, *a, **kw)
+        runners.append(self)
+
+    monkeypatch.setattr(ModelRunner, "__init__", spy)
+    ours = run_ours(folder, prompt, decode)
+    assert not runners[0].decode_kernel and runners[0].fused is None
+    assert (ours - reference_logits(folder, prompt + decode)).abs().max().item() <= 1e-4
+    int8 = run_ours(folder, prompt, decode, int8_decode=True)
+    assert not runners[1].model.head.packed
+    assert (int8 - ours).abs().max().item() <= 0.05
