@@ -90,7 +90,8 @@ class ModelRunner:
             length = len(table) * bs
             limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
             mask = torch.arange(length, device=dev).unsqueeze(0) <= limit
-            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask))
+            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask,
+                                              computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
         return input_ids, positions_t, meta, sample_rows
