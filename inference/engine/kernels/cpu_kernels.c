@@ -18,7 +18,20 @@
 #define METRALE_AVX2 1
 #endif
 
-int metrale_kernels_version(void) { return 1; }
+int metrale_kernels_version(void) { return 2; }
+
+#ifdef METRALE_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v);
+    __m128 hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    lo = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, lo);
+    lo = _mm_add_ss(lo, sh);
+    return _mm_cvtss_f32(lo);
+}
+#endif
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = ((uint32_t)h) << 16;
@@ -39,6 +52,110 @@ static inline const float *load_heads(const void *base, long slot, int n_kv, int
     return dst;
 }
 
+#ifdef METRALE_AVX2
+/* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
+static inline __m256 load8(const void *row, int i, int kv_dtype) {
+    if (kv_dtype == 0) return _mm256_loadu_ps((const float *)row + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-5 polynomial), as in
+ * avx_mathfun; relative error ~2e-7 on the range used here (x <= 0). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* The AVX2 path of attend() for head_dim a multiple of 64: the same steps (scores, max,
+ * exp, sum, weighted V) vectorised; per (sequence, head) the order of operations is fixed. */
+static void attend_avx2(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table, long len,
+                        float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
+                        int kv_dtype, float *scores) {
+    const int nh = (h1 - h0) * group;
+    const size_t esize = kv_dtype == 0 ? 4 : 2;
+    const long row = (long)n_kv * head_dim; /* elements per token */
+    float maxs[256], sums[256];
+    for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
+    for (long t = 0; t < len; t++) {
+        const long slot = table[t / block_size] * block_size + t % block_size;
+        const char *krow = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+        for (int j = 0; j < nh; j++) {
+            const float *qj = qh + (long)j * head_dim;
+            const void *kj = krow + (long)(j / group) * head_dim * esize;
+            __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+            for (int i = 0; i < head_dim; i += 16) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i), load8(kj, i, kv_dtype), a);
+                b = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i + 8), load8(kj, i + 8, kv_dtype), b);
+            }
+            const float sc = hsum8(_mm256_add_ps(a, b)) * scale;
+            scores[j * len + t] = sc;
+            if (sc > maxs[j]) maxs[j] = sc;
+        }
+    }
+    for (int j = 0; j < nh; j++) {
+        float *r = scores + j * len;
+        const __m256 mx = _mm256_set1_ps(maxs[j]);
+        __m256 acc = _mm256_setzero_ps();
+        long t = 0;
+        for (; t + 8 <= len; t += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(r + t), mx));
+            _mm256_storeu_ps(r + t, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        float sum = hsum8(acc);
+        if (t < len) {
+            float tmp[8] = {0};
+            for (long u = t; u < len; u++) tmp[u - t] = r[u] - maxs[j];
+            _mm256_storeu_ps(tmp, exp8(_mm256_loadu_ps(tmp)));
+            for (long u = t; u < len; u++) {
+                r[u] = tmp[u - t];
+                sum += r[u];
+            }
+        }
+        sums[j] = sum;
+    }
+    /* Weighted V, token-major: each token's V row (all heads) is read once, in order. */
+    float *acc = scores + (long)nh * len; /* [nh, head_dim] */
+    memset(acc, 0, sizeof(float) * (size_t)nh * head_dim);
+    for (long t = 0; t < len; t++) {
+        const long slot = table[t / block_size] * block_size + t % block_size;
+        const char *vrow = (const char *)v_cache + (slot * row + (long)h0 * head_dim) * esize;
+        if ((t + 1) % block_size == 0 && t + 1 < len) {  /* the next block starts elsewhere: fetch it early */
+            const char *next = (const char *)v_cache + (table[(t + 1) / block_size] * block_size * row +
+                                                        (long)h0 * head_dim) * esize;
+            for (long b = 0; b < (long)(h1 - h0) * head_dim * (long)esize; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+        }
+        for (int j = 0; j < nh; j++) {
+            const __m256 pt = _mm256_broadcast_ss(scores + j * len + t);
+            const char *v = vrow + (long)(j / group) * head_dim * esize;
+            float *aj = acc + (long)j * head_dim;
+            for (int c = 0; c < head_dim; c += 8)
+                _mm256_storeu_ps(aj + c, _mm256_fmadd_ps(pt, load8(v, c, kv_dtype), _mm256_loadu_ps(aj + c)));
+        }
+    }
+    for (int j = 0; j < nh; j++) {
+        const __m256 inv = _mm256_set1_ps(1.f / sums[j]);
+        float *o = out + ((long)h0 * group + j) * head_dim;
+        for (int c = 0; c < head_dim; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(acc + (long)j * head_dim + c), inv));
+    }
+}
+#endif
+
 /* Attention of sequence d's query heads that read KV heads [h0, h1). scratch holds
  * (h1 - h0) * group * len scores plus 2 * (h1 - h0) * head_dim conversion floats and
  * (h1 - h0) * group * head_dim accumulators. The operations for one (d, head) are the
@@ -52,6 +169,13 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     float *kbuf = scores + (long)nh * len;
     float *acc = kbuf + (h1 - h0) * head_dim;
     const float *qh = q + (long)h0 * group * head_dim;
+#ifdef METRALE_AVX2
+    if (head_dim % 64 == 0) {
+        attend_avx2(qh, k_cache, v_cache, table, len, out, n_kv, h0, h1, group, head_dim, block_size, scale, kv_dtype,
+                    scores);
+        return;
+    }
+#endif
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
     for (long t = 0; t < len; t++) {
