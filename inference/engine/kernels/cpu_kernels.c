@@ -267,6 +267,7 @@ void metrale_paged_decode_attention(const float *q, const void *k_cache, const v
 #define STAGE_MIN 8
 #endif
 #define NT 32 /* output channels per packed tile: four AVX2 vectors */
+#define KB 128 /* k values staged at a time: 16 KiB of float32, in L1 */
 
 /* Pack an int8 weight [N, K] into tiles of NT channels, k-major inside a tile:
  * packed[t][k][j] = w[t * NT + j][k] (zero for the padding channels of the last tile).
@@ -301,12 +302,52 @@ static inline void store16(float *y, const float *scale, int cnt, __m256 lo, __m
     for (int j = 0; j < cnt; j++) y[j] = tmp[j] * scale[j];
 }
 
-/* R rows (R <= 6) against 16 staged float32 channels (columns h*16 .. h*16+15 of the tile).
- * Named accumulators (not an array) keep all twelve in registers. */
-static inline __attribute__((always_inline)) void mk_staged(const float *x, long K, const int R, const float *wf,
-                                                            int h, float *y, long N, const float *scale, int nc) {
+/* Load 16 partial sums (cnt real ones, the rest 0) saved by save16. */
+static inline void load16(const float *y, int cnt, __m256 *lo, __m256 *hi) {
+    if (cnt == 16) {
+        *lo = _mm256_loadu_ps(y);
+        *hi = _mm256_loadu_ps(y + 8);
+        return;
+    }
+    float tmp[16] = {0};
+    for (int j = 0; j < cnt; j++) tmp[j] = y[j];
+    *lo = _mm256_loadu_ps(tmp);
+    *hi = _mm256_loadu_ps(tmp + 8);
+}
+
+/* Save 16 partial sums unscaled (cnt real ones). */
+static inline void save16(float *y, int cnt, __m256 lo, __m256 hi) {
+    float tmp[16];
+    if (cnt == 16) {
+        _mm256_storeu_ps(y, lo);
+        _mm256_storeu_ps(y + 8, hi);
+        return;
+    }
+    _mm256_storeu_ps(tmp, lo);
+    _mm256_storeu_ps(tmp + 8, hi);
+    for (int j = 0; j < cnt; j++) y[j] = tmp[j];
+}
+
+/* R rows (R <= 6) against 16 staged float32 channels (columns h*16 .. h*16+15 of the tile)
+ * over one block of kn values of k. The accumulators start at zero (first block) or at
+ * the partial sums saved in y, so the chain of FMAs per (row, channel) is the same as
+ * without blocking; the last block scales and stores the result. Named accumulators
+ * (not an array) keep all twelve in registers. x points at the rows' first k of the block. */
+static inline __attribute__((always_inline)) void mk_staged(const float *x, long K, long kn, const int R,
+                                                            const float *wf, int h, float *y, long N,
+                                                            const float *scale, int nc, int first, int last) {
+    const int lo = 16 * h, cnt = nc - lo < 16 ? nc - lo : 16;
+    if (cnt <= 0) return;
     __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0;
     __m256 a3 = a0, b3 = a0, a4 = a0, b4 = a0, a5 = a0, b5 = a0;
+    if (!first) {
+        load16(y + lo, cnt, &a0, &b0);
+        if (R > 1) load16(y + N + lo, cnt, &a1, &b1);
+        if (R > 2) load16(y + 2 * N + lo, cnt, &a2, &b2);
+        if (R > 3) load16(y + 3 * N + lo, cnt, &a3, &b3);
+        if (R > 4) load16(y + 4 * N + lo, cnt, &a4, &b4);
+        if (R > 5) load16(y + 5 * N + lo, cnt, &a5, &b5);
+    }
     const float *p = wf + 16 * h;
 #define ROW(r, A, B)                                                \
     if (R > r) {                                                    \
@@ -314,19 +355,15 @@ static inline __attribute__((always_inline)) void mk_staged(const float *x, long
         A = _mm256_fmadd_ps(s, w0, A);                              \
         B = _mm256_fmadd_ps(s, w1, B);                              \
     }
-    for (long k = 0; k < K; k++, p += NT) {
+    for (long k = 0; k < kn; k++, p += NT) {
         const __m256 w0 = _mm256_loadu_ps(p), w1 = _mm256_loadu_ps(p + 8);
         ROW(0, a0, b0) ROW(1, a1, b1) ROW(2, a2, b2) ROW(3, a3, b3) ROW(4, a4, b4) ROW(5, a5, b5)
     }
 #undef ROW
-    const int lo = 16 * h, cnt = nc - lo < 16 ? nc - lo : 16;
-    if (cnt <= 0) return;
-    store16(y + lo, scale + lo, cnt, a0, b0);
-    if (R > 1) store16(y + N + lo, scale + lo, cnt, a1, b1);
-    if (R > 2) store16(y + 2 * N + lo, scale + lo, cnt, a2, b2);
-    if (R > 3) store16(y + 3 * N + lo, scale + lo, cnt, a3, b3);
-    if (R > 4) store16(y + 4 * N + lo, scale + lo, cnt, a4, b4);
-    if (R > 5) store16(y + 5 * N + lo, scale + lo, cnt, a5, b5);
+#define OUT(r, A, B) \
+    if (R > r) { if (last) store16(y + r * N + lo, scale + lo, cnt, A, B); else save16(y + r * N + lo, cnt, A, B); }
+    OUT(0, a0, b0) OUT(1, a1, b1) OUT(2, a2, b2) OUT(3, a3, b3) OUT(4, a4, b4) OUT(5, a5, b5)
+#undef OUT
 }
 
 /* R rows (R <= 2) against the 32 channels of one int8 tile, converted in registers. */
@@ -371,7 +408,7 @@ void metrale_int8_linear(const float *x, const int8_t *packed, const float *scal
     const int stage = M > STAGE_MIN;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *wf = stage ? (float *)malloc(sizeof(float) * (size_t)(K * NT)) : NULL;
+        float *wf = stage ? (float *)malloc(sizeof(float) * (size_t)(KB * NT)) : NULL;
 #pragma omp for schedule(static)
         for (long t = 0; t < tiles; t++) {
             const int8_t *wt = packed + t * K * NT;
@@ -384,18 +421,26 @@ void metrale_int8_linear(const float *x, const int8_t *packed, const float *scal
                 if (m < M) mk_direct(x + m * K, K, 1, wt, y + m * N + n0, N, scale + n0, nc);
                 continue;
             }
-            for (long k = 0; k < K; k++)
-                for (int v = 0; v < 4; v++) _mm256_storeu_ps(wf + k * NT + 8 * v, cvt8(wt + k * NT + 8 * v));
-            for (int h = 0; h < 2 && 16 * h < nc; h++) {
-                long m = 0;
-                for (; m + 6 <= M; m += 6) mk_staged(x + m * K, K, 6, wf, h, y + m * N + n0, N, scale + n0, nc);
-                switch (M - m) {
-                    case 5: mk_staged(x + m * K, K, 5, wf, h, y + m * N + n0, N, scale + n0, nc); break;
-                    case 4: mk_staged(x + m * K, K, 4, wf, h, y + m * N + n0, N, scale + n0, nc); break;
-                    case 3: mk_staged(x + m * K, K, 3, wf, h, y + m * N + n0, N, scale + n0, nc); break;
-                    case 2: mk_staged(x + m * K, K, 2, wf, h, y + m * N + n0, N, scale + n0, nc); break;
-                    case 1: mk_staged(x + m * K, K, 1, wf, h, y + m * N + n0, N, scale + n0, nc); break;
-                    default: break;
+            for (long k0 = 0; k0 < K; k0 += KB) {
+                const long kn = K - k0 < KB ? K - k0 : KB;
+                const int first = k0 == 0, last = k0 + kn == K;
+                for (long k = 0; k < kn; k++)
+                    for (int v = 0; v < 4; v++)
+                        _mm256_storeu_ps(wf + k * NT + 8 * v, cvt8(wt + (k0 + k) * NT + 8 * v));
+                for (int h = 0; h < 2; h++) {
+                    long m = 0;
+                    for (; m + 6 <= M; m += 6)
+                        mk_staged(x + m * K + k0, K, kn, 6, wf, h, y + m * N + n0, N, scale + n0, nc, first, last);
+                    const float *xm = x + m * K + k0;
+                    float *ym = y + m * N + n0;
+                    switch (M - m) {
+                        case 5: mk_staged(xm, K, kn, 5, wf, h, ym, N, scale + n0, nc, first, last); break;
+                        case 4: mk_staged(xm, K, kn, 4, wf, h, ym, N, scale + n0, nc, first, last); break;
+                        case 3: mk_staged(xm, K, kn, 3, wf, h, ym, N, scale + n0, nc, first, last); break;
+                        case 2: mk_staged(xm, K, kn, 2, wf, h, ym, N, scale + n0, nc, first, last); break;
+                        case 1: mk_staged(xm, K, kn, 1, wf, h, ym, N, scale + n0, nc, first, last); break;
+                        default: break;
+                    }
                 }
             }
 #else
