@@ -94,9 +94,13 @@ class AsyncEngine:
         self._wake.set()
         return handle
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread after its current step and wait for it (up to `timeout` seconds):
+        a daemon thread still inside torch when the interpreter exits can abort the process."""
         self._stopped = True
         self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     # --- engine thread ---
 
