@@ -55,3 +55,38 @@ def weight_bytes(model) -> int:
             total += lin.weight.numel() * lin.weight.element_size()
     total += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
     return total
+
+
+def hf_same_prompts(model_dir: str | Path, dtype: torch.dtype, prompts: list[list[int]], outputs: list[int]) -> dict:
+    """transformers' `generate` on the workload's own prompts, as one left-padded static batch.
+
+    prompts: the templated token ids of the requests; outputs: the tokens each asked for.
+    A static batch runs until its longest request is done, so every row generates
+    max(outputs) tokens; `goodput_tok_s` counts only the tokens the requests asked for
+    (what a padded-batch server delivers), `raw_tok_s` every generated token.
+    With one prompt, `decode_tok_s` is the decode-only rate, (N - 1) / (t(N) - t(1)),
+    comparable with our 1 / TPOT. Returns a dict of those floats (tokens per second).
+    """
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    new = max(outputs)
+
+    def timed(n: int) -> float:
+        t = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t
+
+    with torch.inference_mode():
+        timed(2)  # warm-up
+        wall = timed(new)
+        out = {"goodput_tok_s": sum(outputs) / wall, "raw_tok_s": len(prompts) * new / wall}
+        if len(prompts) == 1:
+            out["decode_tok_s"] = (new - 1) / max(wall - timed(1), 1e-9)
+    return out
