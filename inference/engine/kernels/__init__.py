@@ -55,6 +55,13 @@ def library() -> ctypes.CDLL | None:
     return _load()
 
 
+def _required() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError("CPU kernels are unavailable")
+    return lib
+
+
 def available() -> bool:
     """True when the compiled kernels are loaded (built on first call)."""
     return _load() is not None
@@ -77,9 +84,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     (tokens attended, the new one included). Returns float32 [D, n_heads, head_dim].
     Raises RuntimeError if the kernels are unavailable.
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError("CPU kernels are unavailable")
+    lib = _required()
     q = q.contiguous()
     d, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
@@ -99,9 +104,7 @@ def int8_pack(weight: torch.Tensor) -> torch.Tensor:
 
     Raises RuntimeError if the kernels are unavailable.
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError("CPU kernels are unavailable")
+    lib = _required()
     weight = weight.contiguous()
     n, k = weight.shape
     packed = torch.empty((-(-n // TILE), k, TILE), dtype=torch.int8)
@@ -117,9 +120,7 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     Returns float32 [M, N]. Each row's result is independent of the other rows.
     Raises RuntimeError if the kernels are unavailable.
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError("CPU kernels are unavailable")
+    lib = _required()
     x = x.contiguous()
     m, k = x.shape
     n = scale.shape[0]
