@@ -18,7 +18,6 @@
 #define METRALE_AVX2 1
 #endif
 
-int metrale_kernels_version(void) { return 2; }
 
 #ifdef METRALE_AVX2
 static inline float hsum8(__m256 v) {
