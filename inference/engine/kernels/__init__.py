@@ -75,6 +75,11 @@ def supports_kv_dtype(dtype: torch.dtype) -> bool:
     return dtype in _KV_DTYPES
 
 
+def kv_dtype_code(dtype: torch.dtype) -> int:
+    """The kernels' code for a KV cache dtype: 0 float32, 1 bfloat16. Raises KeyError for others."""
+    return _KV_DTYPES[dtype]
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(q·Kᵀ·scale)·V for one new token per sequence, reading K/V through block tables.
@@ -92,7 +97,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lib.metrale_paged_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
         out.data_ptr(), d, n_heads, n_kv, head_dim, block_size, block_tables.shape[1], scale,
-        _KV_DTYPES[k_cache.dtype], torch.get_num_threads())
+        kv_dtype_code(k_cache.dtype), torch.get_num_threads())
     return out
 
 

@@ -73,7 +73,7 @@ class FusedDecoder:
                 k_cache=k_cache, v_cache=v_cache)
             self._keep.append(tensors)
             self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}))
-        self.kv_dtype = {torch.float32: 0, torch.bfloat16: 1}[kv_caches[0][0].dtype]
+        self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
 
     @staticmethod
     def supports(model, kv_dtype: torch.dtype) -> bool:
@@ -89,6 +89,12 @@ class FusedDecoder:
                    for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, meta) -> None:
+        """Run the decode rows through every layer, in place.
+
+        x: float32 [D, hidden], contiguous (the embedded decode rows); positions: int64 [D];
+        meta: the step's AttentionMetadata (its first D slots, decode block tables and
+        decode_lens are read). K/V of the new tokens are written into the layers' caches.
+        """
         cfg = self.cfg
         d = x.shape[0]
         cos = self.rotary.cos[positions].contiguous()
