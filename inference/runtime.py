@@ -57,7 +57,8 @@ def _load() -> Runtime:
         max_num_seqs=m["MAX_NUM_SEQS"], max_num_batched_tokens=m["MAX_NUM_BATCHED_TOKENS"],
         max_model_len=m["MAX_MODEL_LEN"], kv_cache_bytes=m["KV_CACHE_BYTES"], num_threads=m["NUM_THREADS"],
         step_log=m["STEP_LOG"], kv_cache_fraction=m["KV_CACHE_FRACTION"], kv_cache_dtype=m["KV_CACHE_DTYPE"],
-        enable_prefix_caching=m["ENABLE_PREFIX_CACHING"], decode_weights=m["DECODE_WEIGHTS"])
+        enable_prefix_caching=m["ENABLE_PREFIX_CACHING"], decode_weights=m["DECODE_WEIGHTS"],
+        prefill_weights=m["PREFILL_WEIGHTS"])
     tokenizer = Tokenizer.from_folder(path)
     engine = AsyncEngine(LLMEngine(config))
     return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))

@@ -134,6 +134,8 @@ class EngineConfig:
     # "int8": decode rows use weight-only int8 copies of the linears (CPU; layers/linear.py);
     # "model": every row uses the model dtype's weights (exact, slower at small batches).
     decode_weights: str = "model"
+    # The same for prefill rows ("int8" needs the compiled CPU kernels, else "model" is used).
+    prefill_weights: str = "model"
     num_threads: int | None = None
     step_log: bool = False
 
@@ -146,6 +148,8 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
         if self.decode_weights not in ("int8", "model"):
             raise ConfigError(f"decode_weights must be int8 or model, got {self.decode_weights!r}")
+        if self.prefill_weights not in ("int8", "model"):
+            raise ConfigError(f"prefill_weights must be int8 or model, got {self.prefill_weights!r}")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:

@@ -89,7 +89,8 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = read_eos_token_ids(path, self.model_config)
         model = load_model(path, self.model_config, self.dtype, self.device,
-                           int8_decode=config.decode_weights == "int8")
+                           int8_decode=config.decode_weights == "int8",
+                           int8_prefill=config.prefill_weights == "int8")
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
         budget = config.kv_cache_bytes or min(

@@ -110,7 +110,7 @@ class ModelRunner:
         self._prompt_logprobs(batch, hidden)
         result = None
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows], batch.num_decodes)
+            logits = self.model.compute_logits(hidden[sample_rows], self.model.int8_rows(batch.num_decodes, len(sample_rows)))
             t2 = time.perf_counter()
             sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
             result = self.sampler(logits, sampling)
@@ -142,4 +142,4 @@ class ModelRunner:
         """Logits float32 [T, vocab] for every scheduled token (used by parity tests)."""
         input_ids, positions, meta, _ = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
-        return self.model.compute_logits(hidden, meta.num_decodes)
+        return self.model.compute_logits(hidden, self.model.int8_rows(meta.num_decodes, hidden.shape[0]))

@@ -37,9 +37,10 @@ def prompts(n, length=20, seed=0):
     return [torch.randint(3, 320, (length + 3 * i,), generator=g).tolist() for i in range(n)]
 
 
-@pytest.mark.parametrize("decode_weights", ["model", "int8"])  # int8: the compiled decode layers
-def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, decode_weights):
-    engine = make_engine(tiny_folder, step_log=True, decode_weights=decode_weights)
+# int8 decode: the compiled decode layers; int8 prefill too: the int8 GEMM on every row
+@pytest.mark.parametrize("decode_weights, prefill_weights", [("model", "model"), ("int8", "model"), ("int8", "int8")])
+def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, decode_weights, prefill_weights):
+    engine = make_engine(tiny_folder, step_log=True, decode_weights=decode_weights, prefill_weights=prefill_weights)
     ae = AsyncEngine(engine)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

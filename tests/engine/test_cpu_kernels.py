@@ -13,20 +13,47 @@ from .tiny_models import make_tiny_model
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
 
 
-@pytest.mark.parametrize("n, k", [(96, 64), (100, 72), (37, 13), (576, 1536)])
-def test_int8_linear_matches_a_float64_reference_and_each_row_is_batch_independent(n, k):
+def int8_linear_reference(x, q, scale):
+    """The documented rule of kernels.int8_linear in plain torch: each row quantised to int16
+    with scale amax / A (round half to even, in float32), exact integer sums, then
+    (float32(sum) * sx) * scale."""
+    limit = kernels.activation_limit(x.shape[1])
+    amax = x.abs().amax(dim=1, keepdim=True)
+    xq = torch.round(x * (torch.tensor(float(limit)) / amax)).clamp(-limit, limit).to(torch.int64)
+    sums = xq @ q.to(torch.int64).T
+    return (sums.to(torch.float32) * (amax / limit)) * scale
+
+
+@pytest.mark.parametrize("n, k", [(96, 64), (100, 72), (37, 13), (576, 1536), (17, 1)])
+def test_int8_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(n, k):
     g = torch.Generator().manual_seed(n * k)
     q, scale = quantize_int8(torch.randn(n, k, generator=g))
     packed, scale = kernels.int8_pack(q), scale.float()
     exact = q.double() * scale.double()[:, None]
-    for m in (1, 2, 3, 8, 9, 17, 33):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 100):  # every micro-kernel and remainder shape
         x = torch.randn(m, k, generator=g)
         y = kernels.int8_linear(x, packed, scale)
         assert y.shape == (m, n) and y.dtype == torch.float32
+        assert torch.equal(y, int8_linear_reference(x, q, scale))
+        # Against the unquantised activations: within half a quantisation step per term.
         ref = x.double() @ exact.T
-        assert (y.double() - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+        step = x.abs().amax(dim=1, keepdim=True).double() / kernels.activation_limit(k)
+        bound = 0.5 * step * exact.abs().sum(dim=1)[None, :] + 1e-5 * ref.abs().max()
+        assert bool(((y.double() - ref).abs() <= bound).all())
         for row in range(m):  # bitwise: the same row alone gives the same floats
             assert torch.equal(kernels.int8_linear(x[row:row + 1], packed, scale)[0], y[row])
+
+
+def test_int8_linear_keeps_zero_rows_zero_and_does_not_hide_inf():
+    q, scale = quantize_int8(torch.randn(40, 24))
+    packed, scale = kernels.int8_pack(q), scale.float()
+    x = torch.randn(3, 24)
+    x[1] = 0
+    x[2, 5] = float("inf")
+    y = kernels.int8_linear(x, packed, scale)
+    assert torch.equal(y[1], torch.zeros(40))
+    assert bool(y[2].isnan().all())
+    assert torch.equal(y[0], kernels.int8_linear(x[:1], packed, scale)[0])
 
 
 def reference_decode_attention(q, k_cache, v_cache, tables, lens):

@@ -1,8 +1,9 @@
-"""Compiled CPU kernels for the decode step, called on torch tensors through ctypes.
+"""Compiled CPU kernels (decode attention, int8 linear, decode layers), called on torch tensors through ctypes.
 
 `available()` says whether they can be used (CPU build succeeded and
 METRALE_CPU_KERNELS is not "0"); the callers fall back to plain torch otherwise.
-The C source is cpu_kernels.c; build.py compiles and caches it.
+The C sources are cpu_kernels.c (decode attention), int8_gemm.c (int8 linear) and
+decode_layer.c (whole decode layers); build.py compiles and caches them.
 """
 from __future__ import annotations
 
@@ -101,28 +102,38 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-TILE = 32  # output channels per packed tile (NT in cpu_kernels.c)
+TILE = 16  # output channels per packed tile (QT in int8_gemm.c)
 
 
 def int8_pack(weight: torch.Tensor) -> torch.Tensor:
-    """Repack an int8 weight [N, K] for int8_linear: int8 [ceil(N / 32), K, 32], k-major per tile.
+    """Repack an int8 weight [N, K] for int8_linear: int8 [ceil(N / 16), ceil(K / 2), 16, 2], the
+    16 channels of a tile side by side for each pair of k values (zero padding past N and K).
 
     Raises RuntimeError if the kernels are unavailable.
     """
     lib = _required()
     weight = weight.contiguous()
     n, k = weight.shape
-    packed = torch.empty((-(-n // TILE), k, TILE), dtype=torch.int8)
+    packed = torch.empty((-(-n // TILE), -(-k // 2), TILE, 2), dtype=torch.int8)
     lib.metrale_int8_pack(weight.data_ptr(), packed.data_ptr(), n, k)
     return packed
 
 
+def activation_limit(k: int) -> int:
+    """The int16 bound A that int8_linear quantises activation rows to: min(32767, (2^31 - 1) //
+    (127 * K rounded up to even)), so that no int32 sum over K products of int8 weights overflows."""
+    return min(32767, (2**31 - 1) // (127 * 2 * -(-k // 2)))
+
+
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """y = (x · weightᵀ) * scale with int8 weights and float32 activations and sums.
+    """y = (x · weightᵀ) * scale with int8 weights and exact integer sums.
 
     x: float32 [M, K]; packed: int8_pack(weight) of an int8 weight [N, K]; scale:
-    float32 [N] (per output channel; N = scale's length).
-    Returns float32 [M, N]. Each row's result is independent of the other rows.
+    float32 [N] (per output channel; N = scale's length). Each row of x is quantised to
+    int16 with its own scale amax(|row|) / A (A = activation_limit(K), round half to
+    even), the products are summed exactly in int32, and y[m, n] = (float32(sum) * sx[m])
+    * scale[n]. Returns float32 [M, N]. Integer sums are order-free, so each row's result
+    is bitwise independent of the other rows and of how the kernel blocks them.
     Raises RuntimeError if the kernels are unavailable.
     """
     lib = _required()

@@ -2,7 +2,8 @@
  *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
  *   K/V written at the rows' slots ; attention through the block tables ;
  *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
- * with int8 weights (metrale_int8_linear) and float32 activations. One call per
+ * with int8 weights (metrale_int8_linear, int8_gemm.c) and float32 activations
+ * between the GEMMs (each GEMM quantises its input rows to int16). One call per
  * layer replaces the ~40 small torch ops a layer costs at batch sizes where each
  * takes longer to dispatch than to compute. Every row is computed independently of
  * the others (batch invariance). Rules: transformers' modeling_llama.py (RMSNorm

@@ -1,4 +1,4 @@
-/* Declarations shared by the kernel sources (see cpu_kernels.c and decode_layer.c). */
+/* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, decode_layer.c). */
 #ifndef METRALE_KERNELS_H
 #define METRALE_KERNELS_H
 #include <stdint.h>

@@ -4,7 +4,7 @@ Parameter names follow transformers' modeling_llama.py exactly
 (`model.layers.N.self_attn.q_proj.weight`, ...) so an HF checkpoint loads without
 a rename table. After loading, `fuse()` concatenates q/k/v and gate/up into one
 matrix each (two GEMMs fewer per layer), and `enable_int8()` adds int8 copies used
-for decode rows (layers/linear.py).
+for decode rows and, when asked, prefill rows (layers/linear.py).
 """
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ class Attention(nn.Module):
     def packed(self) -> list[PackedLinear]:
         return [self.qkv, self.out]
 
-    def forward(self, x, rope, k_cache, v_cache, meta: AttentionMetadata, n_int8: int = 0):
+    def forward(self, x, rope, k_cache, v_cache, meta: AttentionMetadata, int8: slice | None = None):
         """rope: this step's (cos, sin) rows from RotaryEmbedding.tables."""
         t = x.shape[0]
         q_size = self.n_heads * self.head_dim
         kv_size = self.n_kv * self.head_dim
         if self.qkv is not None:
-            q, k, v = self.qkv(x, n_int8).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = self.qkv(x, int8).split([q_size, kv_size, kv_size], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(t, self.n_heads, self.head_dim)
@@ -69,7 +69,7 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         q, k = RotaryEmbedding.rotate(q, k, *rope)
         o = paged_attention(q, k, v, k_cache, v_cache, meta).view(t, q_size)
-        return self.out(o, n_int8) if self.out is not None else self.o_proj(o)
+        return self.out(o, int8) if self.out is not None else self.o_proj(o)
 
 
 class MLP(nn.Module):
@@ -92,11 +92,11 @@ class MLP(nn.Module):
     def packed(self) -> list[PackedLinear]:
         return [self.gate_up, self.down]
 
-    def forward(self, x, n_int8: int = 0):
+    def forward(self, x, int8: slice | None = None):
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up(x, n_int8).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up, n_int8)
+        gate, up = self.gate_up(x, int8).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up, int8)
 
 
 class DecoderLayer(nn.Module):
@@ -109,9 +109,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, k_cache, v_cache, meta, n_int8: int = 0):
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, n_int8)
-        return x + self.mlp(self.post_attention_layernorm(x), n_int8)
+    def forward(self, x, rope, k_cache, v_cache, meta, int8: slice | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, int8)
+        return x + self.mlp(self.post_attention_layernorm(x), int8)
 
 
 class LlamaModel(nn.Module):
@@ -129,8 +129,9 @@ class LlamaForCausalLM(nn.Module):
 
     forward(input_ids int64 [T], positions int64 [T], kv_caches: list of (k, v)
     per layer, meta) -> hidden [T, hidden_size] in the model dtype. With int8 enabled,
-    the first meta.num_decodes rows (the decodes) use the int8 weights.
-    compute_logits(hidden [N, hidden_size], n_int8) -> float32 [N, vocab_size].
+    the first meta.num_decodes rows (the decodes) use the int8 weights, and the prefill
+    rows too when `int8_prefill` is set (compiled kernels only: see enable_int8).
+    compute_logits(hidden [N, hidden_size], int8: the rows slice) -> float32 [N, vocab_size].
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -141,6 +142,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.head: PackedLinear | None = None
         self.int8_decode = False
+        self.int8_prefill = False
 
     def fuse(self):
         """Fuse q/k/v and gate/up in every layer (call once, after loading weights)."""
@@ -156,11 +158,21 @@ class LlamaForCausalLM(nn.Module):
             out += layer.self_attn.packed() + layer.mlp.packed()
         return out
 
-    def enable_int8(self) -> None:
-        """Add int8 copies of every fused linear for decode rows (CPU only; call after fuse())."""
+    def enable_int8(self, decode: bool = True, prefill: bool = False) -> None:
+        """Add int8 copies of every fused linear (CPU only; call after fuse()), used for decode rows
+        when `decode` and for prefill rows when `prefill` and the compiled kernels packed them
+        (torch's fallback int8 kernel is slower than float32 GEMMs on prefill-sized batches)."""
         for lin in self.packed():
             lin.enable_int8()
-        self.int8_decode = any(lin.q is not None for lin in self.packed())
+        has_int8 = all(lin.q is not None for lin in self.packed())
+        self.int8_decode = decode and has_int8
+        self.int8_prefill = prefill and has_int8 and all(lin.packed for lin in self.packed())
+
+    def int8_rows(self, num_decodes: int, num_rows: int) -> slice | None:
+        """The rows of a packed batch (decodes first) that use the int8 weights, or None."""
+        start = 0 if self.int8_decode else num_decodes
+        stop = num_rows if self.int8_prefill else num_decodes
+        return slice(start, stop) if stop > start else None
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, fused=None) -> torch.Tensor:
         """fused: a layers.fused_decode.FusedDecoder; when given, the decode rows run through it
@@ -172,19 +184,20 @@ class LlamaForCausalLM(nn.Module):
             fused.run(decodes, positions[:d], meta)
             if d == x.shape[0]:
                 return self.model.norm(decodes)
-            prefill = self._layers(x[d:], positions[d:], kv_caches, meta.prefill_part(), 0)
+            prefill = self._layers(x[d:], positions[d:], kv_caches, meta.prefill_part(),
+                                   slice(None) if self.int8_prefill else None)
             return self.model.norm(torch.cat([decodes, prefill]))
         return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions, kv_caches, meta,
-                                            d if self.int8_decode else 0))
+                                            self.int8_rows(d, input_ids.shape[0])))
 
-    def _layers(self, x, positions, kv_caches, meta: AttentionMetadata, n_int8: int) -> torch.Tensor:
+    def _layers(self, x, positions, kv_caches, meta: AttentionMetadata, int8: slice | None) -> torch.Tensor:
         rope = self.rotary.tables(positions, x.dtype)  # once per step, shared by every layer
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
-            x = layer(x, rope, k_cache, v_cache, meta, n_int8)
+            x = layer(x, rope, k_cache, v_cache, meta, int8)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor, n_int8: int = 0) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, int8: slice | None = None) -> torch.Tensor:
         if self.head is None:
             weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             return F.linear(hidden, weight).float()
-        return self.head(hidden, n_int8 if self.int8_decode else 0).float()
+        return self.head(hidden, int8).float()

@@ -15,13 +15,14 @@ class WeightLoadError(ValueError):
 
 
 def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, fuse: bool = True,
-               int8_decode: bool = False):
+               int8_decode: bool = False, int8_prefill: bool = False):
     """Build the registered class for `cfg.architecture` and load every `*.safetensors` file in `path`.
 
     Tensors are cast to `dtype` and moved to `device`. Raises WeightLoadError when a
     weight is missing, unexpected or of the wrong shape (tied embeddings may omit
     lm_head.weight). Returns the model in eval mode, fused unless `fuse` is False, with
-    int8 decode copies of the linears when `int8_decode` (CPU only).
+    int8 copies of the linears for decode rows when `int8_decode` and for prefill rows
+    when `int8_prefill` (CPU only; prefill needs the compiled kernels).
     """
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
@@ -48,6 +49,6 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     model.requires_grad_(False)
     if fuse:
         model.fuse()
-        if int8_decode:
-            model.enable_int8()
+        if int8_decode or int8_prefill:
+            model.enable_int8(decode=int8_decode, prefill=int8_prefill)
     return model

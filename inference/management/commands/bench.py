@@ -48,7 +48,8 @@ class Command(BaseCommand):
         levels = [int(c) for c in concurrency.split(",")]
         bandwidth = copy_bandwidth_gb_s()
         out = self.stdout.write
-        out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; copy bandwidth "
+        out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; prefill weights "
+            f"{settings.METRALE['PREFILL_WEIGHTS']}; copy bandwidth "
             f"{bandwidth:.1f} GB/s; torch threads {torch.get_num_threads()}")
         for dtype in dtypes.split(","):
             rows: list[RunSummary] = []
@@ -56,7 +57,8 @@ class Command(BaseCommand):
                                           seed=c) for c in levels}
             engine = LLMEngine(EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
                                             kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"],
-                                            decode_weights=settings.METRALE["DECODE_WEIGHTS"]))
+                                            decode_weights=settings.METRALE["DECODE_WEIGHTS"],
+                                            prefill_weights=settings.METRALE["PREFILL_WEIGHTS"]))
             wbytes = weight_bytes(engine.runner.model)
             ae = AsyncEngine(engine)
             run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
