@@ -37,7 +37,7 @@ def hf_generate_tok_s(model_dir: str | Path, dtype: torch.dtype, batch: int, pro
         ids[i, :pad] = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        model.generate(ids[:, :16], attention_mask=mask[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        model.generate(ids[:, -16:], attention_mask=mask[:, -16:], max_new_tokens=4, do_sample=False, pad_token_id=0)
         t = time.perf_counter()
         model.generate(ids, attention_mask=mask, **kw)
         wall = time.perf_counter() - t

@@ -13,6 +13,12 @@ from .sampler import SampleResult, Sampler, token_logprobs
 from .scheduler import ScheduledBatch
 
 
+# Prefill chunks whose context (tokens before the chunk + the chunk) is at most this many
+# tokens run through the compiled layers, one attention row per prompt token; longer ones
+# take torch's flash SDPA, which reuses each K/V block across many queries.
+FUSED_PREFILL_MAX_CONTEXT = 768
+
+
 class ModelRunner:
     """Holds the model, its KV caches and the sampler; runs one step's forward.
 
@@ -39,6 +45,9 @@ class ModelRunner:
                               and kernels.supports_kv_dtype(kv_dtype) and kernels.available())
         self.fused = FusedDecoder(model, self.kv_caches) if self.decode_kernel and FusedDecoder.supports(
             model, kv_dtype) else None
+        # With int8 prefill weights, prompt rows take the compiled layers too (see prepare()).
+        self.fused_prefill = self.fused is not None and getattr(model, "int8_prefill", False)
+        self.item_rows: list[int] = []
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
         self.last_phase_s: dict[str, float] = {}
 
@@ -49,39 +58,56 @@ class ModelRunner:
         return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Pack the batch: input_ids [T], positions [T], metadata, and the rows whose logits are sampled."""
+        """Pack the batch: input_ids [T], positions [T], metadata, and the rows whose logits are sampled.
+
+        Rows that run through the compiled layers come first (the decodes, then, with
+        `fused_prefill`, every prefill chunk whose context fits FUSED_PREFILL_MAX_CONTEXT,
+        each prompt row attending like a decode row of its own length), then the prefill
+        chunks for the torch layers. `self.item_rows` gets each batch item's first packed row.
+        """
         bs = self.block_size
+        fused: list[tuple[int, int, int]] = []  # (item, start, n) in the order they are packed
+        rest: list[tuple[int, int, int]] = []
+        for i, (seq, n) in enumerate(batch.items):
+            start = seq.num_computed_tokens
+            if i < batch.num_decodes or (self.fused_prefill and start + n <= FUSED_PREFILL_MAX_CONTEXT):
+                fused.append((i, start, n))
+            else:
+                rest.append((i, start, n))
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        sample_rows: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        item_rows = [0] * len(batch.items)
+        row_tables: list[list[int]] = []
+        row_lens: list[int] = []
         prefill_specs: list[tuple[int, int, list[int], int]] = []
-        for i, ((seq, n), samples) in enumerate(zip(batch.items, batch.samples)):
-            start = seq.num_computed_tokens
-            q_start = len(ids)
-            ids.extend(seq.token_ids[start:start + n])
-            positions = range(start, start + n)
-            pos.extend(positions)
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in positions)
-            if samples:
-                sample_rows.append(len(ids) - 1)
-            if i < batch.num_decodes:
-                decode_tables.append(table[: -(-(start + 1) // bs)])
-                decode_lens.append(start + 1)
-            else:
-                prefill_specs.append((q_start, len(ids), table[: -(-(start + n) // bs)], start))
+        for group in (fused, rest):
+            for i, start, n in group:
+                seq = batch.items[i][0]
+                q_start = item_rows[i] = len(ids)
+                ids.extend(seq.token_ids[start:start + n])
+                positions = range(start, start + n)
+                pos.extend(positions)
+                table = seq.block_table
+                slots.extend(table[p // bs] * bs + p % bs for p in positions)
+                if group is fused:
+                    used = table[: -(-(start + n) // bs)]
+                    row_tables.extend([used] * n)
+                    row_lens.extend(range(start + 1, start + n + 1))
+                else:
+                    prefill_specs.append((q_start, len(ids), table[: -(-(start + n) // bs)], start))
+        self.item_rows = item_rows
+        sample_rows = [item_rows[i] + n - 1 for i, ((_, n), samples) in enumerate(zip(batch.items, batch.samples))
+                       if samples]
 
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
-        if decode_tables:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (width - len(t)) for t in decode_tables]
-            meta.num_decodes = len(decode_tables)
+        if row_tables:
+            width = max(len(t) for t in row_tables)
+            padded = [t + [0] * (width - len(t)) for t in row_tables]
+            meta.num_decodes = len(row_tables)
             meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            lens = torch.tensor(decode_lens, device=dev)
+            lens = torch.tensor(row_lens, device=dev)
             meta.decode_lens = lens
             if not self.decode_kernel:
                 meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
@@ -121,8 +147,7 @@ class ModelRunner:
         return result
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
-        row = 0
-        for seq, n in batch.items:
+        for (seq, n), row in zip(batch.items, self.item_rows):
             start = seq.num_computed_tokens
             n_prompt = seq.num_prompt_tokens
             if seq.params.prompt_logprobs is not None and start < n_prompt:
@@ -135,11 +160,11 @@ class ModelRunner:
                     targets = seq.token_ids[start + 1:upto + 1]
                     seq.prompt_logprobs.extend(
                         token_logprobs(logits, targets, [seq.params.prompt_logprobs] * len(targets)))
-            row += n
 
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits float32 [T, vocab] for every scheduled token (used by parity tests)."""
+        """Logits float32 [T, vocab] for every scheduled token, in batch order (used by parity tests)."""
         input_ids, positions, meta, _ = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
-        return self.model.compute_logits(hidden, self.model.int8_rows(meta.num_decodes, hidden.shape[0]))
+        order = [r for (_, n), start in zip(batch.items, self.item_rows) for r in range(start, start + n)]
+        return self.model.compute_logits(hidden[order], self.model.int8_rows(batch.num_decodes, hidden.shape[0]))

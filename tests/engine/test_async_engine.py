@@ -137,3 +137,33 @@ def test_it_refuses_a_request_that_can_never_fit(tiny_folder):
 
     asyncio.run(run())
     ae.stop()
+
+
+def test_it_gives_the_same_tokens_and_prompt_logprobs_when_short_and_long_prompts_share_a_step(tiny_folder,
+                                                                                              monkeypatch):
+    """With int8 prefill, short prompts run through the compiled layers and long ones through torch's
+    (model_runner.FUSED_PREFILL_MAX_CONTEXT), packed in a different order than the batch's: each
+    request still gets its own prompt logprobs and the tokens it gets alone."""
+    from inference.engine import kernels, model_runner
+
+    if not kernels.available():
+        pytest.skip("int8 prefill needs the compiled CPU kernels (no C compiler here)")
+    monkeypatch.setattr(model_runner, "FUSED_PREFILL_MAX_CONTEXT", 40)
+    engine = make_engine(tiny_folder, step_log=True, decode_weights="int8", prefill_weights="int8")
+    ae = AsyncEngine(engine)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
+    g = torch.Generator().manual_seed(5)
+    mixed = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (90, 12, 70, 25)]  # long, short, ...
+
+    async def run():
+        alone = [await collect(ae.submit(p, params)) for p in mixed]
+        together = await asyncio.gather(*(collect(ae.submit(p, params)) for p in mixed))
+        return alone, together
+
+    alone, together = asyncio.run(run())
+    for (tokens_a, end_a), (tokens_b, end_b), prompt in zip(alone, together, mixed):
+        assert tokens_a == tokens_b and len(tokens_a) == 6
+        assert len(end_b.prompt_logprobs) == len(prompt) and end_b.prompt_logprobs[0] is None
+        assert end_a.prompt_logprobs == end_b.prompt_logprobs
+    assert max(p for _, p, _ in engine.step_log) >= 2  # prompts did share steps (step_log: decodes, prefills, tokens)
+    ae.stop()

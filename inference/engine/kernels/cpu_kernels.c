@@ -12,11 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#include "kernels.h"
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define METRALE_AVX2 1
-#endif
+#include "kernels.h" /* defines METRALE_AVX2 (and includes immintrin.h) on AVX2 + FMA CPUs */
 
 
 #ifdef METRALE_AVX2
@@ -57,27 +53,6 @@ static inline __m256 load8(const void *row, int i, int kv_dtype) {
     if (kv_dtype == 0) return _mm256_loadu_ps((const float *)row + i);
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-5 polynomial), as in
- * avx_mathfun; relative error ~2e-7 on the range used here (x <= 0). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 /* The AVX2 path of attend() for head_dim a multiple of 64: the same steps (scores, max,

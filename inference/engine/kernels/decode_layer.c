@@ -1,4 +1,4 @@
-/* One Llama-family decoder layer for decode rows, in a single call:
+/* One Llama-family decoder layer for decode rows (and short prompts' rows), in a single call:
  *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
  *   K/V written at the rows' slots ; attention through the block tables ;
  *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
@@ -76,7 +76,26 @@ static void write_kv(void *cache, long slot, const float *src, long n, int kv_dt
     for (long i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
 }
 
-/* Runs the layer for S->M decode rows; x: float32 [M, hidden], updated in place. */
+/* silu(g) * u for n values: g / (1 + exp(-g)) * u. */
+static void swiglu(const float *g, const float *u, float *a, long n) {
+    long i = 0;
+#ifdef METRALE_AVX2
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_sub_ps(zero, gv));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+/* Row-wise steps run on all threads once there are enough rows to share (prefill rows). */
+#define ROWS_PARALLEL _Pragma("omp parallel for schedule(static) num_threads(S->nthreads) if (M >= 16)")
+
+/* Runs the layer for S->M rows; x: float32 [M, hidden], updated in place. Each row's
+ * K/V is written before any row attends, so prompt rows of one sequence (each with
+ * its own seq_len, position + 1) see each other causally. */
 void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *x) {
     const long M = S->M, H = S->hidden, I = S->inter;
     const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
@@ -88,8 +107,10 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     float *act = gu + M * 2 * I;    /* [M, I] */
     float *proj = act + M * I;      /* [M, H] */
 
+    ROWS_PARALLEL
     for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
     metrale_int8_linear(h, L->qkv, L->qkv_scale, qkv, M, qkvs, H, S->nthreads);
+    ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
         float *row = qkv + m * qkvs;
         if (L->qkv_bias)
@@ -111,15 +132,15 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
                                            nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);
     metrale_int8_linear(attn, L->o, L->o_scale, proj, M, H, qs, S->nthreads);
-    for (long i = 0; i < M * H; i++) x[i] += proj[i];
-
-    for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
-    metrale_int8_linear(h, L->gate_up, L->gate_up_scale, gu, M, 2 * I, H, S->nthreads);
+    ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
-        const float *g = gu + m * 2 * I, *u = g + I;
-        float *a = act + m * I;
-        for (long i = 0; i < I; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+        rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
+    metrale_int8_linear(h, L->gate_up, L->gate_up_scale, gu, M, 2 * I, H, S->nthreads);
+    ROWS_PARALLEL
+    for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
     metrale_int8_linear(act, L->down, L->down_scale, proj, M, H, I, S->nthreads);
+    ROWS_PARALLEL
     for (long i = 0; i < M * H; i++) x[i] += proj[i];
 }
