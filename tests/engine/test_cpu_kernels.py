@@ -122,6 +122,23 @@ def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, mo
     assert (fused - ref).abs().max().item() <= 0.05
 
 
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
+def test_prompt_rows_through_the_compiled_layers_match_the_torch_layers(arch, tmp_path, monkeypatch):
+    """With int8 prefill, prompt rows of short contexts take the compiled layers (one attention row
+    per token); the torch layers with the same int8 GEMM must give the same logits."""
+    from inference.engine import model_runner
+
+    folder = make_tiny_model(arch, tmp_path / arch)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 320, (45,), generator=g).tolist()
+    decode = torch.randint(3, 320, (6,), generator=g).tolist()
+    fused = run_ours(folder, prompt, decode, chunk=20, int8_decode=True, int8_prefill=True)
+    monkeypatch.setattr(model_runner, "FUSED_PREFILL_MAX_CONTEXT", 0)  # every prompt row through torch
+    plain = run_ours(folder, prompt, decode, chunk=20, int8_decode=True, int8_prefill=True)
+    assert (fused - plain).abs().max().item() <= 1e-3
+    assert (fused - reference_logits(folder, prompt + decode)).abs().max().item() <= 0.05
+
+
 def test_without_the_kernels_the_torch_paths_still_match_transformers(tmp_path, monkeypatch):
     """METRALE_CPU_KERNELS=0 (or no compiler): masks, SDPA and torch's int8 kernel instead."""
     from inference.engine.model_runner import ModelRunner
@@ -146,3 +163,7 @@ def test_without_the_kernels_the_torch_paths_still_match_transformers(tmp_path, 
     int8 = run_ours(folder, prompt, decode, int8_decode=True)
     assert not runners[1].model.head.packed
     assert (int8 - ours).abs().max().item() <= 0.05
+    # int8 prefill needs the compiled GEMM: without it prompt rows keep the float32 weights
+    both = run_ours(folder, prompt, decode, int8_decode=True, int8_prefill=True)
+    assert not runners[2].model.int8_prefill and not runners[2].fused_prefill
+    assert torch.equal(both[:len(prompt)], ours[:len(prompt)])

@@ -65,20 +65,38 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
     const long row = (long)n_kv * head_dim; /* elements per token */
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
-    for (long t = 0; t < len; t++) {
-        const long slot = table[t / block_size] * block_size + t % block_size;
-        const char *krow = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+    /* Scores 8 keys at a time: one FMA chain per key, then one transposing reduction for
+     * all 8 (instead of a horizontal sum per key). A short last block repeats its first
+     * key in the unused lanes, so every key's score is computed the same way wherever
+     * it falls (and a decode row scores a key exactly as a prompt row does). */
+    for (long t0 = 0; t0 < len; t0 += 8) {
+        const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
+        const char *krows[8];
+        for (int u = 0; u < 8; u++) {
+            const long t = t0 + (u < cnt ? u : 0);
+            const long slot = table[t / block_size] * block_size + t % block_size;
+            krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+        }
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
-            const void *kj = krow + (long)(j / group) * head_dim * esize;
-            __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-            for (int i = 0; i < head_dim; i += 16) {
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i), load8(kj, i, kv_dtype), a);
-                b = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i + 8), load8(kj, i + 8, kv_dtype), b);
+            const long off = (long)(j / group) * head_dim * (long)esize;
+            __m256 c[8];
+            for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
+            for (int i = 0; i < head_dim; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(qj + i);
+                for (int u = 0; u < 8; u++) c[u] = _mm256_fmadd_ps(qv, load8(krows[u] + off, i, kv_dtype), c[u]);
             }
-            const float sc = hsum8(_mm256_add_ps(a, b)) * scale;
-            scores[j * len + t] = sc;
-            if (sc > maxs[j]) maxs[j] = sc;
+            const __m256 s01 = _mm256_hadd_ps(c[0], c[1]), s23 = _mm256_hadd_ps(c[2], c[3]);
+            const __m256 s45 = _mm256_hadd_ps(c[4], c[5]), s67 = _mm256_hadd_ps(c[6], c[7]);
+            const __m256 lo = _mm256_hadd_ps(s01, s23), hi = _mm256_hadd_ps(s45, s67);
+            const __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+            float sc[8];
+            _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+            float *dst = scores + j * len + t0;
+            for (int u = 0; u < cnt; u++) {
+                dst[u] = sc[u];
+                if (sc[u] > maxs[j]) maxs[j] = sc[u];
+            }
         }
     }
     for (int j = 0; j < nh; j++) {

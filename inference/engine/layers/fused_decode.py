@@ -4,7 +4,10 @@ At small batches a decode step is dominated by dispatching ~40 small torch ops p
 layer, not by arithmetic. `FusedDecoder` hands each layer's decode rows to one C
 call that does norm, int8 GEMMs, RoPE, the KV write, paged attention and the MLP.
 It is used for float32 models on CPU with int8 decode weights and the compiled
-kernels available; prefill rows keep the torch path (MKL float32 GEMMs, SDPA).
+kernels available. With int8 prefill weights too, the rows of prompt chunks with
+short contexts go the same way, each prompt token attending like a decode row of
+length position + 1 (model_runner.FUSED_PREFILL_MAX_CONTEXT); longer ones keep the
+torch path (flash SDPA).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecoder:
-    """Runs decode rows through every layer of a fused, int8-enabled Llama-family model.
+    """Runs decode (and short prompts') rows through every layer of a fused, int8-enabled Llama-family model.
 
     Built once per model and KV cache set; `run(x, positions, meta)` updates x (float32
     [D, hidden], the embedded decode rows) in place through all layers, writing their
