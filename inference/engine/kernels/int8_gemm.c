@@ -56,19 +56,28 @@ void metrale_int8_pack(const int8_t *w, int8_t *packed, long N, long K) {
 static void quantize_row(const float *x, long K, int32_t A, int16_t *q, float *sx) {
     long k = 0;
     float amax = 0.f;
+    int nan = 0; /* max() drops NaN operands, so NaN is looked for separately */
 #ifdef GEMM_AVX2
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 vmax = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + k), absmask));
+    __m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) {
+        const __m256 v = _mm256_loadu_ps(x + k);
+        vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, absmask));
+        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
     float lanes[8];
     _mm256_storeu_ps(lanes, vmax);
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+    nan = _mm256_movemask_ps(vnan) != 0;
 #endif
-    for (; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    for (; k < K; k++) {
+        amax = fmaxf(amax, fabsf(x[k]));
+        nan |= isnan(x[k]);
+    }
     const long kp = 2 * metrale_int8_pair_k(K);
-    if (!(amax > 0.f) || !isfinite(amax)) { /* all zeros; or inf/NaN, which must not pass as numbers */
+    if (nan || !(amax > 0.f) || !isfinite(amax)) { /* all zeros; or inf/NaN, which must not pass as numbers */
         memset(q, 0, sizeof(int16_t) * (size_t)kp);
-        *sx = amax == 0.f ? 0.f : NAN;
+        *sx = (amax == 0.f && !nan) ? 0.f : NAN;
         return;
     }
     const float inv = (float)A / amax;
