@@ -97,8 +97,8 @@ class ModelRunner:
                 else:
                     prefill_specs.append((q_start, len(ids), table[: -(-(start + n) // bs)], start))
         self.item_rows = item_rows
-        sample_rows = [item_rows[i] + n - 1 for i, ((_, n), samples) in enumerate(zip(batch.items, batch.samples))
-                       if samples]
+        sample_rows = [item_rows[i] + n - 1
+                       for i, ((_, n), samples) in enumerate(zip(batch.items, batch.samples)) if samples]
 
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
@@ -136,7 +136,8 @@ class ModelRunner:
         self._prompt_logprobs(batch, hidden)
         result = None
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows], self.model.int8_rows(batch.num_decodes, len(sample_rows)))
+            int8 = self.model.int8_rows(batch.num_decodes, len(sample_rows))
+            logits = self.model.compute_logits(hidden[sample_rows], int8)
             t2 = time.perf_counter()
             sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
             result = self.sampler(logits, sampling)

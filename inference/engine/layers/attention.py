@@ -37,11 +37,13 @@ class AttentionMetadata:
     """Per-step attention inputs, built once per step by the model runner and shared by all layers.
 
     slot_mapping: int64 [T], the flat KV slot (block * block_size + offset) each new
-    token's K/V is written to. The first `num_decodes` packed tokens are decodes (one
-    token per sequence); decode_block_tables: int64 [D, max_blocks] (padding rows
-    point at block 0 and are masked); decode_mask: bool [D, 1, 1, max_blocks *
-    block_size], None when the compiled kernel runs the decodes; decode_lens: int64
-    [D], tokens each decode attends. prefills: the prefill chunks after the decodes.
+    token's K/V is written to. The first `num_decodes` packed tokens attend as decode
+    rows, each with its own block table row and length: the decodes, and (when the
+    model runner sends them through the compiled layers) prompt rows of short
+    contexts; decode_block_tables: int64 [D, max_blocks] (padding points at block 0
+    and is masked); decode_mask: bool [D, 1, 1, max_blocks * block_size], None when
+    the compiled kernel runs them; decode_lens: int64 [D], tokens each row attends.
+    prefills: the prefill chunks after them.
     """
 
     slot_mapping: torch.Tensor
