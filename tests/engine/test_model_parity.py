@@ -14,13 +14,14 @@ from .tiny_models import make_tiny_model
 
 
 def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=torch.float32, kv_dtype=None,
-             int8_decode=False, int8_prefill=False):
+             int8_decode=False, int8_prefill=False, device="cpu"):
     """Logits float32 [len(prompt) + len(decode_tokens), V]: prefill in chunks, then one decode step per token."""
     cfg = ModelConfig.from_folder(folder)
-    model = load_model(folder, cfg, dtype, torch.device("cpu"), int8_decode=int8_decode, int8_prefill=int8_prefill)
+    dev = torch.device(device)
+    model = load_model(folder, cfg, dtype, dev, int8_decode=int8_decode, int8_prefill=int8_prefill)
     bm = BlockManager(64, block_size)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=chunk)
-    runner = ModelRunner(model, cfg, 64, block_size, torch.device("cpu"), kv_dtype or dtype)
+    runner = ModelRunner(model, cfg, 64, block_size, dev, kv_dtype or dtype)
     seq = Sequence("r", list(prompt), SamplingParams(temperature=0, max_tokens=len(decode_tokens) + 1))
     sched.add(seq)
     rows = []
@@ -38,12 +39,13 @@ def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=t
     return torch.cat(rows)
 
 
-def reference_logits(folder, tokens):
+def reference_logits(folder, tokens, dtype=torch.float32, device="cpu"):
+    """transformers' logits float32 [len(tokens), V] for the same weights (on `device`, in `dtype`)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
     with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].float()
+        return model(torch.tensor([tokens], device=device)).logits[0].float()
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
