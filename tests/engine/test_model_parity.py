@@ -48,16 +48,25 @@ def reference_logits(folder, tokens, dtype=torch.float32, device="cpu"):
         return model(torch.tensor([tokens], device=device)).logits[0].float()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))])
 @pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
-def test_it_matches_transformers_on_tiny_random_models(arch, tmp_path):
+def test_it_matches_transformers_on_tiny_random_models(arch, device, tmp_path):
+    """float32 within 1e-4 of transformers on the same device (chunked prefill too); bfloat16
+    within 5e-2 of transformers' bfloat16. On CUDA these are the torch paths (SDPA, masks)."""
     folder = make_tiny_model(arch, tmp_path / arch)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, 320, (64,), generator=g).tolist()
     decode = torch.randint(3, 320, (16,), generator=g).tolist()
-    ours = run_ours(folder, prompt, decode)
-    ref = reference_logits(folder, prompt + decode)
+    ours = run_ours(folder, prompt, decode, device=device)
+    ref = reference_logits(folder, prompt + decode, device=device)
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() <= 1e-4
+    chunked = run_ours(folder, prompt, decode, chunk=24, block_size=8, device=device)
+    assert (chunked - ours).abs().max().item() <= 1e-4
+    half = run_ours(folder, prompt, decode, dtype=torch.bfloat16, device=device)
+    ref_half = reference_logits(folder, prompt + decode, dtype=torch.bfloat16, device=device)
+    assert (half - ref_half).abs().max().item() <= 5e-2
 
 
 def test_it_gives_the_same_logits_with_chunked_prefill(tmp_path):

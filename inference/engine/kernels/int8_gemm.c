@@ -30,7 +30,8 @@
 #define QT 16 /* output channels per tile */
 #define MC 96 /* rows per cache block: their int16 activations stay in L2 */
 
-long metrale_int8_pair_k(long K) { return (K + 1) / 2; }
+/* Pairs of k values (vpmaddwd multiplies two at a time): K rounded up to even, halved. */
+static long metrale_int8_pair_k(long K) { return (K + 1) / 2; }
 
 /* The int16 range used for activations with K input channels (see above). */
 static int32_t act_limit(long K) {
@@ -39,6 +40,7 @@ static int32_t act_limit(long K) {
     return (int32_t)(lim < 32767 ? lim : 32767);
 }
 
+/* w: int8 [N, K] row-major -> packed: int8 [ceil(N / 16), ceil(K / 2), 16, 2] (layout above). */
 void metrale_int8_pack(const int8_t *w, int8_t *packed, long N, long K) {
     const long tiles = (N + QT - 1) / QT, K2 = metrale_int8_pair_k(K);
     for (long t = 0; t < tiles; t++)
