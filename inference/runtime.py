@@ -47,7 +47,6 @@ def _load() -> Runtime:
 
     from inference.engine.async_engine import AsyncEngine
     from inference.engine.config import EngineConfig
-    from inference.engine.llm_engine import LLMEngine
     from inference.engine.tokenizer import Tokenizer
 
     m = settings.METRALE
@@ -60,7 +59,7 @@ def _load() -> Runtime:
         enable_prefix_caching=m["ENABLE_PREFIX_CACHING"], decode_weights=m["DECODE_WEIGHTS"],
         prefill_weights=m["PREFILL_WEIGHTS"])
     tokenizer = Tokenizer.from_folder(path)
-    engine = AsyncEngine(LLMEngine(config))
+    engine = AsyncEngine(config=config)
     return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))
 
 

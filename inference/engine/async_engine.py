@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import Failed, Finished, RequestRejected, TokenEvent
 from .sampling_params import SamplingParams
@@ -52,17 +53,37 @@ class RequestHandle:
 
 
 class AsyncEngine:
-    """Runs an LLMEngine in a daemon thread. `submit` is called from the event loop."""
+    """Runs an LLMEngine in a daemon thread. `submit` is called from the event loop.
 
-    def __init__(self, engine: LLMEngine):
+    Give either a built `engine` or a `config`: with a config, the engine thread builds
+    the LLMEngine itself and the constructor returns once it is loaded (raising what
+    LLMEngine(config) raises: ConfigError, OSError, ...). Serving should use a config:
+    then one thread does all of the engine's torch and kernel work. OpenMP (libgomp)
+    keeps a worker pool for every live thread that has run a parallel region, and with
+    more pooled threads than CPUs it stops spinning between regions and wakes its
+    workers through the OS. Measured on a 2-vCPU VM: 150 µs per parallel region
+    instead of 7, a batch-1 decode step of 27 ms instead of 9.5, when the engine was
+    built on the main thread and stepped on this one.
+    """
+
+    def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None):
+        if (engine is None) == (config is None):
+            raise TypeError("AsyncEngine takes an LLMEngine or an EngineConfig (config=...), not both")
         self.engine = engine
         self._commands: deque = deque()
         self._wake = threading.Event()
         self._handles: dict[int, RequestHandle] = {}
         self._ids = itertools.count()
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="metrale-engine", daemon=True)
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(config,), name="metrale-engine", daemon=True)
         self._thread.start()
+        if config is not None:
+            self._built.wait()
+            if self._build_error is not None:
+                self._thread.join()
+                raise self._build_error
 
     @property
     def max_model_len(self) -> int:
@@ -149,6 +170,17 @@ class AsyncEngine:
             if seq is not None and seq.deadline is not None and now >= seq.deadline and not seq.is_finished:
                 self.engine.abort(seq, "timeout")
                 self._retire(seq)
+
+    def _run(self, config: EngineConfig | None) -> None:
+        if config is not None:
+            try:
+                self.engine = LLMEngine(config)
+            except BaseException as exc:  # handed to the constructor's caller
+                self._build_error = exc
+                return
+            finally:
+                self._built.set()
+        self._loop()
 
     def _loop(self) -> None:
         while not self._stopped:

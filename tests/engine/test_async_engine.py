@@ -1,5 +1,6 @@
 """The engine thread: continuous batching, cancellation, deadlines, and the KV pool returning whole."""
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -167,3 +168,41 @@ def test_it_gives_the_same_tokens_and_prompt_logprobs_when_short_and_long_prompt
         assert end_a.prompt_logprobs == end_b.prompt_logprobs
     assert max(p for _, p, _ in engine.step_log) >= 2  # prompts did share steps (step_log: decodes, prefills, tokens)
     ae.stop()
+
+
+def test_from_a_config_the_engine_thread_builds_the_engine_and_serves(tiny_folder):
+    from inference.engine import llm_engine
+
+    built_on = []
+    real_init = llm_engine.LLMEngine.__init__
+
+    def spy(self, config):
+        built_on.append(threading.current_thread().name)
+        real_init(self, config)
+
+    llm_engine.LLMEngine.__init__ = spy
+    try:
+        ae = AsyncEngine(config=EngineConfig(model_path=str(tiny_folder), kv_cache_bytes=4 << 20))
+    finally:
+        llm_engine.LLMEngine.__init__ = real_init
+    assert built_on == ["metrale-engine"]  # the thread that steps it, not the caller's
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def run():
+        return await collect(ae.submit(prompts(1)[0], params))
+
+    tokens, end = asyncio.run(run())
+    assert len(tokens) == 5 and isinstance(end, Finished) and end.reason == "length"
+    ae.stop()
+    assert not ae._thread.is_alive()
+
+
+def test_a_config_that_cannot_load_raises_in_the_caller_and_leaves_no_thread(tmp_path):
+    from inference.engine.config import ConfigError
+
+    before = set(threading.enumerate())
+    with pytest.raises(ConfigError, match="config.json"):
+        AsyncEngine(config=EngineConfig(model_path=str(tmp_path / "missing"), kv_cache_bytes=4 << 20))
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "metrale-engine"]
+    with pytest.raises(TypeError):
+        AsyncEngine()

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from inference.engine.kernels.build import build, cpu_flags_text
 from inference.engine.layers.linear import quantize_int8
 
 from .test_model_parity import reference_logits, run_ours
@@ -30,7 +31,7 @@ def test_int8_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(
     q, scale = quantize_int8(torch.randn(n, k, generator=g))
     packed, scale = kernels.int8_pack(q), scale.float()
     exact = q.double() * scale.double()[:, None]
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 100):  # every micro-kernel and remainder shape
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 17, 33, 100):  # every micro-kernel and remainder shape
         x = torch.randn(m, k, generator=g)
         y = kernels.int8_linear(x, packed, scale)
         assert y.shape == (m, n) and y.dtype == torch.float32
@@ -42,6 +43,39 @@ def test_int8_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(
         assert bool(((y.double() - ref).abs() <= bound).all())
         for row in range(m):  # bitwise: the same row alone gives the same floats
             assert torch.equal(kernels.int8_linear(x[row:row + 1], packed, scale)[0], y[row])
+
+
+def _narrower_builds():
+    """This machine's kernel library rebuilt without AVX-512 (the AVX2 path) and without AVX2 (the
+    scalar path), for the paths this CPU can run."""
+    flags = cpu_flags_text()
+    out = []
+    if "avx512_vnni" in flags:
+        out.append(("-mno-avx512f",))
+    if " avx2" in flags:
+        out.append(("-mno-avx2",))
+    return out
+
+
+@pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
+    reason="this CPU has neither AVX2 nor AVX-512 VNNI: the scalar path is the only one and is tested above"))])
+def test_every_instruction_set_path_gives_the_same_int8_linear_bitwise(extra):
+    """The AVX-512 VNNI, AVX2 and scalar kernels sum the same integers: one machine's build and its
+    narrower builds must agree bit for bit (a CI machine may be any of them)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(extra)))
+    lib.metrale_int8_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((576, 576), (37, 13), (100, 1536)):
+        q, scale = quantize_int8(torch.randn(n, k, generator=g))
+        packed, scale = kernels.int8_pack(q), scale.float()
+        for m in (1, 3, 8, 12, 25, 100):
+            x = torch.randn(m, k, generator=g)
+            y = torch.empty(m, n)
+            lib.metrale_int8_linear(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), y.data_ptr(), m, n, k, 2)
+            assert torch.equal(y, kernels.int8_linear(x, packed, scale)), (extra, n, k, m)
+            assert torch.equal(y, int8_linear_reference(x, q, scale))
 
 
 def test_int8_linear_keeps_zero_rows_zero_and_does_not_hide_inf_or_nan():

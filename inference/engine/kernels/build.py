@@ -35,7 +35,8 @@ def _compiler() -> str:
     raise KernelBuildError("no C compiler (cc or gcc) on PATH")
 
 
-def _cpu_flags() -> str:
+def cpu_flags_text() -> str:
+    """The "flags" line of /proc/cpuinfo (the CPU's instruction sets), or "" where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -59,15 +60,17 @@ def cache_dir() -> Path:
     return Path(home).expanduser() / "kernels"
 
 
-def build() -> Path:
+def build(extra_flags: tuple[str, ...] = ()) -> Path:
     """Return the path of the compiled library, compiling it first if needed (~2 s on 2 cores).
 
+    extra_flags are appended to FLAGS (the tests use them to build the narrower
+    instruction-set paths of this machine, e.g. "-mno-avx512f" for the AVX2 kernels).
     Raises KernelBuildError when there is no C compiler or the compile fails.
     """
     cc = _compiler()
-    command = [cc, *FLAGS]
+    command = [cc, *FLAGS, *extra_flags]
     text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    digest = hashlib.sha256(text + " ".join(command).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text + " ".join(command).encode() + cpu_flags_text().encode()).hexdigest()[:16]
     target = cache_dir() / digest / "libmetrale_kernels.so"
     if target.is_file():
         return target

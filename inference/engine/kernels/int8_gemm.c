@@ -25,9 +25,17 @@
 #if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define GEMM_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GEMM_VNNI512 1 /* vpdpwssd on zmm: a row's 16 channels x one k pair in one instruction */
+#endif
 #endif
 
 #define QT 16 /* output channels per tile */
+#ifdef GEMM_VNNI512
+#define MR 12 /* rows per micro-kernel: 12 zmm accumulators of the 32 registers */
+#else
+#define MR 6 /* rows per micro-kernel: 12 ymm accumulators of the 16 registers */
+#endif
 #define MC 96 /* rows per cache block: their int16 activations stay in L2 */
 
 /* Pairs of k values (vpmaddwd multiplies two at a time): K rounded up to even, halved. */
@@ -197,9 +205,61 @@ static void mk1(const int16_t *x, long ldx, long K2, const int8_t *wt, int32_t *
 }
 #endif
 
-/* Exact int32 sums for `rows` (1..6) rows against one tile: acc[r][j]. */
+#ifdef GEMM_VNNI512
+/* R rows x 16 channels over all K2 pairs with AVX-512 VNNI: per pair, the tile's 32
+ * int8 weights are widened once to int16 and each row adds its pair's products with
+ * one vpdpwssd (non-saturating, so the int32 sums equal the AVX2 path's bitwise).
+ * vpdpwssd's latency (~5 cycles) would serialise a row's single accumulator, so with
+ * few rows each row keeps CH partial sums over interleaved pairs (integer sums: the
+ * order does not change the result). */
+static inline __attribute__((always_inline)) void mkv(const int16_t *x, long ldx, long K2, const int8_t *wt,
+                                                       int32_t *acc, const int R) {
+    const int CH = R <= 2 ? 4 : (R <= 5 ? 2 : 1);
+    __m512i c[MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < R * CH; i++) c[i] = _mm512_setzero_si512();
+    long p = 0;
+    for (; p + CH <= K2; p += CH) {
+#pragma GCC unroll 4
+        for (int h = 0; h < CH; h++) {
+            const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wt + (p + h) * 2 * QT)));
+#pragma GCC unroll 12
+            for (int r = 0; r < R; r++) {
+                int32_t pair;
+                memcpy(&pair, x + r * ldx + 2 * (p + h), sizeof pair);
+                c[h * R + r] = _mm512_dpwssd_epi32(c[h * R + r], w, _mm512_set1_epi32(pair));
+            }
+        }
+    }
+    for (; p < K2; p++) {
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wt + p * 2 * QT)));
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * ldx + 2 * p, sizeof pair);
+            c[r] = _mm512_dpwssd_epi32(c[r], w, _mm512_set1_epi32(pair));
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        __m512i sum = c[r];
+#pragma GCC unroll 4
+        for (int h = 1; h < CH; h++) sum = _mm512_add_epi32(sum, c[h * R + r]);
+        _mm512_storeu_si512((void *)(acc + r * QT), sum);
+    }
+}
+#define MKV(R) static void mkv##R(const int16_t *x, long ldx, long K2, const int8_t *wt, int32_t *acc) { \
+        mkv(x, ldx, K2, wt, acc, R); }
+MKV(1) MKV(2) MKV(3) MKV(4) MKV(5) MKV(6) MKV(7) MKV(8) MKV(9) MKV(10) MKV(11) MKV(12)
+typedef void (*mkv_fn)(const int16_t *, long, long, const int8_t *, int32_t *);
+static const mkv_fn MKV_BY_ROWS[MR + 1] = {0, mkv1, mkv2, mkv3, mkv4, mkv5, mkv6, mkv7, mkv8, mkv9, mkv10, mkv11, mkv12};
+#endif
+
+/* Exact int32 sums for `rows` (1..MR) rows against one tile: acc[r][j]. */
 static void tile_sums(const int16_t *x, long ldx, long K2, const int8_t *wt, int rows, int32_t *acc) {
-#ifdef GEMM_AVX2
+#if defined(GEMM_VNNI512)
+    MKV_BY_ROWS[rows](x, ldx, K2, wt, acc);
+#elif defined(GEMM_AVX2)
     switch (rows) {
         case 6: mk6(x, ldx, K2, wt, acc); return;
         case 5: mk4(x, ldx, K2, wt, acc); mk1(x + 4 * ldx, ldx, K2, wt, acc + 4 * QT); return;
@@ -247,9 +307,9 @@ void metrale_int8_linear(const float *x, const int8_t *packed, const float *scal
                 const int8_t *wt = packed + t * K2 * 2 * QT;
                 const long n0 = t * QT;
                 const int nc = (int)(N - n0 < QT ? N - n0 : QT);
-                int32_t acc[6 * QT];
-                for (long m = m0; m < m1; m += 6) {
-                    const int rows = (int)(m1 - m < 6 ? m1 - m : 6);
+                int32_t acc[MR * QT];
+                for (long m = m0; m < m1; m += MR) {
+                    const int rows = (int)(m1 - m < MR ? m1 - m : MR);
                     tile_sums(xq + m * kp, kp, K2, wt, rows, acc);
                     finish(acc, rows, sx + m, scale + n0, nc, y + m * N + n0, N);
                 }

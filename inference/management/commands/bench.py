@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand
 from inference.bench.http_streams import run_http
 from inference.bench.live_server import LiveServer
 from inference.bench.offline import run_offline
+from inference.bench.own_thread import in_own_thread
 from inference.bench.prefix import prefix_ttft
 from inference.bench.offline import chat_prompt_ids
 from inference.bench.references import copy_bandwidth_gb_s, hf_generate_tok_s, hf_same_prompts, weight_bytes
@@ -40,13 +41,12 @@ class Command(BaseCommand):
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.config import EngineConfig
-        from inference.engine.llm_engine import LLMEngine
         from inference.engine.tokenizer import Tokenizer
 
         model = settings.METRALE["MODEL"]
         tokenizer = Tokenizer.from_folder(model)
         levels = [int(c) for c in concurrency.split(",")]
-        bandwidth = copy_bandwidth_gb_s()
+        bandwidth = in_own_thread(copy_bandwidth_gb_s)
         out = self.stdout.write
         out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; prefill weights "
             f"{settings.METRALE['PREFILL_WEIGHTS']}; copy bandwidth "
@@ -55,12 +55,12 @@ class Command(BaseCommand):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
-            engine = LLMEngine(EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
-                                            kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"],
-                                            decode_weights=settings.METRALE["DECODE_WEIGHTS"],
-                                            prefill_weights=settings.METRALE["PREFILL_WEIGHTS"]))
+            ae = AsyncEngine(config=EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
+                                                 kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"],
+                                                 decode_weights=settings.METRALE["DECODE_WEIGHTS"],
+                                                 prefill_weights=settings.METRALE["PREFILL_WEIGHTS"]))
+            engine = ae.engine
             wbytes = weight_bytes(engine.runner.model)
-            ae = AsyncEngine(engine)
             run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
             for c in levels:
                 timings, wall = run_offline(ae, tokenizer, workloads[c], c)
@@ -85,13 +85,13 @@ class Command(BaseCommand):
             hf, same = {}, {}
             if not skip_hf:
                 for b in (1, 8, 32):
-                    hf[b] = hf_generate_tok_s(model, getattr(torch, dtype), b)
+                    hf[b] = in_own_thread(hf_generate_tok_s, model, getattr(torch, dtype), b)
                     out(f"{dtype:<9} transformers generate, padded batch {b:>2} (random 128-token prompts, 64 new): "
                         f"{hf[b]:7.1f} tok/s")
                 for b in (1, 8, 32):
                     reqs = workloads.get(b) or sharegpt_like(tokenizer, b, seed=b)
                     reqs = reqs[:b]
-                    same[b] = hf_same_prompts(model, getattr(torch, dtype),
+                    same[b] = in_own_thread(hf_same_prompts, model, getattr(torch, dtype),
                                               [chat_prompt_ids(tokenizer, r.prompt) for r in reqs],
                                               [r.output_tokens for r in reqs])
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
