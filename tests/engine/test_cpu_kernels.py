@@ -78,6 +78,31 @@ def test_every_instruction_set_path_gives_the_same_int8_linear_bitwise(extra):
             assert torch.equal(y, int8_linear_reference(x, q, scale))
 
 
+@pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
+    reason="this CPU has neither AVX2 nor AVX-512: the portable path is the only one and is tested below"))])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_every_instruction_set_path_of_decode_attention_matches_sdpa(extra, kv_dtype):
+    """The AVX2 and portable attention builds of this machine (CI machines differ) against SDPA."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(extra)))
+    c_p, c_l, c_i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.metrale_paged_decode_attention.argtypes = [c_p] * 6 + [c_l, c_i, c_i, c_i, c_i, c_l, ctypes.c_float, c_i, c_i]
+    g = torch.Generator().manual_seed(3)
+    for n_heads, n_kv, head_dim in ((9, 3, 64), (8, 1, 128)):
+        k_cache = torch.randn(40, 16, n_kv, head_dim, generator=g).to(kv_dtype)
+        v_cache = torch.randn(40, 16, n_kv, head_dim, generator=g).to(kv_dtype)
+        lens = torch.tensor([1, 17, 100, 64, 33])
+        tables = torch.stack([torch.randperm(40, generator=g)[:7] for _ in lens])
+        q = torch.randn(len(lens), n_heads, head_dim, generator=g)
+        out = torch.empty_like(q)
+        lib.metrale_paged_decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                                           lens.data_ptr(), out.data_ptr(), len(lens), n_heads, n_kv, head_dim, 16, 7,
+                                           head_dim ** -0.5, kernels.kv_dtype_code(kv_dtype), 2)
+        ref = reference_decode_attention(q, k_cache, v_cache, tables, lens)
+        assert (out - ref).abs().max().item() <= 1e-5, (extra, n_heads, head_dim)
+
+
 def test_int8_linear_keeps_zero_rows_zero_and_does_not_hide_inf_or_nan():
     q, scale = quantize_int8(torch.randn(40, 27))
     packed, scale = kernels.int8_pack(q), scale.float()
@@ -107,10 +132,13 @@ def reference_decode_attention(q, k_cache, v_cache, tables, lens):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n_heads, n_kv", [(9, 3), (4, 4), (8, 1)])
-def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv):
+# group sizes 3, 1, 8 (two passes of 4 heads), 7 (4 + 3) and 6 (4 + 2); head_dim 128 (two 64-wide
+# slabs); head_dim 48 takes the portable path
+@pytest.mark.parametrize("n_heads, n_kv, head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 64), (14, 2, 128), (12, 2, 64),
+                                                     (6, 2, 48)])
+def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv, head_dim):
     g = torch.Generator().manual_seed(n_heads)
-    block_size, head_dim, num_blocks = 16, 64, 40
+    block_size, num_blocks = 16, 40
     k_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
     v_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
     lens = torch.tensor([1, 17, 100, 64, 33])

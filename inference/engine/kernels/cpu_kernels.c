@@ -148,6 +148,124 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
 }
 #endif
 
+#ifdef METRALE_AVX512
+/* 16 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
+static inline __m512 load16(const void *row, int i, int kv_dtype) {
+    if (kv_dtype == 0) return _mm512_loadu_ps((const float *)row + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Lane u of the result = the sum of c[u]'s 16 lanes (a transposing add tree: 24
+ * shuffles and 15 adds for 16 dot products instead of 16 horizontal sums). */
+static inline __m512 reduce16(const __m512 *c) {
+    __m512 r1[8], r2[4];
+    for (int k = 0; k < 8; k++)
+        r1[k] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * k], c[2 * k + 1]), _mm512_unpackhi_ps(c[2 * k], c[2 * k + 1]));
+    /* r1[k], per 128-bit block: [2k, 2k+1, 2k, 2k+1] partial sums */
+    for (int k = 0; k < 4; k++)
+        r2[k] = _mm512_add_ps(_mm512_shuffle_ps(r1[2 * k], r1[2 * k + 1], 0x44),
+                              _mm512_shuffle_ps(r1[2 * k], r1[2 * k + 1], 0xee));
+    /* r2[k], per 128-bit block b: keys 4k..4k+3, the part of block b */
+    const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(r2[0], r2[1], 0x44), _mm512_shuffle_f32x4(r2[0], r2[1], 0xee));
+    const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(r2[2], r2[3], 0x44), _mm512_shuffle_f32x4(r2[2], r2[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+}
+
+/* P·V for HB query heads that read the same KV head, dims [s, s + 64): four zmm
+ * accumulators per head stay in registers while the tokens stream by in order (so each
+ * output element is the same sequential sum over t as in the other paths). */
+static inline __attribute__((always_inline)) void pv_heads(const float *scores, long len, const void *v_cache,
+                                                            const int64_t *table, int block_size, long row,
+                                                            long col, size_t esize, int kv_dtype, const float *sums,
+                                                            float *out, long ldo, const int HB) {
+    __m512 acc[4][4];
+    for (int h = 0; h < HB; h++)
+        for (int c = 0; c < 4; c++) acc[h][c] = _mm512_setzero_ps();
+    for (long t = 0; t < len; t++) {
+        const long slot = table[t / block_size] * block_size + t % block_size;
+        const char *v = (const char *)v_cache + (slot * row + col) * (long)esize;
+        const __m512 v0 = load16(v, 0, kv_dtype), v1 = load16(v, 16, kv_dtype);
+        const __m512 v2 = load16(v, 32, kv_dtype), v3 = load16(v, 48, kv_dtype);
+        for (int h = 0; h < HB; h++) {
+            const __m512 p = _mm512_set1_ps(scores[h * len + t]);
+            acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
+            acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
+            acc[h][2] = _mm512_fmadd_ps(p, v2, acc[h][2]);
+            acc[h][3] = _mm512_fmadd_ps(p, v3, acc[h][3]);
+        }
+    }
+    for (int h = 0; h < HB; h++) {
+        const __m512 inv = _mm512_set1_ps(1.f / sums[h]);
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + h * ldo + 16 * c, _mm512_mul_ps(acc[h][c], inv));
+    }
+}
+
+/* The AVX-512 path of attend() for head_dim a multiple of 64: scores 16 keys at a time
+ * (a short last block repeats its first key, so a key's score never depends on where
+ * it falls, and a decode row scores a key exactly as a prompt row does), softmax with
+ * exp16, then P·V with register accumulators. */
+static void attend_avx512(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table, long len,
+                          float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
+                          int kv_dtype, float *scores) {
+    const int nh = (h1 - h0) * group;
+    const size_t esize = kv_dtype == 0 ? 4 : 2;
+    const long row = (long)n_kv * head_dim; /* elements per token */
+    float maxs[256], sums[256];
+    for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (long t0 = 0; t0 < len; t0 += 16) {
+        const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
+        const char *krows[16];
+        for (int u = 0; u < 16; u++) {
+            const long t = t0 + (u < cnt ? u : 0);
+            const long slot = table[t / block_size] * block_size + t % block_size;
+            krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+        }
+        for (int j = 0; j < nh; j++) {
+            const float *qj = qh + (long)j * head_dim;
+            const long off = (long)(j / group) * head_dim * (long)esize;
+            __m512 c[16];
+            for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
+            for (int i = 0; i < head_dim; i += 16) {
+                const __m512 qv = _mm512_loadu_ps(qj + i);
+                for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u] + off, i, kv_dtype), c[u]);
+            }
+            const __m512 dots = _mm512_mul_ps(reduce16(c), vscale);
+            const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
+            _mm512_mask_storeu_ps(scores + j * len + t0, m, dots);
+            maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
+        }
+    }
+    for (int j = 0; j < nh; j++) {
+        float *r = scores + j * len;
+        const __m512 mx = _mm512_set1_ps(maxs[j]);
+        __m512 acc = _mm512_setzero_ps();
+        for (long t = 0; t < len; t += 16) {
+            const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+            const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, r + t), mx)));
+            _mm512_mask_storeu_ps(r + t, m, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        sums[j] = _mm512_reduce_add_ps(acc);
+    }
+    for (int g = 0; g < h1 - h0; g++)
+        for (int s = 0; s < head_dim; s += 64)
+            for (int b = 0; b < group; b += 4) {
+                const int hb = group - b < 4 ? group - b : 4, j = g * group + b;
+                const long col = (long)(h0 + g) * head_dim + s;
+                float *o = out + ((long)h0 * group + j) * head_dim + s;
+                const float *sc = scores + (long)j * len;
+                switch (hb) {
+                    case 4: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 4); break;
+                    case 3: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 3); break;
+                    case 2: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 2); break;
+                    default: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 1); break;
+                }
+            }
+}
+#endif
+
 /* Attention of sequence d's query heads that read KV heads [h0, h1). scratch holds
  * (h1 - h0) * group * len scores plus 2 * (h1 - h0) * head_dim conversion floats and
  * (h1 - h0) * group * head_dim accumulators. The operations for one (d, head) are the
@@ -161,7 +279,13 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     float *kbuf = scores + (long)nh * len;
     float *acc = kbuf + (h1 - h0) * head_dim;
     const float *qh = q + (long)h0 * group * head_dim;
-#ifdef METRALE_AVX2
+#if defined(METRALE_AVX512)
+    if (head_dim % 64 == 0) {
+        attend_avx512(qh, k_cache, v_cache, table, len, out, n_kv, h0, h1, group, head_dim, block_size, scale, kv_dtype,
+                      scores);
+        return;
+    }
+#elif defined(METRALE_AVX2)
     if (head_dim % 64 == 0) {
         attend_avx2(qh, k_cache, v_cache, table, len, out, n_kv, h0, h1, group, head_dim, block_size, scale, kv_dtype,
                     scores);

@@ -26,6 +26,29 @@ static inline __m256 exp8(__m256 x) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+#if defined(__AVX512F__)
+#define METRALE_AVX512 1
+
+/* exp8's steps on 16 lanes (the same operations per lane, so the same values). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+    fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    const __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+#endif
 #endif
 
 void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
