@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from .build import KernelBuildError, build
+from .build import KernelBuildError, build, cpu_flags_text
 
 log = logging.getLogger("metrale.engine")
 
@@ -66,6 +66,17 @@ def _required() -> ctypes.CDLL:
 def available() -> bool:
     """True when the compiled kernels are loaded (built on first call)."""
     return _load() is not None
+
+
+def instruction_set() -> str:
+    """Which vector path the kernels compile to on this CPU (they are built with -march=native):
+    "avx512-vnni" (int8 GEMM with vpdpwssd, attention in zmm), "avx2" (vpmaddwd, ymm) or "portable"."""
+    flags = set(cpu_flags_text().split())
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        return "avx512-vnni"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "portable"
 
 
 _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
