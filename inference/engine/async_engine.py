@@ -134,6 +134,19 @@ class AsyncEngine:
         except RuntimeError:  # the client's event loop is gone
             pass
 
+    @staticmethod
+    def _push_step(loop: asyncio.AbstractEventLoop, batch: list) -> None:
+        """One step's events for every request of one event loop, in a single wake-up of that loop:
+        each wake-up is a context switch that can preempt one of the step's compute threads."""
+        def deliver():
+            for handle, events in batch:
+                for e in events:
+                    handle.queue.put_nowait(e)
+        try:
+            loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the clients' event loop is gone
+            pass
+
     def _finished_event(self, seq: Sequence) -> Finished:
         now = time.monotonic()
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time else None
@@ -200,6 +213,7 @@ class AsyncEngine:
                     self._push(handle, [Failed(f"engine error: {exc}")])
                 self._handles.clear()
                 continue
+            by_loop: dict[asyncio.AbstractEventLoop, list] = {}
             for out in outputs:
                 handle = self._handles.get(id(out.seq))
                 if handle is None:
@@ -210,4 +224,6 @@ class AsyncEngine:
                 if out.finished:
                     events.append(self._finished_event(out.seq))
                     del self._handles[id(out.seq)]
-                self._push(handle, events)
+                by_loop.setdefault(handle.loop, []).append((handle, events))
+            for loop, batch in by_loop.items():
+                self._push_step(loop, batch)

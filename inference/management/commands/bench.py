@@ -46,7 +46,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--dtypes", default="float32,bfloat16")
         parser.add_argument("--concurrency", default="1,8,32")
-        parser.add_argument("--requests-per-stream", type=int, default=2,
+        parser.add_argument("--requests-per-stream", type=int, default=4,
                             help="requests per concurrent stream at each concurrency (at least 3 at concurrency 1)")
         parser.add_argument("--skip-hf", action="store_true", help="skip the transformers reference runs")
         parser.add_argument("--skip-http", action="store_true")
