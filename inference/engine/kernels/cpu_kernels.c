@@ -47,6 +47,18 @@ static inline const float *load_heads(const void *base, long slot, int n_kv, int
     return dst;
 }
 
+/* Addresses of the K rows (KV heads from h0 on) of keys t0 .. t0 + n - 1 for one block of
+ * n scores; past len the block's first key is repeated, so a short last block scores
+ * real keys the same way a full one does. row: cache elements per token. */
+static inline void key_rows(const char **krows, int n, long t0, long len, const int64_t *table, int block_size,
+                            const void *k_cache, long row, int h0, int head_dim, size_t esize) {
+    for (int u = 0; u < n; u++) {
+        const long t = t0 + u < len ? t0 + u : t0;
+        const long slot = table[t / block_size] * block_size + t % block_size;
+        krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+    }
+}
+
 #ifdef METRALE_AVX2
 /* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
 static inline __m256 load8(const void *row, int i, int kv_dtype) {
@@ -72,11 +84,7 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
     for (long t0 = 0; t0 < len; t0 += 8) {
         const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
         const char *krows[8];
-        for (int u = 0; u < 8; u++) {
-            const long t = t0 + (u < cnt ? u : 0);
-            const long slot = table[t / block_size] * block_size + t % block_size;
-            krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
-        }
+        key_rows(krows, 8, t0, len, table, block_size, k_cache, row, h0, head_dim, esize);
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
             const long off = (long)(j / group) * head_dim * (long)esize;
@@ -217,11 +225,7 @@ static void attend_avx512(const float *qh, const void *k_cache, const void *v_ca
     for (long t0 = 0; t0 < len; t0 += 16) {
         const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
         const char *krows[16];
-        for (int u = 0; u < 16; u++) {
-            const long t = t0 + (u < cnt ? u : 0);
-            const long slot = table[t / block_size] * block_size + t % block_size;
-            krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
-        }
+        key_rows(krows, 16, t0, len, table, block_size, k_cache, row, h0, head_dim, esize);
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
             const long off = (long)(j / group) * head_dim * (long)esize;
