@@ -1,4 +1,10 @@
-"""Streams through HTTP with a fixed concurrency (threads + httpx), recording per-request timings."""
+"""Streams through HTTP with a fixed concurrency (threads + httpx), recording per-request timings.
+
+The same client measures our server and, optionally, another OpenAI-compatible one
+(llama-cpp-python's): for a server without `ignore_eos` and without usage in streams,
+`suppress` makes the special tokens (EOS among them) impossible through `logit_bias`
+(-100, OpenAI's documented "ban"), and tokens are counted as the content chunks streamed.
+"""
 from __future__ import annotations
 
 import json
@@ -12,14 +18,23 @@ from .stats import RequestTiming
 from .workload import BenchRequest
 
 
-def stream_chat(client: httpx.Client, url: str, messages: list[dict], max_tokens: int) -> RequestTiming:
-    """One streamed chat completion (greedy, ignore_eos); the token count comes from the usage chunk."""
-    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+def stream_chat(client: httpx.Client, url: str, messages: list[dict], max_tokens: int,
+                suppress: list[int] | None = None) -> RequestTiming:
+    """One streamed greedy chat completion of exactly max_tokens tokens.
+
+    suppress: None for our server (ignore_eos; the token count from the usage chunk);
+    token ids to ban for another server (the count is then the content chunks seen,
+    one token each on llama-cpp-python's server).
+    """
+    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if suppress is None:
+        body.update(ignore_eos=True, stream_options={"include_usage": True})
+    else:
+        body["logit_bias"] = {str(i): -100 for i in suppress}
     t0 = time.perf_counter()
     first = None
-    tokens = 0
-    with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    tokens = chunks = 0
+    with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -27,20 +42,23 @@ def stream_chat(client: httpx.Client, url: str, messages: list[dict], max_tokens
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                first = time.perf_counter()
+            elif chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                chunks += 1
+                if first is None:
+                    first = time.perf_counter()
     end = time.perf_counter()
-    return RequestTiming((first or end) - t0, end - t0, tokens)
+    return RequestTiming((first or end) - t0, end - t0, tokens or chunks)
 
 
-def run_http(url: str, requests: list[BenchRequest], concurrency: int) -> tuple[list[RequestTiming], float]:
+def run_http(url: str, requests: list[BenchRequest], concurrency: int,
+             suppress: list[int] | None = None) -> tuple[list[RequestTiming], float]:
     """Run `requests` with `concurrency` client threads. Returns (timings, wall seconds)."""
     local = threading.local()
 
     def one(r: BenchRequest) -> RequestTiming:
         if not hasattr(local, "client"):
             local.client = httpx.Client()
-        return stream_chat(local.client, url, [{"role": "user", "content": r.prompt}], r.output_tokens)
+        return stream_chat(local.client, url, [{"role": "user", "content": r.prompt}], r.output_tokens, suppress)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
