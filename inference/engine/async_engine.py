@@ -126,13 +126,7 @@ class AsyncEngine:
     # --- engine thread ---
 
     def _push(self, handle: RequestHandle, events: list) -> None:
-        def deliver():
-            for e in events:
-                handle.queue.put_nowait(e)
-        try:
-            handle.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:  # the client's event loop is gone
-            pass
+        self._push_step(handle.loop, [(handle, events)])
 
     @staticmethod
     def _push_step(loop: asyncio.AbstractEventLoop, batch: list) -> None:

@@ -132,7 +132,7 @@ static inline void finish(const int32_t *acc, int rows, const float *sx, const f
         for (int j = 0; j < nc; j++) y[r * ldy + j] = ((float)acc[r * QT + j] * sx[r]) * scale[j];
 }
 
-#ifdef GEMM_AVX2
+#if defined(GEMM_AVX2) && !defined(GEMM_VNNI512) /* the AVX2 micro-kernels (the VNNI ones are below) */
 /* One step of one row: broadcast its pair of int16 at ADDR, multiply-add into A0/A1. */
 #define ROW(ADDR, A0, A1)                                                   \
     "vpbroadcastd " ADDR ", %%ymm14\n\t"                                    \
