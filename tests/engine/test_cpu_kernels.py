@@ -48,11 +48,11 @@ def test_int8_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(
 def _narrower_builds():
     """This machine's kernel library rebuilt without AVX-512 (the AVX2 path) and without AVX2 (the
     scalar path), for the paths this CPU can run."""
-    flags = cpu_flags_text()
+    flags = set(cpu_flags_text().split())
     out = []
     if "avx512_vnni" in flags:
         out.append(("-mno-avx512f",))
-    if " avx2" in flags:
+    if "avx2" in flags:
         out.append(("-mno-avx2",))
     return out
 
@@ -65,6 +65,9 @@ def test_every_instruction_set_path_gives_the_same_int8_linear_bitwise(extra):
     import ctypes
 
     lib = ctypes.CDLL(str(build(extra)))
+    lib.metrale_kernels_isa.restype = ctypes.c_char_p
+    narrower = "int8 GEMM avx2" if extra == ("-mno-avx512f",) else "int8 GEMM portable"
+    assert lib.metrale_kernels_isa().decode().startswith(narrower)  # the path under test really was built
     lib.metrale_int8_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     g = torch.Generator().manual_seed(7)
     for n, k in ((576, 576), (37, 13), (100, 1536)):
@@ -86,6 +89,9 @@ def test_every_instruction_set_path_of_decode_attention_matches_sdpa(extra, kv_d
     import ctypes
 
     lib = ctypes.CDLL(str(build(extra)))
+    lib.metrale_kernels_isa.restype = ctypes.c_char_p
+    narrower = ", attention avx2" if extra == ("-mno-avx512f",) else ", attention portable"
+    assert lib.metrale_kernels_isa().decode().endswith(narrower)
     c_p, c_l, c_i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.metrale_paged_decode_attention.argtypes = [c_p] * 6 + [c_l, c_i, c_i, c_i, c_i, c_l, ctypes.c_float, c_i, c_i]
     g = torch.Generator().manual_seed(3)

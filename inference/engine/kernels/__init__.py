@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from .build import KernelBuildError, build, cpu_flags_text
+from .build import KernelBuildError, build
 
 log = logging.getLogger("metrale.engine")
 
@@ -47,6 +47,8 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_int8_linear.restype = None
         lib.metrale_int8_pack.argtypes = [_P, _P, _L, _L]
         lib.metrale_int8_pack.restype = None
+        lib.metrale_kernels_isa.argtypes = []
+        lib.metrale_kernels_isa.restype = ctypes.c_char_p
         _lib = lib
         return lib
 
@@ -69,14 +71,11 @@ def available() -> bool:
 
 
 def instruction_set() -> str:
-    """Which vector path the kernels compile to on this CPU (they are built with -march=native):
-    "avx512-vnni" (int8 GEMM with vpdpwssd, attention in zmm), "avx2" (vpmaddwd, ymm) or "portable"."""
-    flags = set(cpu_flags_text().split())
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
-        return "avx512-vnni"
-    if {"avx2", "fma"} <= flags:
-        return "avx2"
-    return "portable"
+    """The vector paths the loaded library was compiled with (it is built with -march=native), e.g.
+    "int8 GEMM avx512-vnni, attention avx512" or "int8 GEMM avx2, attention avx2"; "unavailable"
+    where the kernels are not loaded."""
+    lib = _load()
+    return lib.metrale_kernels_isa().decode() if lib is not None else "unavailable"
 
 
 _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}

@@ -35,16 +35,23 @@ def _compiler() -> str:
     raise KernelBuildError("no C compiler (cc or gcc) on PATH")
 
 
-def cpu_flags_text() -> str:
-    """The "flags" line of /proc/cpuinfo (the CPU's instruction sets), or "" where there is none."""
+def cpuinfo_field(name: str) -> str:
+    """The value of the first `name` line of /proc/cpuinfo (e.g. "flags", "model name"), or "" where
+    there is none (no such file or field)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
     return ""
+
+
+def cpu_flags_text() -> str:
+    """The CPU's instruction-set flags as /proc/cpuinfo lists them (space-separated), or ""."""
+    return cpuinfo_field("flags")
 
 
 def _gomp() -> list[str]:

@@ -59,7 +59,7 @@ static inline void key_rows(const char **krows, int n, long t0, long len, const 
     }
 }
 
-#ifdef METRALE_AVX2
+#if defined(METRALE_AVX2) && !defined(METRALE_AVX512) /* the AVX2 attention (the AVX-512 one is below) */
 /* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
 static inline __m256 load8(const void *row, int i, int kv_dtype) {
     if (kv_dtype == 0) return _mm256_loadu_ps((const float *)row + i);

@@ -48,6 +48,25 @@ static int32_t act_limit(long K) {
     return (int32_t)(lim < 32767 ? lim : 32767);
 }
 
+/* The vector paths this build compiled: "int8 GEMM <path>, attention <path>". */
+const char *metrale_kernels_isa(void) {
+#if defined(GEMM_VNNI512)
+#define ISA_GEMM "int8 GEMM avx512-vnni"
+#elif defined(GEMM_AVX2)
+#define ISA_GEMM "int8 GEMM avx2"
+#else
+#define ISA_GEMM "int8 GEMM portable"
+#endif
+#if defined(METRALE_AVX512)
+#define ISA_ATTN ", attention avx512"
+#elif defined(METRALE_AVX2)
+#define ISA_ATTN ", attention avx2"
+#else
+#define ISA_ATTN ", attention portable"
+#endif
+    return ISA_GEMM ISA_ATTN;
+}
+
 /* w: int8 [N, K] row-major -> packed: int8 [ceil(N / 16), ceil(K / 2), 16, 2] (layout above). */
 void metrale_int8_pack(const int8_t *w, int8_t *packed, long N, long K) {
     const long tiles = (N + QT - 1) / QT, K2 = metrale_int8_pair_k(K);

@@ -23,21 +23,10 @@ from inference.bench.offline import chat_prompt_ids
 from inference.bench.references import copy_bandwidth_gb_s, hf_generate_tok_s, hf_same_prompts, weight_bytes
 from inference.bench.stats import RunSummary
 from inference.engine import kernels
+from inference.engine.kernels.build import cpuinfo_field
 from inference.bench.workload import sharegpt_like
 
 LLAMA_CPP_8_STREAMS_TOK_S = 80.0  # llama-cpp-python's server, same GGUF, measured on this machine kind (issue 3)
-
-
-def cpu_model() -> str:
-    """/proc/cpuinfo's "model name" (the figures depend on it), or "unknown"."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 class Command(BaseCommand):
@@ -53,7 +42,8 @@ class Command(BaseCommand):
         parser.add_argument("--llama-cpp-url", default="",
                             help="a running llama-cpp-python OpenAI server on the same model's GGUF (started with "
                                  "--interrupt_requests False); the same HTTP workload runs against it at every "
-                                 "concurrency up to 8 and the 8-stream ratio uses its figure")
+                                 "concurrency up to 8, and the 8-stream ratio against it is printed beside the "
+                                 "one against the reference figure")
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, **options):
         from inference.engine.async_engine import AsyncEngine
@@ -67,7 +57,7 @@ class Command(BaseCommand):
         out = self.stdout.write
         out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; prefill weights "
             f"{settings.METRALE['PREFILL_WEIGHTS']}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
-            f"{torch.get_num_threads()}; CPU {cpu_model()}; kernels {kernels.instruction_set()}")
+            f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
         for dtype in dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
