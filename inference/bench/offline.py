@@ -5,6 +5,7 @@ import asyncio
 import time
 
 from inference.engine.outputs import TokenEvent
+from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 
 from .stats import RequestTiming
@@ -20,7 +21,7 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
 async def _one(engine, tokenizer, req: BenchRequest) -> RequestTiming:
     params = SamplingParams(temperature=0, max_tokens=req.output_tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    handle = engine.submit(chat_prompt_ids(tokenizer, req.prompt), params)
+    handle = engine.submit(EngineRequest(chat_prompt_ids(tokenizer, req.prompt), params))
     first = None
     n = 0
     async for ev in handle:

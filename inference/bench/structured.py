@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from inference.engine import sampler as sampler_module
 from inference.engine.grammar import GrammarCompiler, GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
+from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 
 RECORDS = {"type": "array", "minItems": 64, "items": {
@@ -47,8 +48,9 @@ def compile_times_s(tokenizer, schemas: list[dict]) -> tuple[float, list[float]]
 def decode_run(engine, tokenizer, batch: int, structured: StructuredOutput | None, max_tokens: int = 64) -> DecodeRun:
     """Decode `batch` requests together to max_tokens; times only steps where every row decodes."""
     prompt = tokenizer.encode_chat([{"role": "user", "content": "List customer records as JSON."}])
-    seqs = [engine.add_request(f"bench-{i}", prompt, SamplingParams(
-        temperature=0, max_tokens=max_tokens, ignore_eos=True, structured=structured)) for i in range(batch)]
+    seqs = [engine.add_request(EngineRequest(prompt, SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, structured=structured), f"bench-{i}"))
+        for i in range(batch)]
     mask_s = [0.0]
     apply = sampler_module.apply_grammar_masks
 

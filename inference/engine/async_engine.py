@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import Failed, Finished, RequestRejected, TokenEvent
-from .sampling_params import SamplingParams
+from .request import EngineRequest
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
@@ -87,31 +87,24 @@ class AsyncEngine:
 
     @property
     def max_model_len(self) -> int:
+        """The model's context length in tokens (the setting, capped by the model's)."""
         return self.engine.max_model_len
 
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, *, request_id: str | None = None,
-               timeout_s: float | None = None, cache_salt: str = "") -> RequestHandle:
-        """Queue a request; returns its handle at once. Raises RequestRejected when it can never fit.
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens (prompt + completion) one request may hold (LLMEngine.max_request_tokens)."""
+        return self.engine.max_request_tokens
 
-        cache_salt: the prefix-cache salt (the tenant), so cached blocks never cross tenants.
+    def submit(self, request: EngineRequest) -> RequestHandle:
+        """Queue a request; returns its handle at once.
 
-        timeout_s: seconds from now after which the request ends with reason "timeout".
+        Raises RequestRejected when it can never fit (LLMEngine.check_fits).
         """
         loop = asyncio.get_running_loop()
-        rid = request_id or f"req-{next(self._ids)}"
-        handle = RequestHandle(rid, self, loop)
-        max_len = self.engine.max_model_len
-        if len(prompt_token_ids) + params.max_tokens > max_len:
-            raise RequestRejected(
-                f"this model's maximum context length is {max_len} tokens; the request has "
-                f"{len(prompt_token_ids)} prompt tokens and asks for up to {params.max_tokens} more")
-        bm = self.engine.block_manager
-        if len(prompt_token_ids) + params.max_tokens > bm.num_blocks * bm.block_size:
-            raise RequestRejected(
-                f"the request needs {len(prompt_token_ids) + params.max_tokens} tokens of KV cache; "
-                f"the pool holds {bm.num_blocks * bm.block_size}")
-        deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._commands.append(("add", handle, (list(prompt_token_ids), params, deadline, cache_salt)))
+        self.engine.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
+        handle = RequestHandle(request.request_id or f"req-{next(self._ids)}", self, loop)
+        deadline = time.monotonic() + request.timeout_s if request.timeout_s else None
+        self._commands.append(("add", handle, (request, deadline)))
         self._wake.set()
         return handle
 
@@ -151,9 +144,9 @@ class AsyncEngine:
         while self._commands:
             kind, handle, arg = self._commands.popleft()
             if kind == "add":
-                prompt, params, deadline, salt = arg
+                request, deadline = arg
                 try:
-                    seq = self.engine.add_request(handle.request_id, prompt, params, deadline, salt)
+                    seq = self.engine.add_request(request, deadline, request_id=handle.request_id)
                 except RequestRejected as exc:
                     self._push(handle, [Failed(str(exc))])
                     continue

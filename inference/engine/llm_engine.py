@@ -16,7 +16,7 @@ from .grammar_state import grammar_state_for
 from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model
-from .sampling_params import SamplingParams
+from .request import EngineRequest
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
@@ -110,27 +110,41 @@ class LLMEngine:
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    deadline: float | None = None, cache_salt: str = "") -> Sequence:
-        """Queue a request. Raises RequestRejected when it can never fit.
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens (prompt + completion) one request may hold: the context length, or the
+        KV pool's size when that is smaller (a request needing more than the pool never runs)."""
+        return min(self.max_model_len, self.block_manager.num_blocks * self.block_manager.block_size)
 
-        cache_salt: prefix-cache blocks are shared only between requests with the same salt.
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """The engine's one fit rule. Raises RequestRejected for an empty prompt, or when prompt +
+        max_tokens exceed the context length or the KV pool."""
+        if num_prompt_tokens == 0:
+            raise RequestRejected("the prompt is empty")
+        need = num_prompt_tokens + max_tokens
+        if need > self.max_model_len:
+            raise RequestRejected(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request has "
+                f"{num_prompt_tokens} prompt tokens and asks for up to {max_tokens} more")
+        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        if need > pool_tokens:
+            raise RequestRejected(f"the request needs {need} tokens of KV cache; the pool holds {pool_tokens}")
+
+    def add_request(self, request: EngineRequest, deadline: float | None = None,
+                    request_id: str | None = None) -> Sequence:
+        """Queue a request (its id: request_id, else request.request_id). Raises RequestRejected
+        when it can never fit (check_fits).
+
         deadline: a time.monotonic() instant after which the request ends with "timeout".
         """
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise RequestRejected("the prompt is empty")
-        if n + params.max_tokens > self.max_model_len:
-            raise RequestRejected(
-                f"this model's maximum context length is {self.max_model_len} tokens; the request has {n} "
-                f"prompt tokens and asks for up to {params.max_tokens} more")
-        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
-        if n + params.max_tokens > pool_tokens:
-            raise RequestRejected(f"the request needs {n + params.max_tokens} tokens of KV cache; the pool holds {pool_tokens}")
-        seq = Sequence(request_id, list(prompt_token_ids), params, deadline=deadline, cache_salt=cache_salt)
+        params = request.params
+        self.check_fits(len(request.prompt_token_ids), params.max_tokens)
+        rid = request_id or request.request_id or "req"
+        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
+                       cache_salt=request.cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
-        seq.grammar = grammar_state_for(params, request_id)
+        seq.grammar = grammar_state_for(params, rid)
         self.scheduler.add(seq)
         return seq
 

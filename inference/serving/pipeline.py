@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
+from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 
 from .assembly import resolve_finish_reason
@@ -55,8 +56,8 @@ class Generation:
         self.tokenizer = tokenizer
         self.submitted_at = time.perf_counter()
         self.finished_at: float | None = None
-        self.handle = engine.submit(gen.prompt_token_ids, gen.params, request_id=gen.request_id,
-                                    timeout_s=gen.timeout_s, cache_salt=gen.cache_salt)
+        self.handle = engine.submit(EngineRequest(gen.prompt_token_ids, gen.params, gen.request_id,
+                                                  gen.timeout_s, gen.cache_salt))
 
     def abort(self, reason: str = "cancelled") -> None:
         """Drop the engine request (no-op once it has ended)."""

@@ -67,13 +67,9 @@ def timeout_for(req: dict) -> float:
 
 
 def context_limit(engine) -> int:
-    """The most tokens (prompt + completion) one request may hold: the context length, or the KV
-    pool's size when that is smaller (a request that needs more than the whole pool can never run)."""
-    limit = engine.max_model_len
-    pool = getattr(getattr(getattr(engine, "engine", None), "block_manager", None), "num_blocks", None)
-    if pool is not None:
-        limit = min(limit, pool * engine.engine.block_manager.block_size)
-    return limit
+    """The most tokens (prompt + completion) one request may hold: the engine's own rule
+    (LLMEngine.max_request_tokens)."""
+    return engine.max_request_tokens
 
 
 def resolve_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, limit: int,

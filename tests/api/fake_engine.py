@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
+from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.tokenizer import Tokenizer
 from inference.runtime import Runtime
@@ -62,11 +63,17 @@ class FakeEngine:
     delay_s: float = 0.0
     submissions: list[Submission] = field(default_factory=list)
 
-    def submit(self, prompt_token_ids, params, *, request_id=None, timeout_s=None, cache_salt=""):
+    @property
+    def max_request_tokens(self) -> int:
+        return self.max_model_len
+
+    def submit(self, request: EngineRequest):
+        prompt_token_ids, params = request.prompt_token_ids, request.params
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected("too long")
         handle = FakeHandle(self.script(prompt_token_ids, params, len(self.submissions)), self.delay_s)
-        self.submissions.append(Submission(list(prompt_token_ids), params, request_id, timeout_s, handle))
+        self.submissions.append(Submission(list(prompt_token_ids), params, request.request_id, request.timeout_s,
+                                           handle))
         return handle
 
 

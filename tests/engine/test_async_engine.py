@@ -10,6 +10,7 @@ from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine
 from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.request import EngineRequest
 
 from .tiny_models import make_tiny_model
 
@@ -46,8 +47,8 @@ def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, dec
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
     async def run():
-        alone = [await collect(ae.submit(p, params)) for p in prompts(6)]
-        together = await asyncio.gather(*(collect(ae.submit(p, params)) for p in prompts(6)))
+        alone = [await collect(ae.submit(EngineRequest(p, params))) for p in prompts(6)]
+        together = await asyncio.gather(*(collect(ae.submit(EngineRequest(p, params))) for p in prompts(6)))
         return alone, together
 
     alone, together = asyncio.run(run())
@@ -65,9 +66,9 @@ def test_it_gives_seeded_requests_the_same_tokens_whatever_the_batch(tiny_folder
     p = prompts(3)
 
     async def run():
-        alone = await collect(ae.submit(p[0], seeded))
-        mixed = await asyncio.gather(collect(ae.submit(p[1], other)), collect(ae.submit(p[0], seeded)),
-                                     collect(ae.submit(p[2], other)))
+        alone = await collect(ae.submit(EngineRequest(p[0], seeded)))
+        mixed = await asyncio.gather(collect(ae.submit(EngineRequest(p[1], other))), collect(ae.submit(EngineRequest(p[0], seeded))),
+                                     collect(ae.submit(EngineRequest(p[2], other))))
         return alone, mixed[1]
 
     alone, batched = asyncio.run(run())
@@ -81,7 +82,7 @@ def test_it_frees_the_pool_after_cancel_timeout_and_finish(tiny_folder):
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 
     async def run():
-        h_cancel = ae.submit(prompts(1)[0], long)
+        h_cancel = ae.submit(EngineRequest(prompts(1)[0], long))
         got = 0
         async for ev in h_cancel:
             if isinstance(ev, TokenEvent):
@@ -91,8 +92,8 @@ def test_it_frees_the_pool_after_cancel_timeout_and_finish(tiny_folder):
             else:
                 cancel_end = ev
                 break
-        timed = await collect(ae.submit(prompts(1)[0], long, timeout_s=0.05))
-        done = await collect(ae.submit(prompts(1)[0], SamplingParams(temperature=0, max_tokens=5)))
+        timed = await collect(ae.submit(EngineRequest(prompts(1)[0], long, timeout_s=0.05)))
+        done = await collect(ae.submit(EngineRequest(prompts(1)[0], SamplingParams(temperature=0, max_tokens=5))))
         return cancel_end, got, timed, done
 
     cancel_end, got, timed, done = asyncio.run(run())
@@ -113,7 +114,7 @@ def test_it_preempts_when_blocks_run_out_and_still_gives_the_same_tokens(tiny_fo
 
     async def run(engine):
         ae = AsyncEngine(engine)
-        out = await asyncio.gather(*(collect(ae.submit(p, params)) for p in ps))
+        out = await asyncio.gather(*(collect(ae.submit(EngineRequest(p, params))) for p in ps))
         ae.stop()
         return [t for t, _ in out]
 
@@ -134,7 +135,7 @@ def test_it_refuses_a_request_that_can_never_fit(tiny_folder):
 
     async def run():
         with pytest.raises(RequestRejected):
-            ae.submit(list(range(3, 200)), SamplingParams(max_tokens=100))
+            ae.submit(EngineRequest(list(range(3, 200)), SamplingParams(max_tokens=100)))
 
     asyncio.run(run())
     ae.stop()
@@ -157,8 +158,8 @@ def test_it_gives_the_same_tokens_and_prompt_logprobs_when_short_and_long_prompt
     mixed = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (90, 12, 70, 25)]  # long, short, ...
 
     async def run():
-        alone = [await collect(ae.submit(p, params)) for p in mixed]
-        together = await asyncio.gather(*(collect(ae.submit(p, params)) for p in mixed))
+        alone = [await collect(ae.submit(EngineRequest(p, params))) for p in mixed]
+        together = await asyncio.gather(*(collect(ae.submit(EngineRequest(p, params))) for p in mixed))
         return alone, together
 
     alone, together = asyncio.run(run())
@@ -189,7 +190,7 @@ def test_from_a_config_the_engine_thread_builds_the_engine_and_serves(tiny_folde
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 
     async def run():
-        return await collect(ae.submit(prompts(1)[0], params))
+        return await collect(ae.submit(EngineRequest(prompts(1)[0], params)))
 
     tokens, end = asyncio.run(run())
     assert len(tokens) == 5 and isinstance(end, Finished) and end.reason == "length"

@@ -10,6 +10,7 @@ from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine
 from inference.engine.model_runner import ModelRunner
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.request import EngineRequest
 
 from .tiny_models import make_tiny_model
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 def _generate(engine, prompts, params, together=True):
     seqs = []
     for i, p in enumerate(prompts):
-        seqs.append(engine.add_request(f"r{i}-{len(seqs)}-{together}", p, params))
+        seqs.append(engine.add_request(EngineRequest(p, params, request_id=f"r{i}-{len(seqs)}-{together}")))
         if not together:
             while engine.has_work():
                 engine.step()

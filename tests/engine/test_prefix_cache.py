@@ -9,6 +9,7 @@ from inference.engine.block_manager import BlockManager
 from inference.engine.outputs import TokenEvent
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from inference.engine.request import EngineRequest
 
 from .test_async_engine import make_engine
 from .tiny_models import make_tiny_model
@@ -20,7 +21,7 @@ def tiny_folder(tmp_path_factory):
 
 
 async def run_one(ae, prompt, salt="", **kw):
-    handle = ae.submit(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, **kw), cache_salt=salt)
+    handle = ae.submit(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, **kw), cache_salt=salt))
     tokens, end = [], None
     async for ev in handle:
         if isinstance(ev, TokenEvent):

@@ -8,6 +8,7 @@ from inference.engine.reasoning_budget import ReasoningBudget
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from inference.engine.request import EngineRequest
 
 from .tiny_models import make_tiny_model
 
@@ -79,7 +80,7 @@ def tiny_folder(tmp_path_factory):
 
 def run_engine(folder, params: SamplingParams) -> list[int]:
     engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=2 << 20))
-    seq = engine.add_request("r", list(range(3, 15)), params)
+    seq = engine.add_request(EngineRequest(list(range(3, 15)), params, request_id="r"))
     while engine.has_work():
         engine.step()
     return seq.output_token_ids

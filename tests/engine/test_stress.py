@@ -8,6 +8,7 @@ import pytest
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.request import EngineRequest
 
 from .test_async_engine import LLMEngine_block_bytes, make_engine
 from .tiny_models import make_tiny_model
@@ -31,7 +32,7 @@ def test_it_ends_64_random_requests_as_asked_and_leaves_the_pool_whole(tiny_fold
                                 max_tokens=rng.randint(1, 80), seed=rng.choice([None, i]),
                                 repetition_penalty=rng.choice([1.0, 1.2]), ignore_eos=rng.random() < 0.5)
         kind = rng.choice(["finish", "finish", "cancel", "timeout"])
-        handle = ae.submit(prompt, params, timeout_s=0.02 if kind == "timeout" else None)
+        handle = ae.submit(EngineRequest(prompt, params, timeout_s=0.02 if kind == "timeout" else None))
         n, end = 0, None
         async for ev in handle:
             if isinstance(ev, TokenEvent):
@@ -79,7 +80,7 @@ def test_it_fails_live_requests_on_an_engine_error_frees_their_blocks_and_keeps_
     monkeypatch.setattr(engine.runner, "execute", flaky)
 
     async def collect(prompt):
-        events = [ev async for ev in ae.submit(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))]
+        events = [ev async for ev in ae.submit(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)))]
         return events[-1]
 
     async def run():

@@ -16,6 +16,7 @@ from inference.engine.grammar_state import StructuredOutput
 from inference.engine.llm_engine import LLMEngine
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.tokenizer import Tokenizer
+from inference.engine.request import EngineRequest
 from inference.serving.tool_grammar import tool_call_grammar
 from inference.serving.tool_parsers import make_tool_parser
 
@@ -46,7 +47,7 @@ def ask(tok, text: str, system: str | None = None) -> list[int]:
 
 def run(engine, requests: list[tuple[list[int], SamplingParams]]) -> list:
     """Run every (prompt ids, params) to its end together; returns their sequences in order."""
-    seqs = [engine.add_request(f"t{i}", prompt, params) for i, (prompt, params) in enumerate(requests)]
+    seqs = [engine.add_request(EngineRequest(prompt, params, request_id=f"t{i}")) for i, (prompt, params) in enumerate(requests)]
     while engine.has_work():
         engine.step()
     return seqs

@@ -17,6 +17,10 @@ from inference.serving.deltas import Content, Finish, Reasoning, Usage
 class FakeEngine:
     max_model_len: int = 2048
 
+    @property
+    def max_request_tokens(self) -> int:
+        return self.max_model_len
+
 
 @dataclass
 class FakeRuntime:

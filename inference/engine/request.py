@@ -1,0 +1,29 @@
+"""EngineRequest: the one request type the engine takes (prompt, sampling params, deadline, cache salt). No torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One generation for the engine to run.
+
+    prompt_token_ids: the prompt's token ids (non-empty). params: every sampling control.
+    request_id: the id logs and the step log name it by (None: the engine picks one).
+    timeout_s: seconds from submission after which it ends with finish reason "timeout"
+    (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
+    the same salt (the tenant's), so one tenant's cached prompt never serves another.
+    """
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str | None = None
+    timeout_s: float | None = None
+    cache_salt: str = ""
+
+    @property
+    def num_tokens_needed(self) -> int:
+        """The most KV slots it can ever hold: prompt tokens + max_tokens."""
+        return len(self.prompt_token_ids) + self.params.max_tokens
