@@ -5,12 +5,12 @@ ApiError into OpenAI's error JSON, adds the x-ratelimit-* headers, and exempts t
 CSRF (callers authenticate with a bearer key, not a cookie).
 
 Non-generating views get one request debited before they run. Generating views
-(`@openai_endpoint(generates=True)`) call `admit(request, reserve_tokens=...)` once they know the
-prompt's size, and release the lease themselves when generation ends (for a stream: in the
-`finally` of its async generator); if a view forgets, the wrapper releases it (charging the
-whole reservation) so no concurrency slot leaks. When Django closes a streamed response the
-wrapper also closes the view's generator, so its `finally` runs at once even when the client
-left while the server was blocked sending (see _LeasedStream).
+(`@openai_endpoint(generates=True)`) call `admit(request, reserve_tokens=..., used_tokens=...)`
+once they know the prompt's size; that gives the request a GenerationLease, the one owner of its
+rate-limit lease, which this wrapper settles with the tokens really used when the response is
+done: at once for a blocking answer or an error, when the body ends or is closed for a stream
+(also when the client left while the server was blocked sending; see _SettledStream). A
+background task takes the lease over with `hand_off()` and settles it when it ends.
 
 Responses that end before an identity is known (401) carry no x-ratelimit-* headers: there is
 no budget to describe.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 
 from django.http import JsonResponse, StreamingHttpResponse
 
@@ -35,15 +36,48 @@ def error_response(error: ApiError) -> JsonResponse:
     return JsonResponse(error.body(), status=error.status, headers=error.headers)
 
 
-async def admit(request, *, reserve_tokens: int, timeout_s: float | None = None) -> Lease:
+class GenerationLease:
+    """The one owner of a generating request's rate-limit lease (inference.ratelimit.Lease).
+
+    `settle()` ends it, exactly once, charging `used_tokens()` (prompt + completion tokens really
+    processed, however the request ended: finished, error, client gone, cancelled) and freeing
+    the concurrency slot; it is the only place a lease is released. Whoever holds the request
+    calls it: openai_endpoint for a blocking answer, an error or a stream's end, or the task a
+    request was handed off to (`hand_off`, for background work).
+    """
+
+    def __init__(self, lease: Lease, used_tokens: Callable[[], int]):
+        self.lease = lease
+        self.used_tokens = used_tokens
+        self.handed_off = False
+
+    def hand_off(self) -> GenerationLease:
+        """The caller (a background task) settles this lease from now on; the endpoint leaves it."""
+        self.handed_off = True
+        return self
+
+    async def settle(self) -> None:
+        """Charge the tokens used and free the slot (idempotent; shielded from cancellation by
+        Lease.release)."""
+        try:
+            used = self.used_tokens()
+        except Exception:  # a broken counter must not leak the slot: charge the reservation
+            logger.exception("counting a request's tokens failed; charging its whole reservation")
+            used = self.lease.reserved_tokens
+        await self.lease.release(used)
+
+
+async def admit(request, *, reserve_tokens: int, used_tokens: Callable[[], int],
+                timeout_s: float | None = None) -> GenerationLease:
     """Inside an `@openai_endpoint(generates=True)` view: take a lease for a generating request
-    reserving `reserve_tokens` tokens (prompt tokens + max_tokens; timeout_s: the request's own
-    deadline in seconds, if it sets one). Raises ApiError 429/400
-    (the wrapper answers it). The view must `await lease.release(used_tokens)` when generation
-    ends (in a `finally`, inside the stream for streaming responses)."""
+    reserving `reserve_tokens` tokens (prompt tokens + max_tokens). used_tokens: a callable that
+    gives the tokens processed so far (read when the lease is settled). timeout_s: the request's
+    own deadline in seconds, if it sets one. Raises ApiError 429/400 (the wrapper answers it).
+    The wrapper settles the lease (see GenerationLease)."""
     lease = await acquire(request.principal, reserve_tokens=reserve_tokens, timeout_s=timeout_s)
     request.ratelimit_lease = lease
-    return lease
+    request.generation_lease = GenerationLease(lease, used_tokens)
+    return request.generation_lease
 
 
 def openai_endpoint(view=None, *, generates: bool = False):
@@ -58,6 +92,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
     async def wrapper(request, *args, **kwargs):
         request.principal = None
         request.ratelimit_lease = None
+        request.generation_lease = None
         try:
             request.principal = await authenticate(request)
             if not generates:
@@ -66,7 +101,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
         except ApiError as error:
             response = error_response(error)
         except BaseException:
-            await _release_forgotten(request.ratelimit_lease)
+            await _settle(request)
             raise
         lease = request.ratelimit_lease
         principal = request.principal
@@ -80,11 +115,12 @@ def openai_endpoint(view=None, *, generates: bool = False):
             headers = {}
         for name, value in headers.items():
             response.headers.setdefault(name, value)
-        if lease is not None:
+        owner = request.generation_lease
+        if owner is not None and not owner.handed_off:
             if isinstance(response, StreamingHttpResponse) and response.is_async:
-                response.streaming_content = _LeasedStream(response, lease)
-            elif not response.streaming:  # (a sync stream releases in its own finally)
-                await _release_forgotten(lease)
+                response.streaming_content = _SettledStream(response, owner)
+            else:
+                await owner.settle()
         return response
 
     wrapper.csrf_exempt = True
@@ -92,33 +128,34 @@ def openai_endpoint(view=None, *, generates: bool = False):
     return wrapper
 
 
-async def _release_forgotten(lease: Lease | None) -> None:
-    if lease is not None and not lease.released:
-        if lease.lease_id is not None:
-            logger.warning("a view did not release its rate-limit lease; charging the whole "
-                           "reservation of %d tokens", lease.reserved_tokens)
-        await lease.release(lease.reserved_tokens)
+async def _settle(request) -> None:
+    owner = getattr(request, "generation_lease", None)
+    if owner is not None and not owner.handed_off:
+        await owner.settle()
 
 
-class _LeasedStream:
-    """A generating view's stream body that is sure to end its lease.
+class _SettledStream:
+    """A generating view's stream body whose lease is settled when the body ends, however it ends.
 
     Django closes a streaming response when sending stops, also when the client left while the
     server was blocked in `send`; the view's generator is then merely dropped, and its `finally`
-    (which releases the lease with the real usage and aborts generation) would wait for the
-    garbage collector. Django calls `close()` here (any body with a `close` gets called), which
-    schedules on the event loop: close the view's generator, then charge in full a lease it
-    never released."""
+    (which aborts generation) would wait for the garbage collector. Django calls `close()` here
+    (any body with a `close` gets called), which schedules on the event loop: close the view's
+    generator, then settle the lease with the tokens used."""
 
-    def __init__(self, response: StreamingHttpResponse, lease: Lease):
+    def __init__(self, response: StreamingHttpResponse, owner: GenerationLease):
         # The view's own iterator, not Django's wrapper around it: only closing that one runs
         # the view's `finally`.
         self._content = getattr(response, "_iterator", None) or response.streaming_content
-        self._lease = lease
+        self._owner = owner
         self._loop = asyncio.get_running_loop()
 
-    def __aiter__(self):
-        return self._content.__aiter__()
+    async def __aiter__(self):
+        try:
+            async for chunk in self._content:
+                yield chunk
+        finally:
+            await self._finish()
 
     def close(self) -> None:
         """Called by Django, from a worker thread, when the response is closed. Does not wait:
@@ -130,6 +167,6 @@ class _LeasedStream:
         if hasattr(self._content, "aclose"):
             try:
                 await self._content.aclose()
-            except RuntimeError:  # already being closed (by cancellation): it releases itself
+            except RuntimeError:  # already being closed (by cancellation)
                 pass
-        await _release_forgotten(self._lease)
+        await self._owner.settle()

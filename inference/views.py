@@ -2,8 +2,10 @@
 
 Every /v1/*, /tokenize and /detokenize view is wrapped by `openai_endpoint` (auth, rate
 limits, ApiError -> OpenAI's error JSON); `allow` answers other methods with a 405 in
-that shape. Generating views admit a rate-limit lease once the prompt's size is known
-and settle it with the real usage when generation ends, however it ends.
+that shape. A generating view parses its body, hands the surface's GenerationRequest to the
+one preparation pipeline (serving.prepare), and answers through `respond`, which admits the
+rate-limit lease, submits the choices and streams or assembles the surface's wire form; the
+wrapper settles the lease with the real usage however the request ends.
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from . import runtime
 from .api import admit, openai_endpoint
-from .engine.outputs import RequestRejected
-from .serving import chat, structured, tokenize
+from .engine.outputs import EngineOverloaded, RequestRejected
+from .serving import chat, tokenize
 from .serving import completions as legacy_completions
+from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
 from .serving.model_names import find_model, model_object
+from .serving.prepare import Prepared, cpu_work, prepare
 from .stored_completions import delete_chat_completion, get_chat_completion, save_chat_completion
 
 log = logging.getLogger("metrale.api")
@@ -40,7 +44,8 @@ def allow(*methods: str):
     return wrap
 
 
-def _ready_runtime():
+def ready_runtime():
+    """The loaded runtime. Raises ApiError 503 (Retry-After) while the model loads or after it failed."""
     rt = runtime.get_runtime(wait=False)
     if rt is None:
         state, error = runtime.status()
@@ -49,65 +54,60 @@ def _ready_runtime():
     return rt
 
 
-def _rejected(exc: RequestRejected, param: str) -> ApiError:
+def engine_refusal(exc: RequestRejected | EngineOverloaded, param: str) -> ApiError:
+    """The HTTP error for a submission the engine refused: 400 context_length_exceeded naming
+    `param` for a request that can never fit, 503 with Retry-After when the waiting queue is full."""
+    if isinstance(exc, EngineOverloaded):
+        return ApiError(503, f"The server is overloaded: {exc}. Retry shortly.", type="server_error",
+                        code="overloaded", headers={"Retry-After": str(exc.retry_after_s)})
     return ApiError(400, f"The request cannot be served: {exc}.", param=param, code="context_length_exceeded")
 
 
-def _server_timing(prepared, started: float, prepared_at: float) -> str:
+def cache_salt_of(request) -> str:
+    """The caller's prefix-cache salt (its tenant's), "" before authentication."""
+    principal = getattr(request, "principal", None)
+    return principal.prefix_cache_salt if principal is not None else ""
+
+
+def _server_timing(run: Choices, started: float, prepared_at: float) -> str:
     """Server-Timing (W3C) of a blocking request, in ms: `prep` (parse, validate, template, tokenize,
     admit), `engine` (submit to the last engine event) and `view` (all of the view)."""
     total_ms = (time.perf_counter() - started) * 1000
     prep_ms = (prepared_at - started) * 1000
-    engine_ms = (prepared.engine_s or 0.0) * 1000
+    engine_ms = (run.engine_s or 0.0) * 1000
     return f"prep;dur={prep_ms:.2f}, engine;dur={engine_ms:.2f}, view;dur={total_ms:.2f}"
 
 
-async def _generate(request, module, param: str):
-    """The shared body of the generating views: `module` is serving.chat or serving.completions."""
-    started = time.perf_counter()
-    req = module.parse(request.body)
-    rt = _ready_runtime()
-    salt = request.principal.prefix_cache_salt if getattr(request, "principal", None) else ""
-    prepared = module.prepare(req, rt, request_id=getattr(request, "request_id", None), cache_salt=salt)
-    await structured.constrain(req, rt, prepared.inputs)
-    lease = await admit(request, reserve_tokens=prepared.reserve_tokens, timeout_s=prepared.timeout_s)
-    prepared_at = time.perf_counter()
-    extra = {"save": save_chat_completion} if module is chat else {}
-    if not prepared.stream:
-        try:
-            body = await module.complete(rt, prepared, **extra)
-        except RequestRejected as exc:
-            raise _rejected(exc, param) from exc
-        finally:
-            await lease.release(prepared.usage.total_tokens)
-        resp = JsonResponse(body)
-        resp["Server-Timing"] = _server_timing(prepared, started, prepared_at)
-        return resp
-    frames = module.stream(rt, prepared, **extra)
-    try:
-        # Pull the first frame now: it submits the engine requests, so one the engine refuses is a
-        # 400, not a broken stream.
-        first = await anext(frames)
-    except RequestRejected as exc:
-        await lease.release(prepared.usage.total_tokens)
-        raise _rejected(exc, param) from exc
-    except BaseException:
-        await lease.release(prepared.usage.total_tokens)
-        raise
-
-    async def body():
-        try:
-            yield first
-            async for frame in frames:
-                yield frame
-        finally:
-            await frames.aclose()
-            await lease.release(prepared.usage.total_tokens)
-
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
+def sse_response(frames) -> StreamingHttpResponse:
+    """A Server-Sent Events response over async `frames` (bytes), unbuffered by proxies."""
+    resp = StreamingHttpResponse(frames, content_type="text/event-stream")
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     return resp
+
+
+async def respond(request, rt, prepared: Prepared, wire, *, param: str, started: float):
+    """Admit, submit and answer one prepared generating request: the flow every generating route
+    shares. wire: the surface's encoder (`stream`, `frames(run)`, `body(run)`); param: the field a
+    refused submission names. Raises ApiError (429 from admission, 400/503 from the engine's
+    refusal, what `wire.body` raises); the caller's openai_endpoint settles the lease."""
+    run: Choices | None = None
+    await admit(request, reserve_tokens=prepared.reserve_tokens, timeout_s=prepared.timeout_s,
+                used_tokens=lambda: run.usage.total_tokens if run is not None else prepared.prompt_tokens)
+    prepared_at = time.perf_counter()
+    try:
+        run = Choices(rt.engine, rt.tokenizer, prepared)
+    except (RequestRejected, EngineOverloaded) as exc:
+        raise engine_refusal(exc, param) from exc
+    if wire.stream:
+        return sse_response(wire.frames(run))
+    resp = JsonResponse(await wire.body(run))
+    resp["Server-Timing"] = _server_timing(run, started, prepared_at)
+    return resp
+
+
+def _ids(request) -> dict:
+    return {"request_id": getattr(request, "request_id", None), "cache_salt": cache_salt_of(request)}
 
 
 async def health(request):
@@ -141,14 +141,24 @@ async def retrieve_model(request, model_id: str):
 @allow("POST")
 async def chat_completions(request):
     """POST /v1/chat/completions, blocking or streamed (SSE)."""
-    return await _generate(request, chat, "messages")
+    started = time.perf_counter()
+    req = chat.parse(request.body)
+    rt = ready_runtime()
+    prepared = await prepare(chat.generation_request(req), rt, **_ids(request))
+    wire = chat.ChatWire(req, prepared, save=save_chat_completion)
+    return await respond(request, rt, prepared, wire, param="messages", started=started)
 
 
 @openai_endpoint(generates=True)
 @allow("POST")
 async def completions(request):
     """POST /v1/completions (legacy), blocking or streamed (SSE)."""
-    return await _generate(request, legacy_completions, "prompt")
+    started = time.perf_counter()
+    req = legacy_completions.parse(request.body)
+    rt = ready_runtime()
+    prepared = await prepare(legacy_completions.generation_request(req), rt, **_ids(request))
+    wire = legacy_completions.CompletionWire(req, prepared, rt.tokenizer)
+    return await respond(request, rt, prepared, wire, param="prompt", started=started)
 
 
 @openai_endpoint
@@ -164,14 +174,14 @@ async def stored_chat_completion(request, completion_id: str):
 @allow("POST")
 async def tokenize_view(request):
     """POST /tokenize: {prompt} or {messages} -> {tokens, count, max_model_len}."""
-    return JsonResponse(tokenize.tokenize(request.body, _ready_runtime()))
+    return JsonResponse(await cpu_work(tokenize.tokenize, request.body, ready_runtime()))
 
 
 @openai_endpoint
 @allow("POST")
 async def detokenize_view(request):
     """POST /detokenize: {tokens} -> {prompt}."""
-    return JsonResponse(tokenize.detokenize(request.body, _ready_runtime()))
+    return JsonResponse(await cpu_work(tokenize.detokenize, request.body, ready_runtime()))
 
 
 @openai_endpoint

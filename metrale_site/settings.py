@@ -179,6 +179,8 @@ METRALE = {
     "REASONING_PARSER": envstr("METRALE_REASONING_PARSER"),
     # Tool calls one response may make; the opener of one more ends the response.
     "MAX_TOOL_CALLS_PER_RESPONSE": envint("METRALE_MAX_TOOL_CALLS_PER_RESPONSE", 12),
+    # Threads that template and tokenize prompts off the event loop (a bounded pool).
+    "PREPARE_THREADS": envint("METRALE_PREPARE_THREADS", 2),
     # Log every engine step's batch composition (used by tests and the bench).
     "STEP_LOG": envbool("METRALE_STEP_LOG", False),
     # Require `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize. Off: every

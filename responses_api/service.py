@@ -1,7 +1,8 @@
-"""POST /v1/responses: a validated request -> context -> prompt -> pipeline -> events and body.
+"""POST /v1/responses: a validated request -> context -> the shared preparation pipeline -> events and body.
 
 `load_context` reads what comes before the input (a previous_response_id chain or a
-conversation), `prepare` templates and tokenizes, and a `ResponseRun` turns the pipeline's
+conversation), `prepare` maps the request onto the shared pipeline (inference.serving.prepare),
+and a `ResponseRun` turns the pipeline's
 deltas into numbered events (encoder.py), stores them when the response is streamed or in
 the background, and records the final response. `start_background` runs one as a task on
 the server's event loop.
@@ -18,18 +19,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from inference.engine.chat_template import ChatTemplateError
-from inference.engine.outputs import RequestRejected
-from inference.serving.sampling import context_limit, defaults_for, sampling_params
+from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.pipeline import GenerationInput, generate
-from inference.serving.text_setup import TextSetup, text_setup
+from inference.serving.prepare import GenerationRequest, Prepared
+from inference.serving.prepare import prepare as prepare_generation
+from inference.serving.structured import requested_grammar
 from inference.serving.thinking import resolve_thinking
-from inference.serving.tool_prompt import prompt_messages
 
 from . import live, store
 from .encoder import EncoderError, ResponsesEventEncoder, outcome, responses_usage
@@ -51,13 +50,18 @@ class PreparedResponse:
     tenant_key: str
     req: dict
     input_items: list[dict]
-    gen: GenerationInput
+    prepared: Prepared
     body: dict
+
+    @property
+    def gen(self) -> GenerationInput:
+        """The one engine input (Responses have one choice)."""
+        return self.prepared.inputs[0]
 
     @property
     def reserve_tokens(self) -> int:
         """Tokens to reserve against the rate limit: prompt + max output tokens."""
-        return len(self.gen.prompt_token_ids) + self.gen.params.max_tokens
+        return self.prepared.reserve_tokens
 
 
 def load_context(tenant_key: str, req: dict) -> list[dict]:
@@ -89,10 +93,19 @@ def _chat_tool_choice(choice):
     return choice
 
 
-def _setup(rt, req: dict) -> TextSetup:
-    thinking = resolve_thinking(req, effort=(req["reasoning"] or {}).get("effort"))
-    return text_setup(rt, _chat_tools(req["tools"]) or None, _chat_tool_choice(req["tool_choice"]),
-                      req["parallel_tool_calls"], thinking, max_calls=req["max_tool_calls"])
+def generation_request(req: dict, messages: list[dict]) -> GenerationRequest:
+    """The validated Responses request, after its context, in the preparation pipeline's terms:
+    tools and tool_choice in the chat form, `reasoning.effort` among the thinking controls,
+    max_output_tokens, truncation ("auto" drops the oldest turns to fit; "disabled", the default,
+    answers 400 context_length_exceeded instead, OpenAI's rule)."""
+    return GenerationRequest(
+        param="input", model=req["model"], messages=messages, tools=_chat_tools(req["tools"]) or None,
+        tool_choice=_chat_tool_choice(req["tool_choice"]), parallel_tool_calls=req["parallel_tool_calls"],
+        max_tool_calls=req["max_tool_calls"],
+        thinking=resolve_thinking(req, effort=(req["reasoning"] or {}).get("effort")),
+        truncate=req["truncation"] == "auto", max_tokens=req["max_output_tokens"], sampling=req,
+        stop=req.get("stop") or [], include_stop_str_in_output=req.get("include_stop_str_in_output", False),
+        structured=requested_grammar(req, format_field="text"))
 
 
 def _messages(req: dict, items: list[dict]) -> list[dict]:
@@ -102,39 +115,13 @@ def _messages(req: dict, items: list[dict]) -> list[dict]:
     return messages
 
 
-def _drop_oldest(messages: list[dict]) -> list[dict] | None:
-    """The messages without the oldest non-system turn (and the tool results that answered
-    it), or None when only the last message is left to drop."""
-    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
-    if first is None or first == len(messages) - 1:
-        return None
-    rest = messages[first + 1:]
-    while len(rest) > 1 and rest[0]["role"] == "tool":
-        rest = rest[1:]
-    return messages[:first] + rest
+async def prepare(req: dict, rt, tenant_key: str, context: list[dict], cache_salt: str = "") -> PreparedResponse:
+    """Prepare a validated request after its context items through the shared pipeline
+    (inference.serving.prepare). cache_salt keeps the tenant's prefix-cache blocks apart from
+    other tenants' (see inference.auth).
 
-
-def _render(rt, messages: list[dict], setup: TextSetup) -> str:
-    """The prompt text: tools and earlier calls as the chat surface gives them (tool_prompt.py),
-    the thinking choice as template variables."""
-    messages, tools = prompt_messages(messages, setup.tools, setup.tool_choice, setup.parallel_tool_calls,
-                                      rt.tokenizer.chat_template)
-    try:
-        return rt.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                **setup.thinking.template_kwargs())
-    except ChatTemplateError as exc:
-        raise bad_request(f"The chat template could not render this input: {exc}",
-                          param="input") from exc
-
-
-def prepare(req: dict, rt, tenant_key: str, context: list[dict],
-            cache_salt: str = "") -> PreparedResponse:
-    """Template and tokenize a validated request after its context items. cache_salt keeps
-    the tenant's prefix-cache blocks apart from other tenants' (see inference.auth).
-
-    `truncation: "auto"` drops the oldest turns until the prompt and max_output_tokens fit the
-    context; "disabled" (the default) answers 400 context_length_exceeded instead (OpenAI's
-    rule). Raises ApiError 400 for an empty input or a template that fails.
+    Raises ApiError 400 for an input item id already in the conversation, an empty input, and
+    what the pipeline raises (template, context length, grammar).
     """
     if req["conversation"] is not None:
         known = {item["id"] for item in context}
@@ -145,36 +132,12 @@ def prepare(req: dict, rt, tenant_key: str, context: list[dict],
     messages = _messages(req, context + req["input"])
     if not messages:
         raise bad_request("'input' must not be empty when there is no earlier context.", "input")
-    setup = _setup(rt, req)
-    max_len = context_limit(rt.engine)
-    wanted = req["max_output_tokens"] or 1
-    prompt_text = _render(rt, messages, setup)
-    prompt_ids = rt.tokenizer.encode(prompt_text)
-    while len(prompt_ids) + wanted > max_len and req["truncation"] == "auto":
-        messages = _drop_oldest(messages)
-        if messages is None:
-            break
-        prompt_text = _render(rt, messages, setup)
-        prompt_ids = rt.tokenizer.encode(prompt_text)
-    if len(prompt_ids) + wanted > max_len:
-        raise ApiError(
-            400, f"This model's maximum context length is {max_len} tokens. However, the input "
-                 f"has {len(prompt_ids)} tokens and max_output_tokens asks for "
-                 f"{req['max_output_tokens'] or 0} more. Shorten the input, lower "
-                 "max_output_tokens, or set truncation to auto.",
-            param="input", code="context_length_exceeded")
     response_id = new_id("resp")
-    defaults = defaults_for(rt.model_path)
-    max_tokens = req["max_output_tokens"] or max(1, max_len - len(prompt_ids))
-    params = sampling_params(req, max_tokens=max_tokens, tokenizer=rt.tokenizer, defaults=defaults,
-                             reasoning_budget=setup.reasoning_budget(rt.tokenizer, prompt_text))
-    gen = GenerationInput(prompt_ids, params, stop=req.get("stop") or [],
-                          include_stop_str_in_output=req.get("include_stop_str_in_output", False),
-                          timeout_s=settings.METRALE["REQUEST_TIMEOUT_S"], request_id=response_id,
-                          cache_salt=cache_salt, text=setup.spec(prompt_text))
+    prepared = await prepare_generation(generation_request(req, messages), rt, request_id=response_id,
+                                        cache_salt=cache_salt)
     body = response_object(response_id, req, req["model"] or rt.model_id,
                            "queued" if req["background"] else "in_progress")
-    return PreparedResponse(response_id, tenant_key, req, req["input"], gen, body)
+    return PreparedResponse(response_id, tenant_key, req, req["input"], prepared, body)
 
 
 def response_object(response_id: str, req: dict, model: str, status: str) -> dict:
@@ -280,6 +243,8 @@ class ResponseRun:
                     await self._write_events()
         except RequestRejected as exc:
             self.encoder.error = Error(str(exc), code="context_length_exceeded")
+        except EngineOverloaded as exc:
+            self.encoder.error = Error(f"The server is overloaded: {exc}. Retry shortly.", code="overloaded")
         except (asyncio.CancelledError, GeneratorExit):
             await self._end("cancelled", None, None)
             raise
@@ -336,16 +301,16 @@ class ResponseRun:
         return self.final
 
 
-def start_background(p: PreparedResponse, rt, lease=None) -> live.LiveResponse:
-    """Run a stored, queued response as a task on the running event loop (daphne's); returns
-    its live entry, which followers tail and POST .../cancel cancels. lease: the request's
-    rate-limit lease (inference.ratelimit.Lease), released with the tokens used when it ends.
+def start_background(p: PreparedResponse, run: ResponseRun, lease=None) -> live.LiveResponse:
+    """Run a stored, queued response's `run` (made with record_events and the live entry's
+    publish, see live_run) as a task on the running event loop (daphne's); returns its live
+    entry, which followers tail and POST .../cancel cancels. lease: the request's
+    inference.api.GenerationLease, handed off to the task, which settles it when it ends.
 
     The task runs in a fresh context with its own ThreadSensitiveContext, so its database work
     happens on a thread of its own that ends with it, not on the creating request's.
     """
-    entry = live.register(p.response_id)
-    run = ResponseRun(p, rt, record_events=True, on_event=entry.publish)
+    entry = live.get(p.response_id)
 
     async def main():
         try:
@@ -365,10 +330,18 @@ def start_background(p: PreparedResponse, rt, lease=None) -> live.LiveResponse:
             live.unregister(p.response_id)
             if lease is not None:
                 try:
-                    await lease.release(run.used_tokens)
+                    await lease.settle()
                 except Exception:
                     log.exception("background response %s: releasing its rate-limit lease "
                                   "failed", p.response_id)
 
     entry.task = asyncio.get_running_loop().create_task(main(), context=contextvars.Context())
+    if lease is not None:  # a task cancelled before it ever ran never reaches its `finally`
+        entry.task.add_done_callback(lambda task: task.cancelled() and asyncio.ensure_future(lease.settle()))
     return entry
+
+
+def live_run(p: PreparedResponse, rt) -> ResponseRun:
+    """The run of a background response: its events recorded and published to a new live entry."""
+    entry = live.register(p.response_id)
+    return ResponseRun(p, rt, record_events=True, on_event=entry.publish)

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api import admit, openai_endpoint
-from inference.serving import structured
 from inference.serving.errors import ApiError, bad_request
-from inference.views import _ready_runtime
+from inference.views import cache_salt_of, sse_response
+from inference.views import ready_runtime as _ready_runtime
 
 from . import live, protocol, service, store
 from .tenancy import tenant_key_for
@@ -55,13 +55,6 @@ def sse_frame(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
-def sse_response(frames: AsyncIterator[bytes]) -> StreamingHttpResponse:
-    resp = StreamingHttpResponse(frames, content_type="text/event-stream")
-    resp["Cache-Control"] = "no-cache"
-    resp["X-Accel-Buffering"] = "no"
-    return resp
-
-
 async def _frames(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     # Closing the frames (the client went away) closes the events at once, so a run records
     # that it was cancelled now rather than whenever the generator is collected.
@@ -77,62 +70,45 @@ async def create_response(request):
     """Create a response: blocking, streamed, or in the background (OpenAI "Create a model
     response"). 500 server_error when a blocking response fails in the engine.
 
-    The rate-limit lease reserves prompt + max output tokens and is settled with the tokens
-    actually used when generation ends: by this view, by the stream's end, or, for a
-    background response, by its task (which holds the concurrency slot while it runs).
+    The rate-limit lease reserves prompt + max output tokens; openai_endpoint settles it with
+    the tokens actually used when the answer or its stream ends, and a background response's
+    task, to which the lease is handed off, when it ends (holding the concurrency slot while
+    it runs).
     """
     req = protocol.parse_create(request.body)
     rt = _ready_runtime()
     tenant = tenant_key_for(request)
     context = await db(service.load_context, tenant, req)
-    p = service.prepare(req, rt, tenant, context, cache_salt=_cache_salt(request))
-    await structured.constrain(req, rt, [p.gen], format_field="text")
-    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s)
-    try:
-        if req["store"]:
-            await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
-                     model=p.body["model"], body=p.body, request=service.stored_request(req),
-                     input_items=p.input_items, previous_response_id=req["previous_response_id"],
-                     conversation_id=req["conversation"], background=req["background"],
-                     streamed=req["stream"] or req["background"])
-    except BaseException:
-        await lease.release(0)
-        raise
+    p = await service.prepare(req, rt, tenant, context, cache_salt=cache_salt_of(request))
+    run = None
+    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s,
+                        used_tokens=lambda: run.used_tokens if run is not None else p.prepared.prompt_tokens)
+    if req["store"]:
+        await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
+                 model=p.body["model"], body=p.body, request=service.stored_request(req),
+                 input_items=p.input_items, previous_response_id=req["previous_response_id"],
+                 conversation_id=req["conversation"], background=req["background"],
+                 streamed=req["stream"] or req["background"])
     if req["background"]:
-        request.ratelimit_lease = None  # the task owns it now, not this request
-        entry = service.start_background(p, rt, lease=lease)
+        run = service.live_run(p, rt)
+        entry = service.start_background(p, run, lease=lease.hand_off())
         if req["stream"]:
             return sse_response(_frames(entry.follow(-1)))
         return JsonResponse(p.body)
     run = service.ResponseRun(p, rt, record_events=req["stream"])
     if req["stream"]:
-        return sse_response(_settled(_frames(run.events()), run, lease))
-    try:
-        body = await run.complete()
-    finally:
-        await lease.release(run.used_tokens)
+        return sse_response(_frames(run.events()))
+    body = await run.complete()
     if body["status"] == "failed":
         if body["error"]["code"] == "context_length_exceeded":  # the engine refused the prompt
             raise ApiError(400, body["error"]["message"], param="input",
                            code="context_length_exceeded")
+        if body["error"]["code"] == "overloaded":
+            raise ApiError(503, body["error"]["message"], type="server_error", code="overloaded",
+                           headers={"Retry-After": "1"})
         raise ApiError(500, body["error"]["message"], type="server_error",
                        code=body["error"]["code"])
     return JsonResponse(body)
-
-
-def _cache_salt(request) -> str:
-    principal = getattr(request, "principal", None)
-    return principal.prefix_cache_salt if principal is not None else ""
-
-
-async def _settled(frames: AsyncIterator[bytes], run, lease) -> AsyncIterator[bytes]:
-    """The frames, then the lease settled with what the run used, however the stream ends."""
-    try:
-        async with contextlib.aclosing(frames):
-            async for frame in frames:
-                yield frame
-    finally:
-        await lease.release(run.used_tokens)
 
 
 async def retrieve_response(request, response_id: str):

@@ -1,4 +1,5 @@
-"""What the engine hands out per request: TokenEvent, Finished, Failed, and RequestRejected. No torch."""
+"""What the engine hands out per request: TokenEvent, Finished, Failed; and its refusals (RequestRejected,
+EngineOverloaded). No torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +7,15 @@ from dataclasses import dataclass
 
 class RequestRejected(ValueError):
     """A request the engine can never serve (too long for the context or the KV pool)."""
+
+
+class EngineOverloaded(RuntimeError):
+    """The engine's waiting queue is full (EngineConfig.max_waiting_requests); retry after
+    `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(slots=True)

@@ -11,7 +11,9 @@ import json
 import time
 
 from .assembly import final_content
-from .deltas import Content, Error, Finish, Reasoning, Refusal, StreamDelta, ToolCallArgs, ToolCallStart, Usage
+from .deltas import (Content, Error, Finish, Reasoning, Refusal, StreamDelta, TokenLogprob, ToolCallArgs,
+                     ToolCallStart, Usage)
+from .logprobs import chat_logprobs
 
 
 def sse(obj: dict | str) -> bytes:
@@ -66,7 +68,7 @@ class ChatChunkEncoder:
         if isinstance(delta, Content):
             body = {"content": delta.text}
             if delta.logprobs is not None:
-                logprobs = {"content": delta.logprobs, "refusal": None}
+                logprobs = {"content": chat_logprobs(delta.logprobs), "refusal": None}
         elif isinstance(delta, Reasoning):
             body = {"reasoning_content": delta.text, "reasoning": delta.text}
         elif isinstance(delta, Refusal):
@@ -109,7 +111,7 @@ class ChatCompletionAssembler:
         self.reasoning: list[str] = []
         self.refusal: list[str] = []
         self.tool_calls: list[dict] = []
-        self.logprobs: list[dict] | None = None
+        self.logprobs: list[TokenLogprob] | None = None
         self.finish: Finish | None = None
         self.error: Error | None = None
 
@@ -141,7 +143,7 @@ class ChatCompletionAssembler:
             message["reasoning_content"] = message["reasoning"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
-        logprobs = {"content": self.logprobs, "refusal": None} if self.logprobs is not None else None
+        logprobs = {"content": chat_logprobs(self.logprobs), "refusal": None} if self.logprobs is not None else None
         reason = self.finish.reason if self.finish else "stop"
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 

@@ -1,8 +1,9 @@
-"""Several engine requests behind one API request (n > 1, several prompts), merged into (index, delta) pairs.
+"""One API request's engine requests (n choices, several prompts) merged into (index, delta) pairs, with its usage.
 
 Each choice is its own engine request (the engine shares their prompt blocks);
 deltas of one choice keep their order, choices interleave as the engine produces
-them. Leaving the merge early (client gone, error) aborts every request.
+them. Leaving the merge early (client gone, error) aborts every request. Usage
+follows OpenAI: each prompt counted once, completion tokens summed over choices.
 """
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from .deltas import Error, Finish, StreamDelta, Usage
-from .pipeline import Generation, GenerationInput
+from .pipeline import Generation
 
 
 class Choices:
-    """Submits every input at construction (RequestRejected is raised then, after aborting any
-    already submitted); `merged()` yields (choice index, delta) until every choice has ended."""
+    """Submits every choice of a prepared request at construction (RequestRejected and
+    EngineOverloaded are raised then, after aborting any already submitted); `merged()` yields
+    (choice index, delta) until every choice has ended. `usage` is the request's usage so far
+    (final once every choice has finished)."""
 
-    def __init__(self, engine, tokenizer, inputs: list[GenerationInput]):
+    def __init__(self, engine, tokenizer, prepared):
+        self.prepared = prepared
         self.generations: list[Generation] = []
+        self.finishes: dict[int, Finish] = {}
+        self._generated = [0] * len(prepared.inputs)
         try:
-            for gen in inputs:
+            for gen in prepared.inputs:
                 self.generations.append(Generation(engine, tokenizer, gen))
         except BaseException:
             self.abort()
@@ -42,11 +48,34 @@ class Choices:
             return None
         return max(ends) - min(g.submitted_at for g in self.generations)
 
+    @property
+    def usage(self) -> Usage:
+        """Token counts so far: each prompt once (with its cached tokens, from the first of its
+        choices to finish), completion and reasoning tokens summed over choices."""
+        p = self.prepared
+        usage = Usage()
+        for k, ids in enumerate(p.prompt_ids):
+            first = next((self.finishes[j] for j in range(k * p.n, (k + 1) * p.n) if j in self.finishes), None)
+            usage.prompt_tokens += first.usage.prompt_tokens if first else len(ids)
+            usage.cached_prompt_tokens += first.usage.cached_prompt_tokens if first else 0
+        for j, generated in enumerate(self._generated):
+            finish = self.finishes.get(j)
+            usage.completion_tokens += finish.usage.completion_tokens if finish else generated
+            usage.reasoning_tokens += finish.usage.reasoning_tokens if finish else 0
+        return usage
+
+    def _seen(self, index: int, delta: StreamDelta) -> None:
+        if isinstance(delta, Finish):
+            self.finishes[index] = delta
+        else:
+            self._generated[index] += len(getattr(delta, "token_ids", None) or ())
+
     async def merged(self) -> AsyncIterator[tuple[int, StreamDelta]]:
         """(index, delta) pairs; each choice ends with its Finish or Error."""
         if len(self.generations) == 1:
             try:
                 async for delta in self.generations[0].deltas():
+                    self._seen(0, delta)
                     yield 0, delta
             finally:
                 self.abort()
@@ -70,18 +99,9 @@ class Choices:
                 if delta is None:
                     live -= 1
                 else:
+                    self._seen(index, delta)
                     yield index, delta
         finally:
             self.abort()
             for task in tasks:
                 task.cancel()
-
-
-def total_usage(finishes: list[Finish]) -> Usage:
-    """One request's usage from its choices' Finish deltas: the prompt counted once (as OpenAI does),
-    completion tokens summed."""
-    if not finishes:
-        return Usage()
-    first = finishes[0].usage
-    return Usage(first.prompt_tokens, sum(f.usage.completion_tokens for f in finishes), first.cached_prompt_tokens,
-                 sum(f.usage.reasoning_tokens for f in finishes))

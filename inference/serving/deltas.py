@@ -1,6 +1,6 @@
 """The StreamDelta IR: provider-neutral deltas between generation and the wire encoders.
 
-See ../shared/DESIGN.md, "The StreamDelta IR". Encoders (chat chunks, Responses
+See ARCHITECTURE.md, "The StreamDelta IR". Encoders (chat chunks, Responses
 events) consume these; the pipeline produces them.
 """
 from __future__ import annotations
@@ -36,6 +36,33 @@ class Usage:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One alternative at a position: the token's id, its text and exact bytes, its logprob."""
+
+    token_id: int
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated (or prompt) token's log probability, wire-neutral.
+
+    token: its text (`bytes:\\xNN...` when it is only part of a UTF-8 character), bytes: exact.
+    logprob: None where the engine gave none (a prompt's first token). top: the most likely
+    alternatives, best first (empty when none were asked for; None where the engine gave none).
+    Each encoder shapes its own wire form (logprobs.py).
+    """
+
+    token_id: int
+    token: str
+    bytes: bytes
+    logprob: float | None
+    top: tuple[TopLogprob, ...] | None = ()
+
+
 @dataclass(slots=True)
 class Reasoning:
     text: str
@@ -46,8 +73,8 @@ class Reasoning:
 @dataclass(slots=True)
 class Content:
     text: str
-    # Per-token logprob entries covering this text, in OpenAI's chat shape, if requested.
-    logprobs: list[dict] | None = None
+    # One entry per token covering this text, when logprobs were requested.
+    logprobs: list[TokenLogprob] | None = None
     token_ids: list[int] | None = None
 
 
@@ -73,13 +100,13 @@ class ToolCallArgs:
 class Finish:
     """reason: stop, length, tool_calls, content_filter, cancelled or timeout.
 
-    prompt_logprobs: when prompt logprobs were asked for, one chat-shape logprob entry per
-    prompt token (logprob None where the engine gave none), else None.
+    prompt_logprobs: when prompt logprobs were asked for, one TokenLogprob per prompt token
+    (logprob None where the engine gave none), else None.
     """
 
     reason: str
     usage: Usage = field(default_factory=Usage)
-    prompt_logprobs: list[dict] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

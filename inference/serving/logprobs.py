@@ -1,4 +1,4 @@
-"""Logprobs in OpenAI's two wire shapes: chat's per-token entries and legacy completions' parallel lists.
+"""Logprobs: token spellings, the IR's TokenLogprob entries, and OpenAI's two wire shapes of them.
 
 Chat (OpenAI API reference, "The chat completion object", choices[].logprobs.content):
 `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}` per token.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import codecs
 import re
 from functools import lru_cache
+
+from .deltas import TokenLogprob, TopLogprob
 
 _SPM_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -75,35 +77,37 @@ def spelling_for(tokenizer) -> TokenSpelling:
     return TokenSpelling(tokenizer)
 
 
-def _top(spell: TokenSpelling, token_id: int, logprob: float) -> dict:
-    text, raw = spell(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(raw)}
+def token_logprob(spell: TokenSpelling, token_id: int, logprobs: tuple | None) -> TokenLogprob:
+    """One token's IR entry from the engine's (sampled logprob, [(id, logprob)] top-N) tuple.
 
-
-def chat_entry(spell: TokenSpelling, token_id: int, logprobs: tuple | None) -> dict:
-    """One token's chat logprob entry from the engine's (sampled logprob, [(id, logprob)] top-N) tuple.
-
-    With no tuple (a prompt token without a logprob), logprob and top_logprobs are None.
+    With no tuple (a prompt token the engine scored nothing for), logprob and top are None.
     """
-    entry = _top(spell, token_id, None)
+    text, raw = spell(token_id)
     if logprobs is None:
-        entry["top_logprobs"] = None
-        return entry
+        return TokenLogprob(token_id, text, raw, None, None)
     sampled, tops = logprobs
-    entry["logprob"] = sampled
-    entry["top_logprobs"] = [_top(spell, t, lp) for t, lp in tops]
-    return entry
+    return TokenLogprob(token_id, text, raw, sampled,
+                        tuple(TopLogprob(t, *spell(t), lp) for t, lp in tops))
 
 
-def prompt_entries(spell: TokenSpelling, prompt_ids: list[int], prompt_logprobs: list | None) -> list[dict]:
-    """Chat-shape entries for the prompt's tokens; logprob None where the engine gave none (always the
-    first token, or all of them while the engine does not compute prompt logprobs)."""
-    lps = prompt_logprobs if prompt_logprobs is not None and len(prompt_logprobs) == len(prompt_ids) else None
-    return [chat_entry(spell, t, lps[i] if lps else None) for i, t in enumerate(prompt_ids)]
+def prompt_logprobs(spell: TokenSpelling, prompt_ids: list[int], engine_logprobs: list | None) -> list[TokenLogprob]:
+    """IR entries for the prompt's tokens; logprob None where the engine gave none (always the first
+    token, or all of them when the engine computed none)."""
+    lps = engine_logprobs if engine_logprobs is not None and len(engine_logprobs) == len(prompt_ids) else None
+    return [token_logprob(spell, t, lps[i] if lps else None) for i, t in enumerate(prompt_ids)]
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> list[dict]:
+    """Chat's `logprobs.content` entries: {token, logprob, bytes, top_logprobs: [{token, logprob,
+    bytes}]} per token (top_logprobs null where the engine gave none)."""
+    return [{"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes),
+             "top_logprobs": None if e.top is None else
+             [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)} for t in e.top]}
+            for e in entries]
 
 
 class LegacyLogprobs:
-    """Builds legacy completions `logprobs` objects from chat-shape entries, keeping text offsets.
+    """Builds legacy completions `logprobs` objects from IR entries, keeping text offsets.
 
     text_offset counts characters of the decoded text before each token, starting at
     `start_offset` (the echoed prompt's length when the prompt is echoed before the completion).
@@ -113,26 +117,21 @@ class LegacyLogprobs:
         self.offset = start_offset
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def extend(self, entries: list[dict]) -> dict:
+    def extend(self, entries: list[TokenLogprob]) -> dict:
         """The legacy object for `entries` (the next tokens, in order)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for e in entries:
-            out["tokens"].append(e["token"])
-            out["token_logprobs"].append(e["logprob"])
+            out["tokens"].append(e.token)
+            out["token_logprobs"].append(e.logprob)
             out["text_offset"].append(self.offset)
-            if e["top_logprobs"] is None:
+            if e.top is None:
                 out["top_logprobs"].append(None)
             else:
-                tops = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
-                tops.setdefault(e["token"], e["logprob"])
+                tops = {t.token: t.logprob for t in e.top}
+                tops.setdefault(e.token, e.logprob)
                 out["top_logprobs"].append(tops)
-            self.offset += len(self._utf8.decode(bytes(e["bytes"] or b"")))
+            self.offset += len(self._utf8.decode(e.bytes))
         return out
-
-    def restart(self, offset: int) -> None:
-        """Continue counting from `offset` characters (e.g. after an echoed prompt), with no partial bytes."""
-        self.offset = offset
-        self._utf8.reset()
 
 
 def merge_legacy(parts: list[dict]) -> dict:

@@ -25,8 +25,8 @@ from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 
 from .assembly import resolve_finish_reason
-from .deltas import Content, Error, Finish, Reasoning, StreamDelta, Usage
-from .logprobs import chat_entry, prompt_entries, spelling_for
+from .deltas import Content, Error, Finish, Reasoning, StreamDelta, TokenLogprob, Usage
+from .logprobs import prompt_logprobs, spelling_for, token_logprob
 from .stop import StopStringMatcher
 from .text_pipeline import TextPipeline, TextSpec
 
@@ -83,7 +83,7 @@ class Generation:
                     in_reasoning = was_reasoning or (parse is not None and parse.in_reasoning)
                     # Logprobs cover content tokens only; reasoning tokens' ids still ride along.
                     carry.add(event.token_id,
-                              chat_entry(spell, event.token_id, event.logprobs) if spell and not in_reasoning
+                              token_logprob(spell, event.token_id, event.logprobs) if spell and not in_reasoning
                               else None)
                     stop_now = matched or (parse is not None and parse.should_stop)
                     if stop_now:
@@ -107,8 +107,8 @@ class Generation:
                     base = "stop" if matched and event.reason != "timeout" else event.reason
                     prompt_lps = None
                     if params.prompt_logprobs is not None:
-                        prompt_lps = prompt_entries(spelling_for(self.tokenizer), gen.prompt_token_ids,
-                                                    event.prompt_logprobs)
+                        prompt_lps = prompt_logprobs(spelling_for(self.tokenizer), gen.prompt_token_ids,
+                                                     event.prompt_logprobs)
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
                                        parse.reasoning_tokens if parse else 0),
@@ -135,7 +135,7 @@ def _finish_reason(base: str, parse: TextPipeline | None) -> str:
 
 
 class _TokenCarry:
-    """Token ids (and content logprob entries) waiting for a delta to ride on.
+    """Token ids (and content TokenLogprob entries) waiting for a delta to ride on.
 
     They go on the last Content of a batch of deltas, else (ids only) on the last Reasoning;
     with `final`, leftovers ride on an empty Content, so every generated token's id is sent once.
@@ -143,9 +143,9 @@ class _TokenCarry:
 
     def __init__(self):
         self.ids: list[int] = []
-        self.logprobs: list[dict] = []
+        self.logprobs: list[TokenLogprob] = []
 
-    def add(self, token_id: int, logprob_entry: dict | None) -> None:
+    def add(self, token_id: int, logprob_entry: TokenLogprob | None) -> None:
         self.ids.append(token_id)
         if logprob_entry is not None:
             self.logprobs.append(logprob_entry)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from inference.engine.chat_template import ChatTemplateError
 
 from .errors import bad_request
-from .thinking import resolve_thinking
+from .thinking import Thinking
 from .tool_prompt import prompt_messages
 
 # Template variables a request may not override through chat_template_kwargs.
@@ -18,38 +18,34 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_promp
 FIM_TOKENS = (("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
 
 
-def continues_final_message(req: dict) -> bool:
-    """Whether the prompt should continue the last message instead of starting a new turn: asked with
-    continue_final_message, or add_generation_prompt false with an assistant message last."""
-    if req.get("continue_final_message"):
-        return True
-    return not req.get("add_generation_prompt", True) and req["messages"][-1]["role"] == "assistant"
-
-
-def render_chat(tokenizer, req: dict) -> str:
-    """The prompt text for `req["messages"]` (+ tools, thinking controls, chat_template_kwargs,
-    generation prompt flags).
+def render_messages(tokenizer, messages: list[dict], *, tools: list[dict] | None = None, tool_choice="auto",
+                    parallel_tool_calls: bool = True, thinking: Thinking = Thinking(),
+                    chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, param: str = "messages") -> str:
+    """The prompt text of normalized chat `messages` (messages.py shapes) through the chat template.
 
     Tools reach the template, or a system section when the template ignores them (tool_prompt.py);
     the resolved thinking choice (thinking.py) sets enable_thinking and reasoning_effort over
-    chat_template_kwargs. Raises ApiError 400: param chat_template_kwargs for a reserved name, param
-    messages when the template fails or the final message cannot be continued.
+    chat_template_kwargs. The final message is continued instead of a new turn started when
+    continue_final_message is set, or add_generation_prompt is off with an assistant message last
+    (transformers' rule). Raises ApiError 400: param chat_template_kwargs for a reserved name or a
+    value the template cannot use; `param` when the template fails or the final message cannot be
+    continued.
     """
-    kwargs = dict(req.get("chat_template_kwargs") or {})
+    kwargs = dict(chat_template_kwargs or {})
     reserved = RESERVED_TEMPLATE_KWARGS & set(kwargs)
     if reserved:
         raise bad_request(f"'chat_template_kwargs' may not set {', '.join(sorted(reserved))}; use the request "
                           "fields of those names.", "chat_template_kwargs")
-    kwargs.update(resolve_thinking(req).template_kwargs())
-    messages, tools = prompt_messages(req["messages"], req.get("tools"), req.get("tool_choice") or "auto",
-                                      req.get("parallel_tool_calls") is not False, tokenizer.chat_template)
-    cont = continues_final_message(req)
-    add_generation_prompt = req.get("add_generation_prompt", True) and not cont
+    kwargs.update(thinking.template_kwargs())
+    messages, offered = prompt_messages(messages, tools, tool_choice or "auto", parallel_tool_calls,
+                                        tokenizer.chat_template)
+    cont = continue_final_message or (not add_generation_prompt and messages[-1]["role"] == "assistant")
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools,
-                                             add_generation_prompt=add_generation_prompt, **kwargs)
+        text = tokenizer.apply_chat_template(messages, tools=offered,
+                                             add_generation_prompt=add_generation_prompt and not cont, **kwargs)
     except ChatTemplateError as exc:
-        raise bad_request(f"The chat template could not render these messages: {exc}", "messages") from exc
+        raise bad_request(f"The chat template could not render '{param}': {exc}", param) from exc
     except TypeError as exc:  # a chat_template_kwargs value the template cannot use
         raise bad_request(f"The chat template could not use chat_template_kwargs: {exc}",
                           "chat_template_kwargs") from exc
@@ -58,10 +54,20 @@ def render_chat(tokenizer, req: dict) -> str:
         cut = text.rfind(final) if final else -1
         if final and cut < 0:
             raise bad_request("The final message cannot be continued: its content does not appear in the "
-                              "rendered prompt.", "messages")
+                              "rendered prompt.", param)
         if final:
             text = text[:cut + len(final)]
     return text
+
+
+def render_chat(tokenizer, req: dict, thinking: Thinking) -> str:
+    """The prompt text of a validated chat (or /tokenize) request: render_messages over its fields."""
+    return render_messages(tokenizer, req["messages"], tools=req.get("tools"),
+                           tool_choice=req.get("tool_choice") or "auto",
+                           parallel_tool_calls=req.get("parallel_tool_calls") is not False, thinking=thinking,
+                           chat_template_kwargs=req.get("chat_template_kwargs"),
+                           add_generation_prompt=req.get("add_generation_prompt", True),
+                           continue_final_message=bool(req.get("continue_final_message")))
 
 
 def echo_text(req: dict) -> str:

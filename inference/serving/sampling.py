@@ -15,6 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from inference.engine.grammar_state import StructuredOutput
 from inference.engine.reasoning_budget import ReasoningBudget
 from inference.engine.sampling_params import SamplingParams
 
@@ -60,18 +61,6 @@ def defaults_for(model_path: str) -> dict:
     return {**server, **model_defaults(str(model_path))}
 
 
-def timeout_for(req: dict) -> float:
-    """The request's deadline in seconds: its `timeout`, capped by METRALE["REQUEST_TIMEOUT_S"]."""
-    server = settings.METRALE["REQUEST_TIMEOUT_S"]
-    return min(req["timeout"], server) if req.get("timeout") else server
-
-
-def context_limit(engine) -> int:
-    """The most tokens (prompt + completion) one request may hold: the engine's own rule
-    (LLMEngine.max_request_tokens)."""
-    return engine.max_request_tokens
-
-
 def resolve_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, limit: int,
                        param: str = "messages") -> int:
     """The completion budget in tokens. A missing max_tokens means "up to the context".
@@ -114,7 +103,8 @@ def dry_breaker_ids(tokenizer, breakers: tuple[str, ...]) -> frozenset[int]:
 
 def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, logprobs: int | None = None,
                     prompt_logprobs: int | None = None, seed_offset: int = 0,
-                    reasoning_budget: ReasoningBudget | None = None) -> SamplingParams:
+                    reasoning_budget: ReasoningBudget | None = None,
+                    structured: StructuredOutput | None = None) -> SamplingParams:
     """SamplingParams for one choice of a validated request.
 
     max_tokens: the resolved completion budget (see resolve_max_tokens). logprobs: top-N count per
@@ -142,4 +132,5 @@ def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, lo
         values["dry_sequence_breaker_ids"] = dry_breaker_ids(
             tokenizer, tuple(DEFAULT_DRY_BREAKERS if breakers is None else breakers))
     return SamplingParams(**values, max_tokens=max_tokens, ignore_eos=req.get("ignore_eos", False),
-                          logprobs=logprobs, prompt_logprobs=prompt_logprobs, reasoning_budget=reasoning_budget)
+                          logprobs=logprobs, prompt_logprobs=prompt_logprobs, reasoning_budget=reasoning_budget,
+                          structured=structured)

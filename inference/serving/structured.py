@@ -11,13 +11,13 @@ Two steps, both before anything runs:
    and structured_outputs (both -> 400). A forced tool call takes precedence over
    response_format (that one describes the final answer, which a forced-call turn is not);
    with structured_outputs it is a 400.
-2. `await constrain(req, rt, inputs)`, in the view after templating: builds the GrammarSpec
-   (a forced call uses the request's tool parser format, from its TextSpec), compiles it in
-   the grammar worker thread (cached by spec and tokenizer; neither the event loop nor the
-   engine thread waits on a compile), and sets each choice's `SamplingParams.structured`,
-   with the reasoning gate from its reasoning parser. A schema or grammar the compiler
-   refuses is a 400 naming the field and the problem; the engine only receives compiled
-   grammars.
+2. In the preparation pipeline (prepare.py), after templating: `grammar_spec` picks the
+   GrammarSpec (a forced call uses the request's tool parser format, from its TextSpec) and
+   `compile_spec` compiles it in the grammar worker thread (cached by spec and tokenizer;
+   neither the event loop nor the engine thread waits on a compile); each choice's
+   SamplingParams is then built with it, with the reasoning gate from its reasoning parser.
+   A schema or grammar the compiler refuses is a 400 naming the field and the problem; the
+   engine only receives compiled grammars.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def check_request(attrs: dict, *, format_field: str = "response_format") -> None
 
     format_field: "response_format" (chat, completions) or "text" (Responses' text.format).
     """
-    _requested(attrs, format_field)
+    requested_grammar(attrs, format_field)
 
 
 def _forced(tools, tool_choice) -> tuple[str, ...] | None:
@@ -117,8 +117,9 @@ def _forced(tools, tool_choice) -> tuple[str, ...] | None:
         return None
 
 
-def _requested(attrs: dict, format_field: str) -> tuple[GrammarSpec, str] | None:
-    """(spec, param) of a response_format / text.format / structured_outputs, or None."""
+def requested_grammar(attrs: dict, format_field: str = "response_format") -> tuple[GrammarSpec, str] | None:
+    """(spec, param naming its field) of a request's response_format / text.format / structured_outputs,
+    or None. Raises ApiError 400 for a malformed or doubled mode."""
     specs = []
     if format_field == "text":
         fmt = (attrs.get("text") or {}).get("format") or {}
@@ -161,14 +162,14 @@ def reasoning_gate(tokenizer, text, prompt_token_ids: list[int]) -> dict:
     return {"reasoning_end_ids": end_ids, "reasoning_start_id": start_ids[0] if len(start_ids) == 1 else None}
 
 
-def grammar_spec(req: dict, text=None, *, format_field: str = "response_format") -> tuple[GrammarSpec, str] | None:
-    """(spec, param naming the field it came from) for a validated request, or None when unconstrained.
+def grammar_spec(requested: tuple[GrammarSpec, str] | None, text=None) -> tuple[GrammarSpec, str] | None:
+    """(spec, param naming the field it came from) that constrains a request, or None.
 
-    text: the request's TextSpec (text_pipeline.py; None for completions): with a forced tool
-    call, its tool parser's format gives the call grammar (tool_grammar.py) over its tools; a
-    format without a grammar builder stays unconstrained (its parser still reads the calls).
+    requested: requested_grammar's answer. text: the request's TextSpec (text_pipeline.py; None
+    for completions): with a forced tool call, its tool parser's format gives the call grammar
+    (tool_grammar.py) over its tools, in place of `requested`; a format without a grammar
+    builder stays unconstrained (its parser still reads the calls).
     """
-    requested = _requested(req, format_field)
     if text is not None and text.tool_parser:
         names = _forced(text.tools, text.tool_choice)
         lark = tool_call_grammar(text.tool_parser, text.tools, names, text.parallel_tool_calls) if names else None
@@ -192,19 +193,3 @@ async def compile_spec(tokenizer, spec: GrammarSpec, param: str):
         if param == "tools":
             what = "tool parameters schema"
         raise bad_request(f"Invalid {what} in '{param}': {exc}", param) from exc
-
-
-async def constrain(req: dict, rt, inputs, *, format_field: str = "response_format") -> None:
-    """Compile the request's grammar (if any) and attach it to every choice's SamplingParams.
-
-    inputs: pipeline.GenerationInput objects (one per choice); each gets its own
-    StructuredOutput (the engine makes a fresh matcher per sequence). Raises ApiError 400.
-    """
-    found = grammar_spec(req, inputs[0].text if inputs else None, format_field=format_field)
-    if found is None:
-        return
-    spec, param = found
-    compiled = await compile_spec(rt.tokenizer, spec, param)
-    for gen in inputs:
-        gen.params.structured = StructuredOutput(compiled, **reasoning_gate(rt.tokenizer, gen.text,
-                                                                            gen.prompt_token_ids))

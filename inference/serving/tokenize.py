@@ -13,9 +13,11 @@ from rest_framework import serializers
 from .errors import bad_request
 from .fields import BooleanField, ObjectField, StringField, TokenIdListField
 from .model_names import check_model
+from .prepare import check_prompt_chars
 from .prompts import render_chat
 from .protocol import MessagesField, opt, parse_json_body, validate
 from .sampling import check_token_ids
+from .thinking import resolve_thinking
 from .tool_fields import ToolsField
 
 
@@ -49,16 +51,20 @@ class DetokenizeRequest(serializers.Serializer):
 
 
 def tokenize(raw_body: bytes, rt) -> dict:
-    """The token ids of a prompt or a conversation. Raises ApiError 400 on bad input, 404 on a bad model."""
+    """The token ids of a prompt or a conversation (CPU work: views run it on the prepare pool).
+
+    Raises ApiError 400 on bad input or a text longer than the context could hold in characters
+    (prepare.check_prompt_chars), 404 on a bad model."""
     req = validate(TokenizeRequest, parse_json_body(raw_body))
     check_model(req["model"], rt.model_id)
     tok = rt.tokenizer
     if req.get("messages") is not None:
-        text = render_chat(tok, req)
+        text = render_chat(tok, req, resolve_thinking(req))
         special = bool(req.get("add_special_tokens"))
     else:
         text = req["prompt"]
         special = req.get("add_special_tokens") is not False
+    check_prompt_chars(tok, text, rt.engine.max_request_tokens, "messages" if req.get("messages") else "prompt")
     ids = tok.encode(text, add_special_tokens=special)
     body = {"tokens": ids, "count": len(ids), "max_model_len": rt.engine.max_model_len}
     if req["return_token_strs"]:

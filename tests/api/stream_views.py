@@ -1,5 +1,6 @@
 """A test-only generating endpoint: it holds a rate-limit lease while streaming SSE chunks, the
-way the chat view does, without the engine. Registered only by tests (stream_urls.py)."""
+way the chat view does, without the engine; openai_endpoint settles the lease with the tokens
+the view reports used. Registered only by tests (stream_urls.py)."""
 import asyncio
 import json
 
@@ -19,19 +20,17 @@ async def fake_stream(request):
     max_tokens = int(request.GET["max_tokens"])
     chunks = int(request.GET["chunks"])
     gate = request.GET.get("gate")
-    lease = await admit(request, reserve_tokens=prompt + max_tokens)
+    generated = 0
+    await admit(request, reserve_tokens=prompt + max_tokens, used_tokens=lambda: prompt + generated)
 
     async def events():
-        generated = 0
-        try:
-            for i in range(chunks):
-                generated += 1
-                yield f"data: {json.dumps({'token': i})}\n\n"
-            if gate:
-                await gates[gate].wait()
-            yield "data: [DONE]\n\n"
-        finally:
-            await lease.release(prompt + generated)
+        nonlocal generated
+        for i in range(chunks):
+            generated += 1
+            yield f"data: {json.dumps({'token': i})}\n\n"
+        if gate:
+            await gates[gate].wait()
+        yield "data: [DONE]\n\n"
 
     return StreamingHttpResponse(events(), content_type="text/event-stream")
 
@@ -39,9 +38,10 @@ async def fake_stream(request):
 
 @openai_endpoint(generates=True)
 async def forgetful(request):
-    """GET ?reserve=N[&stream=1]: admit N tokens and answer (in JSON, or as a one-chunk stream)
-    without ever releasing (a buggy view)."""
-    await admit(request, reserve_tokens=int(request.GET["reserve"]))
+    """GET ?reserve=N[&stream=1]: admit N tokens, report all N used, and answer (in JSON, or as a
+    one-chunk stream) without settling anything itself: the wrapper must."""
+    reserve = int(request.GET["reserve"])
+    await admit(request, reserve_tokens=reserve, used_tokens=lambda: reserve)
     if request.GET.get("stream"):
         async def events():
             yield "data: [DONE]\n\n"

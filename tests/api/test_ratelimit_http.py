@@ -118,7 +118,7 @@ def test_a_slow_client_gone_is_charged_only_what_was_generated(cache_backend, fr
                                                               stream_site, make_tenant, make_key):
     # The server is blocked sending to a client that reads nothing when the client leaves: the
     # cancellation lands in `send`, not in the view's generator, which is then closed from
-    # outside. Its own release (real usage) must still win over the wrapper's safety net.
+    # outside; the lease is still settled at once, with the real usage.
     tenant = make_tenant(tokens_per_minute=1000)
     _, key = make_key(tenant)
 
@@ -176,7 +176,7 @@ def test_a_generating_view_that_answers_before_admission_still_sends_the_headers
     assert response.headers["x-ratelimit-remaining-tokens"] == "100"
 
 
-def test_a_lease_the_view_forgets_is_released_in_full(client, frozen_clock, stream_site,
+def test_a_blocking_views_lease_is_settled_by_the_wrapper(client, frozen_clock, stream_site,
                                                       make_tenant, make_key):
     tenant = make_tenant(tokens_per_minute=1000, max_concurrent_requests=1)
     _, key = make_key(tenant)
@@ -186,7 +186,7 @@ def test_a_lease_the_view_forgets_is_released_in_full(client, frozen_clock, stre
     assert in_flight(tenant) == 0
 
 
-def test_a_stream_whose_view_forgets_the_lease_is_released_in_full(frozen_clock, stream_site,
+def test_a_streams_lease_is_settled_when_its_body_ends(frozen_clock, stream_site,
                                                                    make_tenant, make_key):
     tenant = make_tenant(tokens_per_minute=1000, max_concurrent_requests=1)
     _, key = make_key(tenant)

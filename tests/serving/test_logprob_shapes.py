@@ -1,8 +1,10 @@
-"""Logprob entries: exact bytes of byte-level tokens, `bytes:` spelling of partial characters, legacy offsets."""
+"""Logprobs: exact bytes of byte-level tokens, `bytes:` spelling of partial characters, the IR entry, and
+its chat and legacy wire shapes (legacy offsets count characters)."""
 import pytest
 
 from inference.engine.tokenizer import Tokenizer
-from inference.serving.logprobs import LegacyLogprobs, chat_entry, merge_legacy, prompt_entries, spelling_for
+from inference.serving.logprobs import (LegacyLogprobs, chat_logprobs, merge_legacy, prompt_logprobs, spelling_for,
+                                        token_logprob)
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +32,20 @@ def test_special_tokens_are_spelled_as_written(tok):
 
 def test_chat_entry_shape(tok):
     hello = tok.encode("Hello")[0]
-    entry = chat_entry(spelling_for(tok), hello, (-0.5, [(hello, -0.5), (0, -3.0)]))
-    assert entry == {"token": "Hello", "logprob": -0.5, "bytes": list(b"Hello"),
-                     "top_logprobs": [{"token": "Hello", "logprob": -0.5, "bytes": list(b"Hello")},
-                                      {"token": "<|endoftext|>", "logprob": -3.0, "bytes": list(b"<|endoftext|>")}]}
-    assert chat_entry(spelling_for(tok), hello, None)["logprob"] is None
+    entry = token_logprob(spelling_for(tok), hello, (-0.5, [(hello, -0.5), (0, -3.0)]))
+    assert (entry.token_id, entry.token, entry.bytes, entry.logprob) == (hello, "Hello", b"Hello", -0.5)
+    assert chat_logprobs([entry]) == [{
+        "token": "Hello", "logprob": -0.5, "bytes": list(b"Hello"),
+        "top_logprobs": [{"token": "Hello", "logprob": -0.5, "bytes": list(b"Hello")},
+                         {"token": "<|endoftext|>", "logprob": -3.0, "bytes": list(b"<|endoftext|>")}]}]
+    unscored = token_logprob(spelling_for(tok), hello, None)
+    assert unscored.logprob is None and chat_logprobs([unscored])[0]["top_logprobs"] is None
 
 
 def test_legacy_offsets_count_characters_not_bytes(tok):
     text = "a你好b"
     ids = tok.encode(text)
-    entries = [chat_entry(spelling_for(tok), i, (-1.0, [])) for i in ids]
+    entries = [token_logprob(spelling_for(tok), i, (-1.0, [])) for i in ids]
     legacy = LegacyLogprobs(start_offset=4).extend(entries)
     assert legacy["text_offset"][0] == 4 and legacy["text_offset"][-1] == 4 + text.index("b")
     assert legacy["top_logprobs"][0] == {legacy["tokens"][0]: -1.0}  # the sampled token is always listed
@@ -48,7 +53,7 @@ def test_legacy_offsets_count_characters_not_bytes(tok):
 
 def test_prompt_entries_without_engine_logprobs_are_null(tok):
     ids = tok.encode("The cat")
-    entries = prompt_entries(spelling_for(tok), ids, None)
-    assert [e["logprob"] for e in entries] == [None, None]
+    entries = prompt_logprobs(spelling_for(tok), ids, None)
+    assert [e.logprob for e in entries] == [None, None]
     merged = merge_legacy([LegacyLogprobs().extend(entries), LegacyLogprobs(7).extend(entries[:1])])
     assert merged["tokens"] == ["The", " cat", "The"] and merged["text_offset"] == [0, 3, 7]

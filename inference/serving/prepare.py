@@ -1,0 +1,267 @@
+"""The one preparation pipeline: a surface's GenerationRequest -> rendered, tokenized, checked engine inputs.
+
+Every generating surface (chat completions, legacy completions, Responses, and every later
+one) maps its own wire fields to a `GenerationRequest` and calls `prepare`, which, once for
+all of them:
+1. checks the model name and chooses the parsers (text_setup.py);
+2. renders the prompt through the chat template (or takes the completion prompts), refuses a
+   prompt that has more characters than the context could ever hold *before* tokenizing, and
+   tokenizes -- both off the event loop, in a bounded worker pool (`cpu_work`), so a huge
+   prompt never freezes other clients' streams;
+3. with `truncate` (Responses' truncation: auto), drops the oldest turns until it fits;
+4. resolves max_tokens against the engine's one fit rule (engine.max_request_tokens) --
+   the only context-length check outside the engine;
+5. compiles the grammar (structured.py) and builds the reasoning controls;
+6. resolves the sampling params of every choice (sampling.py: the request, then the model's
+   generation_config.json, then the settings) and returns one GenerationInput per choice.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from django.conf import settings
+
+from inference.engine.grammar import GrammarSpec
+from inference.engine.grammar_state import StructuredOutput
+
+from .errors import ApiError, bad_request
+from .logprobs import spelling_for
+from .model_names import check_model
+from .pipeline import GenerationInput
+from .prompts import completion_prompt_ids, render_messages
+from .sampling import defaults_for, resolve_max_tokens, sampling_params
+from .structured import compile_spec, grammar_spec, reasoning_gate
+from .text_setup import text_setup
+from .thinking import Thinking
+
+_pool: ThreadPoolExecutor | None = None
+
+
+async def cpu_work(fn: Callable, *args):
+    """Run `fn(*args)` (templating, tokenizing: CPU work of one request) on the bounded prepare pool
+    (METRALE["PREPARE_THREADS"] threads), so the event loop keeps serving streams meanwhile.
+    Returns fn's result; raises what fn raises."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=settings.METRALE["PREPARE_THREADS"],
+                                   thread_name_prefix="metrale-prepare")
+    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+
+
+@lru_cache(maxsize=4)
+def chars_per_token_bound(tokenizer) -> int:
+    """The most characters one token of this tokenizer can stand for (the longest vocabulary
+    entry's text), times 4 when a normalizer may fold several characters into one. A text with
+    more than `tokens * this` characters needs more than `tokens` tokens."""
+    spell = spelling_for(tokenizer)
+    longest = max(len(spell(i)[1].decode("utf-8", errors="replace")) for i in range(tokenizer.vocab_size))
+    return max(1, longest) * (1 if tokenizer.backend.normalizer is None else 4)
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One generating request in the pipeline's terms, whatever surface it came from.
+
+    The prompt is `messages` (normalized chat messages, rendered with the chat template) or
+    `prompts` (legacy completions: text or token ids, each its own prompt). `param` names the
+    wire field that prompt errors point at ("messages", "prompt", "input"). tools are in the
+    chat form ({type: function, function: {...}}); tool_choice likewise. `sampling`: the
+    validated request dict, whose SamplingParams-named fields (sampling.PASSTHROUGH) are read.
+    max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
+    else up to the context). structured: the requested output format (spec, param) from
+    structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
+    METRALE["REQUEST_TIMEOUT_S"]).
+    """
+
+    param: str
+    model: str = ""
+    messages: list[dict] | None = None
+    prompts: list[str | list[int]] | None = None
+    suffix: str | None = None
+    chat_template_kwargs: dict | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict] | None = None
+    tool_choice: str | dict = "auto"
+    parallel_tool_calls: bool = True
+    max_tool_calls: int | None = None
+    thinking: Thinking = field(default_factory=Thinking)
+    truncate: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    default_max_tokens: int | None = None
+    sampling: dict = field(default_factory=dict)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    structured: tuple[GrammarSpec, str] | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request ready for the engine: inputs[j] is choice j, of prompt `prompt_of(j)`.
+
+    prompt_ids[k] / prompt_texts[k]: prompt k's token ids and text (chat and Responses have one:
+    the rendered prompt). messages: the chat messages the prompt was rendered from, after any
+    truncation.
+    """
+
+    model: str
+    created: int
+    n: int
+    prompt_ids: list[list[int]]
+    prompt_texts: list[str]
+    inputs: list[GenerationInput]
+    messages: list[dict] | None = None
+
+    def prompt_of(self, choice: int) -> int:
+        """The index of the prompt choice `choice` continues."""
+        return choice // self.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens, each prompt counted once."""
+        return sum(len(ids) for ids in self.prompt_ids)
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens to reserve against the rate limit: every prompt + every choice's max_tokens."""
+        return self.prompt_tokens + sum(g.params.max_tokens for g in self.inputs)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's deadline in seconds."""
+        return self.inputs[0].timeout_s
+
+
+def _timeout(greq: GenerationRequest) -> float:
+    server = settings.METRALE["REQUEST_TIMEOUT_S"]
+    return min(greq.timeout_s, server) if greq.timeout_s else server
+
+
+def _too_many_chars(chars: int, limit_tokens: int, bound: int, param: str) -> ApiError:
+    return ApiError(400, f"The prompt is {chars} characters long: more than this model's context of "
+                         f"{limit_tokens} tokens can hold ({limit_tokens * bound} characters at most). "
+                         "Shorten it.", param=param, code="context_length_exceeded")
+
+
+def check_prompt_chars(tokenizer, text: str, limit_tokens: int, param: str) -> None:
+    """Refuse, before tokenizing, a text with more characters than `limit_tokens` tokens can hold
+    (chars_per_token_bound). Raises ApiError 400 context_length_exceeded naming `param`."""
+    bound = chars_per_token_bound(tokenizer)
+    if len(text) > limit_tokens * bound:
+        raise _too_many_chars(len(text), limit_tokens, bound, param)
+
+
+def _drop_oldest(messages: list[dict]) -> list[dict] | None:
+    """The messages without the oldest non-system turn (and the tool results that answered
+    it), or None when only the last message is left to drop."""
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
+    if first is None or first == len(messages) - 1:
+        return None
+    rest = messages[first + 1:]
+    while len(rest) > 1 and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return messages[:first] + rest
+
+
+def _render_and_tokenize(rt, greq: GenerationRequest, limit: int, wanted: int) -> tuple[list[dict], str, list[int]]:
+    """(messages, prompt text, ids) of a chat-style request, truncated when asked (runs on the pool).
+
+    Raises ApiError 400 (context_length_exceeded) for a prompt too long in characters, and what
+    render_messages raises."""
+    tok = rt.tokenizer
+    bound = chars_per_token_bound(tok)
+    messages = greq.messages
+
+    def render(msgs):
+        return render_messages(tok, msgs, tools=greq.tools, tool_choice=greq.tool_choice,
+                               parallel_tool_calls=greq.parallel_tool_calls, thinking=greq.thinking,
+                               chat_template_kwargs=greq.chat_template_kwargs,
+                               add_generation_prompt=greq.add_generation_prompt,
+                               continue_final_message=greq.continue_final_message, param=greq.param)
+
+    while True:
+        text = render(messages)
+        if len(text) <= limit * bound:
+            ids = tok.encode(text)
+            if len(ids) + wanted <= limit or not greq.truncate:
+                return messages, text, ids
+        elif not greq.truncate:
+            raise _too_many_chars(len(text), limit, bound, greq.param)
+        shorter = _drop_oldest(messages)
+        if shorter is None:
+            if len(text) > limit * bound:
+                raise _too_many_chars(len(text), limit, bound, greq.param)
+            return messages, text, tok.encode(text)
+        messages = shorter
+
+
+def _completion_prompts(rt, greq: GenerationRequest, limit: int) -> tuple[list[list[int]], list[str]]:
+    """Token ids and texts of legacy completions prompts (runs on the pool)."""
+    tok = rt.tokenizer
+    ids_list, texts = [], []
+    for k, prompt in enumerate(greq.prompts):
+        param = greq.param if len(greq.prompts) == 1 else f"{greq.param}[{k}]"
+        if isinstance(prompt, str):
+            check_prompt_chars(tok, prompt, limit, param)
+        ids_list.append(completion_prompt_ids(tok, prompt, greq.suffix, tok.vocab_size, param))
+        texts.append(prompt if isinstance(prompt, str) else tok.decode(prompt, skip_special_tokens=False))
+    return ids_list, texts
+
+
+async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
+    """Everything between a validated request and the engine (steps in the module doc).
+
+    rt: the process runtime (inference.runtime.Runtime). request_id: engine requests are named
+    `<request_id>-<choice>`. cache_salt: the tenant's prefix-cache salt.
+
+    Raises ApiError: 404 for an unknown model name; 400 for a template that fails, out-of-vocabulary
+    ids, a prompt longer than the context in characters or, with max_tokens, in tokens
+    (context_length_exceeded, naming `greq.param` and the numbers), an invalid grammar or schema.
+    """
+    check_model(greq.model, rt.model_id)
+    limit = rt.engine.max_request_tokens
+    tok = rt.tokenizer
+    setup = text_setup(rt, greq.tools, greq.tool_choice, greq.parallel_tool_calls, greq.thinking,
+                       max_calls=greq.max_tool_calls)
+    messages = None
+    if greq.messages is not None:
+        messages, text, ids = await cpu_work(_render_and_tokenize, rt, greq, limit, greq.max_tokens or 1)
+        prompt_ids, prompt_texts = [ids], [text]
+    else:
+        prompt_ids, prompt_texts = await cpu_work(_completion_prompts, rt, greq, limit)
+    defaults = defaults_for(rt.model_path)
+    default_max = defaults.get("max_tokens", greq.default_max_tokens)
+    text_spec = setup.spec(prompt_texts[0]) if greq.messages is not None else None
+    found = grammar_spec(greq.structured, text_spec)
+    compiled = await compile_spec(tok, *found) if found is not None else None
+    timeout_s = _timeout(greq)
+    inputs: list[GenerationInput] = []
+    for k, ids in enumerate(prompt_ids):
+        param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
+        max_tokens = resolve_max_tokens(greq.max_tokens, default_max, len(ids), limit, param=param)
+        structured = (StructuredOutput(compiled, **reasoning_gate(tok, text_spec, ids))
+                      if compiled is not None else None)
+        budget = setup.reasoning_budget(tok, prompt_texts[k]) if greq.messages is not None else None
+        for i in range(greq.n):
+            params = sampling_params(greq.sampling, max_tokens=max_tokens, tokenizer=tok, defaults=defaults,
+                                     logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
+                                     seed_offset=i, reasoning_budget=budget, structured=structured)
+            j = len(inputs)
+            inputs.append(GenerationInput(ids, params, stop=greq.stop,
+                                          include_stop_str_in_output=greq.include_stop_str_in_output,
+                                          timeout_s=timeout_s,
+                                          request_id=f"{request_id}-{j}" if request_id else None,
+                                          cache_salt=cache_salt, text=text_spec))
+    return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
+
+
+__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare"]
