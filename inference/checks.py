@@ -1,4 +1,5 @@
-"""System checks for auth, rate limiting and the parser settings (ids metrale.W001, W002, E001)."""
+"""System checks for auth, rate limiting, the parser settings, the engine settings and the model folder
+(ids metrale.W001, W002, W003, E001, E002)."""
 from django.core.checks import Error, Warning, register
 from django.core.cache import caches
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -50,3 +51,31 @@ def check_parser_settings(app_configs, **kwargs):
     from .serving.text_setup import check_parser_names
 
     return [Error(problem, id="metrale.E001") for problem in check_parser_names()]
+
+
+@register()
+def check_engine_settings(app_configs, **kwargs):
+    """E002: an engine setting (METRALE_DTYPE, METRALE_DECODE_WEIGHTS, ...) the engine cannot use.
+    W003: the model folder is missing or unreadable. That one is only a warning: on a fresh
+    machine `migrate` runs before `pull_model` has fetched the model, and must not be blocked."""
+    from inference.engine.config import ConfigError
+    from inference.engine.model_folder import ModelFolder
+    from inference.runtime import engine_config
+
+    try:
+        config = engine_config()
+    except ConfigError as exc:
+        return [Error(f"The engine settings are invalid: {exc}.", hint="See the settings table in README.md.",
+                      id="metrale.E002")]
+    folder = ModelFolder.load(config.model_path)
+    problems = []
+    try:
+        folder.model_config
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if not (folder.path / "tokenizer.json").is_file():
+        problems.append(f"{folder.path / 'tokenizer.json'} does not exist")
+    return [Warning(f"The model folder METRALE_MODEL={config.model_path} cannot be served: {problem}.",
+                    hint="Run `manage.py pull_model smollm2-135m-instruct` (make serve does), or point "
+                         "METRALE_MODEL at an HF-format folder.", id="metrale.W003")
+            for problem in problems]

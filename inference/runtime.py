@@ -13,18 +13,48 @@ from pathlib import Path
 from django.conf import settings
 from django.dispatch import Signal
 
+from inference.engine.config import EngineConfig
+from inference.engine.model_folder import ModelFolder
+
 log = logging.getLogger("metrale")
 
 
 @dataclass(slots=True)
 class Runtime:
-    """The loaded model: the engine thread, its tokenizer, and the id the API reports."""
+    """The loaded model: the engine thread, its tokenizer, the id the API reports, and its folder."""
 
     engine: object  # inference.engine.async_engine.AsyncEngine
     tokenizer: object  # inference.engine.tokenizer.Tokenizer
     model_id: str
     model_path: Path
     created: int
+
+    @property
+    def folder(self) -> ModelFolder:
+        """The model folder's JSON files, read once per process (sampling defaults, model_type)."""
+        return ModelFolder.read(self.model_path)
+
+
+# METRALE settings -> EngineConfig fields. A setting left unset (None) takes EngineConfig's own
+# default, so each engine setting has exactly one default: the dataclass's.
+ENGINE_SETTINGS = {
+    "MODEL": "model_path", "DTYPE": "dtype", "DEVICE": "device", "BLOCK_SIZE": "block_size",
+    "MAX_NUM_SEQS": "max_num_seqs", "MAX_NUM_BATCHED_TOKENS": "max_num_batched_tokens",
+    "MAX_MODEL_LEN": "max_model_len", "KV_CACHE_BYTES": "kv_cache_bytes", "KV_CACHE_FRACTION": "kv_cache_fraction",
+    "KV_CACHE_DTYPE": "kv_cache_dtype", "ENABLE_PREFIX_CACHING": "enable_prefix_caching",
+    "DECODE_WEIGHTS": "decode_weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
+    "STEP_LOG": "step_log",
+}
+
+
+def engine_config(metrale: dict | None = None) -> EngineConfig:
+    """The EngineConfig the server runs with, built from METRALE settings (the one place).
+
+    Raises ConfigError (inference.engine.config) for a value the engine cannot use."""
+    m = settings.METRALE if metrale is None else metrale
+    values = {field: m[key] for key, field in ENGINE_SETTINGS.items() if m.get(key) is not None}
+    values["model_path"] = str(values["model_path"])
+    return EngineConfig(**values)
 
 
 _lock = threading.Lock()
@@ -46,18 +76,10 @@ def _load() -> Runtime:
     import time
 
     from inference.engine.async_engine import AsyncEngine
-    from inference.engine.config import EngineConfig
     from inference.engine.tokenizer import Tokenizer
 
-    m = settings.METRALE
-    path = Path(m["MODEL"])
-    config = EngineConfig(
-        model_path=str(path), dtype=m["DTYPE"], device=m["DEVICE"], block_size=m["BLOCK_SIZE"],
-        max_num_seqs=m["MAX_NUM_SEQS"], max_num_batched_tokens=m["MAX_NUM_BATCHED_TOKENS"],
-        max_model_len=m["MAX_MODEL_LEN"], kv_cache_bytes=m["KV_CACHE_BYTES"], num_threads=m["NUM_THREADS"],
-        step_log=m["STEP_LOG"], kv_cache_fraction=m["KV_CACHE_FRACTION"], kv_cache_dtype=m["KV_CACHE_DTYPE"],
-        enable_prefix_caching=m["ENABLE_PREFIX_CACHING"], decode_weights=m["DECODE_WEIGHTS"],
-        prefill_weights=m["PREFILL_WEIGHTS"])
+    config = engine_config()
+    path = Path(config.model_path)
     tokenizer = Tokenizer.from_folder(path)
     engine = AsyncEngine(config=config)
     return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))

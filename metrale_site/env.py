@@ -11,7 +11,7 @@ def envstr(name: str, default: str | None = None) -> str | None:
     return value if value != "" else default
 
 
-def envbool(name: str, default: bool) -> bool:
+def envbool(name: str, default: bool | None) -> bool | None:
     """Read a boolean (1/0, true/false, yes/no, on/off).
 
     Raises ImproperlyConfigured for any other text."""

@@ -144,28 +144,30 @@ METRALE = {
     "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),
     # Request bodies larger than this many bytes are answered 413.
     "MAX_REQUEST_BYTES": envint("METRALE_MAX_REQUEST_BYTES", 32 << 20),
-    # float32 or bfloat16; "auto" picks float32 on CPU and bfloat16 on CUDA.
-    "DTYPE": envstr("METRALE_DTYPE", "auto"),
+    # The engine's settings: each unset one (None) takes inference.engine.config.EngineConfig's
+    # default, the only place it is written (runtime.engine_config maps these names onto it).
+    # float32, bfloat16 or float16; EngineConfig's "auto" picks float32 on CPU, bfloat16 on CUDA.
+    "DTYPE": envstr("METRALE_DTYPE"),
     # "auto" (cuda when available, else cpu), "cpu" or "cuda".
-    "DEVICE": envstr("METRALE_DEVICE", "auto"),
-    # KV cache budget in bytes; None: a default sized from the model.
+    "DEVICE": envstr("METRALE_DEVICE"),
+    # KV cache budget in bytes; unset: KV_CACHE_FRACTION of the available memory.
     "KV_CACHE_BYTES": envint("METRALE_KV_CACHE_BYTES", None),
-    # Fraction of available memory for the KV pool when KV_CACHE_BYTES is unset.
-    "KV_CACHE_FRACTION": envfloat("METRALE_KV_CACHE_FRACTION", 0.05),
+    # Fraction of available memory for the KV pool when KV_CACHE_BYTES is unset (0.05).
+    "KV_CACHE_FRACTION": envfloat("METRALE_KV_CACHE_FRACTION", None),
     # KV cache dtype: auto (the model's), float32, bfloat16 or float16.
-    "KV_CACHE_DTYPE": envstr("METRALE_KV_CACHE_DTYPE", "auto"),
-    "ENABLE_PREFIX_CACHING": envbool("METRALE_ENABLE_PREFIX_CACHING", True),
-    "BLOCK_SIZE": envint("METRALE_BLOCK_SIZE", 16),
-    "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", 64),
-    "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", 512),
+    "KV_CACHE_DTYPE": envstr("METRALE_KV_CACHE_DTYPE"),
+    "ENABLE_PREFIX_CACHING": envbool("METRALE_ENABLE_PREFIX_CACHING", None),
+    "BLOCK_SIZE": envint("METRALE_BLOCK_SIZE", None),
+    "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", None),
+    "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", None),
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
-    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only) or the model's
-    # weights ("model": exact float, slower at small batches).
-    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS", "int8"),
+    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only, the default) or the
+    # model's weights ("model": exact float, slower at small batches).
+    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS"),
     # The same for prefill rows: "int8" (int16 activations x int8 weights summed exactly in
     # int32 by the compiled kernels, about twice float32's speed on AVX2 CPUs) or "model".
-    "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS", "int8"),
-    # torch intra-op threads for the engine; None: torch's default.
+    "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
+    # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
     # Load the model when the ASGI application starts (else on first use).
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
@@ -182,7 +184,7 @@ METRALE = {
     # Threads that template and tokenize prompts off the event loop (a bounded pool).
     "PREPARE_THREADS": envint("METRALE_PREPARE_THREADS", 2),
     # Log every engine step's batch composition (used by tests and the bench).
-    "STEP_LOG": envbool("METRALE_STEP_LOG", False),
+    "STEP_LOG": envbool("METRALE_STEP_LOG", None),
     # Require `Authorization: Bearer <key>` on /v1/*, /tokenize and /detokenize. Off: every
     # request runs as the built-in "default" tenant. On in settings_production.
     "REQUIRE_AUTH": envbool("METRALE_REQUIRE_AUTH", False),

@@ -1,7 +1,6 @@
 """LLMEngine: the step loop, schedule -> run -> postprocess. Single-threaded; async_engine drives it."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
@@ -11,8 +10,9 @@ from pathlib import Path
 import torch
 
 from .block_manager import BlockManager
-from .config import ConfigError, EngineConfig, ModelConfig
+from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
+from .model_folder import ModelFolder
 from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model
@@ -61,33 +61,21 @@ def available_memory_bytes(device: torch.device) -> int:
     return 4 << 30
 
 
-def read_eos_token_ids(path: Path, cfg: ModelConfig) -> list[int]:
-    """EOS ids: generation_config.json's eos_token_id (int or list), else config.json's."""
-    ids = list(cfg.eos_token_ids)
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        if eos is not None:
-            for e in [eos] if isinstance(eos, int) else eos:
-                if e not in ids:
-                    ids.append(int(e))
-    return ids
-
-
 class LLMEngine:
     """Loads the model and runs steps. Not thread-safe: one thread owns it (async_engine's loop)."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
         path = Path(config.model_path)
-        self.model_config = ModelConfig.from_folder(path)
+        folder = ModelFolder.read(path)
+        self.model_config = folder.model_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
-        self.eos_token_ids = read_eos_token_ids(path, self.model_config)
+        self.eos_token_ids = folder.eos_token_ids
         model = load_model(path, self.model_config, self.dtype, self.device,
                            int8_decode=config.decode_weights == "int8",
                            int8_prefill=config.prefill_weights == "int8")

@@ -8,6 +8,7 @@ from pathlib import Path
 import tokenizers
 
 from .chat_template import ChatTemplateError, render_chat_template
+from .model_folder import ModelFolder
 
 
 def _read_json(path: Path) -> dict:
@@ -79,7 +80,7 @@ class Tokenizer:
         return cls(
             backend,
             _read_json(path / "tokenizer_config.json"),
-            _read_json(path / "generation_config.json"),
+            ModelFolder.read(path).generation_config,
             template,
         )
 

@@ -238,7 +238,7 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
         prompt_ids, prompt_texts = [ids], [text]
     else:
         prompt_ids, prompt_texts = await cpu_work(_completion_prompts, rt, greq, limit)
-    defaults = defaults_for(rt.model_path)
+    defaults = defaults_for(rt.folder)
     default_max = defaults.get("max_tokens", greq.default_max_tokens)
     text_spec = setup.spec(prompt_texts[0]) if greq.messages is not None else None
     found = grammar_spec(greq.structured, text_spec)

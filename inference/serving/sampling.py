@@ -7,15 +7,14 @@ OpenAI's documented default (temperature 1, top_p 1, penalties 0).
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import fields
 from functools import lru_cache
-from pathlib import Path
 
 from django.conf import settings
 
 from inference.engine.grammar_state import StructuredOutput
+from inference.engine.model_folder import ModelFolder
 from inference.engine.reasoning_budget import ReasoningBudget
 from inference.engine.sampling_params import SamplingParams
 
@@ -24,9 +23,6 @@ from .logprobs import spelling_for
 
 log = logging.getLogger("metrale.api")
 
-# generation_config.json keys that become request defaults, and the SamplingParams field each sets.
-GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                          "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 # Request fields copied to SamplingParams under the same name when set.
 PASSTHROUGH = ("temperature", "top_p", "top_k", "min_p", "top_n_sigma", "repetition_penalty", "presence_penalty",
                "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
@@ -38,27 +34,11 @@ DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 _PARAM_NAMES = {f.name for f in fields(SamplingParams)}
 
 
-@lru_cache(maxsize=8)
-def model_defaults(model_path: str) -> dict:
-    """Sampling defaults from `<model_path>/generation_config.json` (numbers only; {} when absent)."""
-    path = Path(model_path) / "generation_config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, json.JSONDecodeError) as exc:
-        log.warning("ignoring unreadable %s: %s", path, exc)
-        return {}
-    out = {}
-    for key, name in GENERATION_CONFIG_KEYS.items():
-        value = config.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = value
-    return out
-
-
-def defaults_for(model_path: str) -> dict:
-    """The merged defaults: generation_config.json over METRALE["SAMPLING_DEFAULTS"]."""
+def defaults_for(folder: ModelFolder) -> dict:
+    """The merged sampling defaults: the model folder's generation_config.json over
+    METRALE["SAMPLING_DEFAULTS"] (SamplingParams names; max_tokens among them)."""
     server = {k: v for k, v in (settings.METRALE.get("SAMPLING_DEFAULTS") or {}).items() if k in _PARAM_NAMES}
-    return {**server, **model_defaults(str(model_path))}
+    return {**server, **folder.sampling_defaults}
 
 
 def resolve_max_tokens(requested: int | None, default: int | None, prompt_tokens: int, limit: int,

@@ -16,11 +16,8 @@ the block; None when there is no parser or no cap.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 from django.conf import settings
 
@@ -37,33 +34,25 @@ FALLBACK_TOOL_PARSER = "hermes"
 OFF = "none"
 
 
-@lru_cache(maxsize=8)
-def model_type(model_path: str) -> str:
-    """config.json's model_type ("" when absent or unreadable)."""
-    try:
-        return json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8")).get("model_type") or ""
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
 def _setting(key: str) -> str | None:
     return settings.METRALE.get(key) or None
 
 
-def model_tool_parser(model_path, chat_template: str | None) -> str | None:
-    """The tool parser for this model without regard to a request: the setting, else the chooser."""
+def model_tool_parser(model_type: str, chat_template: str | None) -> str | None:
+    """The tool parser for this model without regard to a request: the setting, else the chooser
+    (model_type: config.json's, ModelFolder.model_type)."""
     name = _setting("TOOL_CALL_PARSER")
     if name is not None:
         return None if name == OFF else name
-    return choose_tool_parser(model_type(str(model_path)), chat_template)
+    return choose_tool_parser(model_type, chat_template)
 
 
-def model_reasoning_parser(model_path, chat_template: str | None) -> str | None:
+def model_reasoning_parser(model_type: str, chat_template: str | None) -> str | None:
     """The reasoning parser for this model: the setting, else the chooser (None: no reasoning)."""
     name = _setting("REASONING_PARSER")
     if name is not None:
         return None if name == OFF else name
-    return choose_reasoning_parser(model_type(str(model_path)), chat_template)
+    return choose_reasoning_parser(model_type, chat_template)
 
 
 def check_parser_names() -> list[str]:
@@ -118,8 +107,9 @@ def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: b
     if max_calls is not None:
         limit = min(limit, max_calls)
     template = rt.tokenizer.chat_template
-    tool_parser = model_tool_parser(rt.model_path, template)
+    model_type = rt.folder.model_type
+    tool_parser = model_tool_parser(model_type, template)
     if tools and tool_parser is None and _setting("TOOL_CALL_PARSER") != OFF:
         tool_parser = FALLBACK_TOOL_PARSER
-    return TextSetup(model_reasoning_parser(rt.model_path, template), tool_parser, tools,
+    return TextSetup(model_reasoning_parser(model_type, template), tool_parser, tools,
                      tool_choice or "auto", parallel_tool_calls is not False, thinking, limit)

@@ -105,3 +105,36 @@ def test_an_unknown_parser_setting_is_a_system_check_error(settings):
     settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": "xml9"}
     [error] = check_parser_settings(None)
     assert error.id == "metrale.E001" and "xml9" in error.msg and "hermes" in error.msg
+
+
+def test_a_bad_engine_setting_is_an_error_with_an_id_and_a_missing_model_folder_only_a_warning(
+        settings, tmp_path):
+    from inference.checks import check_engine_settings
+
+    settings.METRALE = {**settings.METRALE, "DTYPE": "float64"}
+    [error] = check_engine_settings(None)
+    assert error.id == "metrale.E002" and error.is_serious() and "float64" in error.msg
+    settings.METRALE = {**settings.METRALE, "DTYPE": None, "MODEL": str(tmp_path / "not-pulled-yet")}
+    warnings = check_engine_settings(None)
+    assert warnings and {w.id for w in warnings} == {"metrale.W003"}
+    assert not any(w.is_serious() for w in warnings)
+
+
+def test_migrate_runs_on_a_fresh_machine_whose_model_is_not_pulled_yet(tmp_path):
+    env = {**os.environ, "METRALE_MODEL": str(tmp_path / "nothing-here"),
+           "METRALE_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    result = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "metrale.W003" in result.stderr or "metrale.W003" in result.stdout
+
+
+def test_the_engine_config_is_built_from_the_settings_in_one_place(settings):
+    from inference.engine.config import EngineConfig
+    from inference.runtime import engine_config
+
+    settings.METRALE = {**settings.METRALE, "MAX_NUM_SEQS": 7, "DECODE_WEIGHTS": None}
+    config = engine_config()
+    assert config.max_num_seqs == 7
+    assert config.decode_weights == EngineConfig.__dataclass_fields__["decode_weights"].default == "int8"
+    assert config.model_path == str(settings.METRALE["MODEL"])

@@ -21,6 +21,9 @@ def tiny_folder(tmp_path_factory):
 
 
 def make_engine(folder, **kw) -> LLMEngine:
+    """An engine on float weights unless the test asks for int8 (the server's default)."""
+    kw.setdefault("decode_weights", "model")
+    kw.setdefault("prefill_weights", "model")
     return LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=kw.pop("kv_cache_bytes", 4 << 20), **kw))
 
 
@@ -183,7 +186,8 @@ def test_from_a_config_the_engine_thread_builds_the_engine_and_serves(tiny_folde
 
     llm_engine.LLMEngine.__init__ = spy
     try:
-        ae = AsyncEngine(config=EngineConfig(model_path=str(tiny_folder), kv_cache_bytes=4 << 20))
+        ae = AsyncEngine(config=EngineConfig(model_path=str(tiny_folder), kv_cache_bytes=4 << 20,
+                                             decode_weights="model", prefill_weights="model"))
     finally:
         llm_engine.LLMEngine.__init__ = real_init
     assert built_on == ["metrale-engine"]  # the thread that steps it, not the caller's

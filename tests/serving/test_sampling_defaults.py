@@ -5,7 +5,8 @@ import pytest
 
 from inference.engine.tokenizer import Tokenizer
 from inference.serving.errors import ApiError
-from inference.serving.sampling import defaults_for, model_defaults, resolve_max_tokens, sampling_params
+from inference.engine.model_folder import ModelFolder
+from inference.serving.sampling import defaults_for, resolve_max_tokens, sampling_params
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +18,7 @@ def test_generation_config_then_settings_then_openai_defaults(tmp_path, settings
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.3, "top_k": 20, "do_sample": True, "max_new_tokens": 64, "eos_token_id": 2}))
     settings.METRALE = {**settings.METRALE, "SAMPLING_DEFAULTS": {"temperature": 0.9, "top_p": 0.8, "bogus": 1}}
-    model_defaults.cache_clear()
-    defaults = defaults_for(tmp_path)
+    defaults = defaults_for(ModelFolder.load(tmp_path))
     assert defaults == {"temperature": 0.3, "top_p": 0.8, "top_k": 20, "max_tokens": 64}
     p = sampling_params({}, max_tokens=10, tokenizer=tok, defaults=defaults)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.presence_penalty) == (0.3, 0.8, 20, 0.0, 0.0)
@@ -28,11 +28,9 @@ def test_generation_config_then_settings_then_openai_defaults(tmp_path, settings
 
 
 def test_missing_or_broken_generation_config_gives_no_defaults(tmp_path):
-    model_defaults.cache_clear()
-    assert model_defaults(str(tmp_path)) == {}
+    assert ModelFolder.load(tmp_path).sampling_defaults == {}
     (tmp_path / "generation_config.json").write_text("{nope")
-    model_defaults.cache_clear()
-    assert model_defaults(str(tmp_path)) == {}
+    assert ModelFolder.load(tmp_path).sampling_defaults == {}
 
 
 def test_max_tokens_resolution():

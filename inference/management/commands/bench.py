@@ -8,6 +8,7 @@ memory-bandwidth floor of batch-1 decode; and the prefix cache's TTFT on a share
 """
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,25 +48,23 @@ class Command(BaseCommand):
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, **options):
         from inference.engine.async_engine import AsyncEngine
-        from inference.engine.config import EngineConfig
         from inference.engine.tokenizer import Tokenizer
+        from inference.runtime import engine_config
 
-        model = settings.METRALE["MODEL"]
+        base = engine_config()
+        model = base.model_path
         tokenizer = Tokenizer.from_folder(model)
         levels = [int(c) for c in concurrency.split(",")]
         bandwidth = in_own_thread(copy_bandwidth_gb_s)
         out = self.stdout.write
-        out(f"model {Path(model).name}; decode weights {settings.METRALE['DECODE_WEIGHTS']}; prefill weights "
-            f"{settings.METRALE['PREFILL_WEIGHTS']}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
+        out(f"model {Path(model).name}; decode weights {base.decode_weights}; prefill weights "
+            f"{base.prefill_weights}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
         for dtype in dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
-            ae = AsyncEngine(config=EngineConfig(model_path=model, dtype=dtype, max_num_seqs=max(levels),
-                                                 kv_cache_bytes=settings.METRALE["KV_CACHE_BYTES"],
-                                                 decode_weights=settings.METRALE["DECODE_WEIGHTS"],
-                                                 prefill_weights=settings.METRALE["PREFILL_WEIGHTS"]))
+            ae = AsyncEngine(config=replace(base, dtype=dtype, max_num_seqs=max(levels)))
             engine = ae.engine
             wbytes = weight_bytes(engine.runner.model)
             run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up

@@ -30,6 +30,12 @@ class FakeRuntime:
     # A folder without generation_config.json: sampling defaults come from settings.
     model_path: str = "/nonexistent-model-folder"
 
+    @property
+    def folder(self):
+        from inference.engine.model_folder import ModelFolder
+
+        return ModelFolder.read(self.model_path)
+
 
 class Script:
     """Stands in for pipeline.generate: each call plays the next scripted turn (default: "Hello
