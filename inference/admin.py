@@ -1,10 +1,20 @@
-"""The operators' console: tenants with their keys, keys (revocable), rate limits with live usage."""
+"""The operators' console: tenants with their keys, keys (revocable), rate limits with live usage,
+stored chat completions."""
+import json
+
 from django.contrib import admin, messages
 from django.utils import timezone
+from django.utils.html import format_html
 
-from .models import ApiKey, RateLimitContext, Tenant
+from .models import ApiKey, RateLimitContext, StoredChatCompletion, Tenant
 from .ratelimiting.headers import format_duration
 from .ratelimiting.buckets import seconds_until
+
+
+def pretty_json(value) -> str:
+    """A JSON value for a read-only admin field: indented, wrapped, HTML-escaped."""
+    return format_html("<pre style='white-space: pre-wrap'>{}</pre>",
+                       json.dumps(value, indent=2, ensure_ascii=False))
 
 
 def _announce_new_key(request, key: ApiKey) -> None:
@@ -124,3 +134,38 @@ class RateLimitContextAdmin(admin.ModelAdmin):
                 f"{self.tokens_remaining(context)}, in flight {self.in_flight(context)}, full "
                 f"again in {self.resets_in(context)}, denials in the last hour "
                 f"{self.denials_last_hour(context)}")
+
+
+@admin.register(StoredChatCompletion)
+class StoredChatCompletionAdmin(admin.ModelAdmin):
+    """Read-only (what the API stored is the record); delete is allowed."""
+
+    list_display = ("id", "created_at", "tenant", "model", "expires_at")
+    list_filter = ("tenant", "model")
+    list_select_related = ("tenant",)
+    search_fields = ("id", "metadata", "tenant__name")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    list_per_page = 100
+    show_full_result_count = False
+    fields = ("id", "tenant", "model", "created_at", "expires_at", "metadata_text", "messages_text",
+              "response_text")
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="metadata")
+    def metadata_text(self, obj):
+        return pretty_json(obj.metadata)
+
+    @admin.display(description="request messages")
+    def messages_text(self, obj):
+        return pretty_json(obj.messages)
+
+    @admin.display(description="chat completion")
+    def response_text(self, obj):
+        return pretty_json(obj.response)

@@ -1,5 +1,5 @@
 """Admin for stored responses and conversations: newest first, filter by tenant, model and
-status, search by id and metadata, the item transcript inline. Read-only except delete,
+status, search by id, metadata and tenant name, the item transcript inline. Read-only except delete,
 which cascades to items and events."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
+
+from inference.admin import pretty_json
 
 from .models import Conversation, ConversationItem, ResponseItem, StoredResponse
 
@@ -54,11 +56,6 @@ class ConversationItemInline(_ReadOnlyInline):
     model = ConversationItem
 
 
-def _pretty(value) -> str:
-    return format_html("<pre style='white-space: pre-wrap'>{}</pre>",
-                       json.dumps(value, indent=2, ensure_ascii=False))
-
-
 class _ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
@@ -77,16 +74,17 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(StoredResponse)
 class StoredResponseAdmin(_ReadOnlyAdmin):
-    list_display = ("id", "created_at", "tenant_key", "model", "status", "usage")
-    list_filter = ("status", "model", "tenant_key", "background")
-    search_fields = ("id", "metadata")
+    list_display = ("id", "created_at", "tenant", "model", "status", "usage")
+    list_filter = ("status", "model", "tenant", "background")
+    list_select_related = ("tenant",)
+    search_fields = ("id", "metadata", "tenant__name")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     list_per_page = 100
     list_max_show_all = 1000
     show_full_result_count = False
     inlines = (ResponseItemInline,)
-    fields = ("id", "tenant_key", "model", "status", "background", "streamed",
+    fields = ("id", "tenant", "model", "status", "background", "streamed",
               "previous_response", "conversation", "created_at", "completed_at", "expires_at",
               "worker", "usage", "error_text", "metadata_text", "request_text", "body_text")
     readonly_fields = fields
@@ -98,34 +96,35 @@ class StoredResponseAdmin(_ReadOnlyAdmin):
 
     @admin.display(description="error")
     def error_text(self, obj):
-        return _pretty(obj.error) if obj.error else "-"
+        return pretty_json(obj.error) if obj.error else "-"
 
     @admin.display(description="metadata")
     def metadata_text(self, obj):
-        return _pretty(obj.metadata)
+        return pretty_json(obj.metadata)
 
     @admin.display(description="request")
     def request_text(self, obj):
-        return _pretty(obj.request)
+        return pretty_json(obj.request)
 
     @admin.display(description="response body")
     def body_text(self, obj):
-        return _pretty(obj.body)
+        return pretty_json(obj.body)
 
 
 @admin.register(Conversation)
 class ConversationAdmin(_ReadOnlyAdmin):
-    list_display = ("id", "created_at", "updated_at", "tenant_key")
-    list_filter = ("tenant_key",)
-    search_fields = ("id", "metadata")
+    list_display = ("id", "created_at", "updated_at", "tenant")
+    list_filter = ("tenant",)
+    list_select_related = ("tenant",)
+    search_fields = ("id", "metadata", "tenant__name")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     list_per_page = 100
     show_full_result_count = False
     inlines = (ConversationItemInline,)
-    fields = ("id", "tenant_key", "created_at", "updated_at", "expires_at", "metadata_text")
+    fields = ("id", "tenant", "created_at", "updated_at", "expires_at", "metadata_text")
     readonly_fields = fields
 
     @admin.display(description="metadata")
     def metadata_text(self, obj):
-        return _pretty(obj.metadata)
+        return pretty_json(obj.metadata)
