@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from django.db import models
-from django.db.models.fields.json import KeyTransform
+from django.db import connection, models
+from django.db.models.expressions import RawSQL
 
 from .serving.errors import bad_request, not_found
 from .stored_objects import StoredObject, cursor_page
@@ -124,8 +124,8 @@ async def list_chat_completions(tenant, *, model: str | None, metadata: dict[str
     rows = StoredChatCompletion.objects.owned_by(tenant)
     if model:
         rows = rows.filter(model=model)
-    for i, (key, value) in enumerate(metadata.items()):
-        rows = rows.annotate(**{f"_meta{i}": KeyTransform(key, "metadata")}).filter(**{f"_meta{i}": value})
+    for key, value in metadata.items():
+        rows = rows.filter(_has_metadata(key, value))
     if after is not None:
         anchor = await StoredChatCompletion.objects.owned_by(tenant).filter(pk=after).values(
             "created_at", "id").afirst()
@@ -152,6 +152,16 @@ async def list_chat_messages(tenant, completion_id: str, *, after: str | None, l
             raise bad_request(f"No message with id '{after}' in this chat completion.", "after")
         messages = messages[ids.index(after) + 1:]
     return cursor_page(messages[:limit + 1], limit)
+
+
+def _has_metadata(key: str, value: str):
+    """A filter expression: the completion's metadata holds `key` with the string `value`."""
+    if connection.vendor == "sqlite":
+        # SQLite's JSON paths cannot name a key that holds '"', so look the pair up among the entries.
+        table = connection.ops.quote_name(StoredChatCompletion._meta.db_table)
+        return RawSQL(f"EXISTS (SELECT 1 FROM json_each({table}.metadata) WHERE key = %s AND value = %s)",
+                      (key, value), output_field=models.BooleanField())
+    return models.Q(metadata__contains={key: value})
 
 
 def purge_expired(now) -> int:
