@@ -50,6 +50,9 @@ USES = [
     ("v1/responses", {"input": "Go on", "conversation": {"id": "{conversation_id}"}}),
 ]
 VOLATILE = {"updated_at", "last_used"}  # written by reads and by authentication
+# The error code of a 404 on each app's objects (by route prefix).
+NOT_FOUND_CODES = {"v1/responses": "response_not_found", "v1/conversations": "conversation_not_found",
+                   "v1/chat/completions": None}
 
 
 @pytest.fixture
@@ -131,8 +134,11 @@ def check_id_route(route, owner, intruder, failures) -> int:
                                 f"{answer.content[:200]!r}")
                 continue
             error = answer.json()["error"]
-            if set(error) != {"message", "type", "param", "code"} or error["type"] != "invalid_request_error":
-                failures.append(f"{where}: the 404 is not OpenAI's not-found error: {error}")
+            not_found = next((c for prefix, c in NOT_FOUND_CODES.items() if route.startswith(prefix)),
+                             "(add the route's prefix to NOT_FOUND_CODES)")
+            if set(error) != {"message", "type", "param", "code"} or error["type"] != "invalid_request_error" \
+                    or error["code"] != not_found:
+                failures.append(f"{where}: the 404 is not OpenAI's not-found error {not_found}: {error}")
             if snapshot() != before:
                 failures.append(f"{where}: another tenant's request changed what is stored")
             status, code = OWNER_STATUS.get((route, method), (200, None))
