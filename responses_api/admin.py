@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.utils.html import format_html
-from django.utils.safestring import mark_safe
 
-from inference.admin import pretty_json
+from inference.admin import StoredObjectAdmin, json_column
 
 from .models import Conversation, ConversationItem, ResponseItem, StoredResponse
 
@@ -56,33 +53,11 @@ class ConversationItemInline(_ReadOnlyInline):
     model = ConversationItem
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
-    def action_checkbox(self, obj):
-        # The same markup as Django's, without a form widget and its template per row: that
-        # render was half the time of a 1000-row list.
-        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
-                           'aria-label="Select this object for an action - {}">',
-                           ACTION_CHECKBOX_NAME, obj.pk, obj)
-
-
 @admin.register(StoredResponse)
-class StoredResponseAdmin(_ReadOnlyAdmin):
+class StoredResponseAdmin(StoredObjectAdmin):
     list_display = ("id", "created_at", "tenant", "model", "status", "usage")
     list_filter = ("status", "model", "tenant", "background")
-    list_select_related = ("tenant",)
-    search_fields = ("id", "metadata", "tenant__name")
-    date_hierarchy = "created_at"
-    ordering = ("-created_at",)
-    list_per_page = 100
     list_max_show_all = 1000
-    show_full_result_count = False
     inlines = (ResponseItemInline,)
     fields = ("id", "tenant", "model", "status", "background", "streamed",
               "previous_response", "conversation", "created_at", "completed_at", "expires_at",
@@ -94,37 +69,18 @@ class StoredResponseAdmin(_ReadOnlyAdmin):
         return f"{obj.input_tokens} in, {obj.output_tokens} out" \
             if obj.input_tokens is not None else "-"
 
-    @admin.display(description="error")
-    def error_text(self, obj):
-        return pretty_json(obj.error) if obj.error else "-"
-
-    @admin.display(description="metadata")
-    def metadata_text(self, obj):
-        return pretty_json(obj.metadata)
-
-    @admin.display(description="request")
-    def request_text(self, obj):
-        return pretty_json(obj.request)
-
-    @admin.display(description="response body")
-    def body_text(self, obj):
-        return pretty_json(obj.body)
+    error_text = json_column("error", "error")
+    metadata_text = json_column("metadata", "metadata")
+    request_text = json_column("request", "request")
+    body_text = json_column("body", "response body")
 
 
 @admin.register(Conversation)
-class ConversationAdmin(_ReadOnlyAdmin):
+class ConversationAdmin(StoredObjectAdmin):
     list_display = ("id", "created_at", "updated_at", "tenant")
     list_filter = ("tenant",)
-    list_select_related = ("tenant",)
-    search_fields = ("id", "metadata", "tenant__name")
-    date_hierarchy = "created_at"
-    ordering = ("-created_at",)
-    list_per_page = 100
-    show_full_result_count = False
     inlines = (ConversationItemInline,)
     fields = ("id", "tenant", "created_at", "updated_at", "expires_at", "metadata_text")
     readonly_fields = fields
 
-    @admin.display(description="metadata")
-    def metadata_text(self, obj):
-        return pretty_json(obj.metadata)
+    metadata_text = json_column("metadata", "metadata")

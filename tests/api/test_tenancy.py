@@ -230,6 +230,18 @@ def test_every_stored_model_is_owned_by_a_tenant():
         assert field.remote_field.model is Tenant and not field.null
 
 
+def test_every_stored_model_has_an_admin_that_filters_and_searches_by_tenant():
+    from django.contrib import admin as django_admin
+
+    from inference.admin import StoredObjectAdmin
+
+    for model in apps.get_models():
+        if issubclass(model, StoredObject):
+            model_admin = django_admin.site._registry[model]
+            assert isinstance(model_admin, StoredObjectAdmin), model
+            assert "tenant" in model_admin.list_filter and "tenant__name" in model_admin.search_fields, model
+
+
 def test_deleting_a_tenant_deletes_what_it_owns(owner, intruder):
     mine, theirs = make_objects(owner), make_objects(intruder)
     owner.tenant.delete()
