@@ -10,12 +10,16 @@ a completion expires like a stored response (METRALE["STORE_TTL_S"] after it was
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from django.db import connection, models
 from django.db.models.expressions import RawSQL
 
 from .serving.errors import bad_request, not_found
 from .stored_objects import StoredObject, cursor_page
+
+if TYPE_CHECKING:
+    from .models import Tenant
 
 
 class StoredChatCompletion(StoredObject):
@@ -70,7 +74,7 @@ def _wire_tool_call(call: dict) -> dict:
     return {**call, "function": {**fn, "arguments": args}}
 
 
-async def save_chat_completion(tenant, request: dict, body: dict) -> None:
+async def save_chat_completion(tenant: Tenant, request: dict, body: dict) -> None:
     """Store a chat.completion `body` as `tenant`'s (an inference.models.Tenant). `request` holds
     the request's `messages` and `metadata`. Bind the tenant with functools.partial to get the
     `save(request, body)` that serving.chat calls."""
@@ -83,19 +87,19 @@ def _missing(completion_id: str):
     return not_found(f"No chat completion found with id '{completion_id}'.", param="completion_id")
 
 
-async def _owned(tenant, completion_id: str) -> StoredChatCompletion:
+async def _owned(tenant: Tenant, completion_id: str) -> StoredChatCompletion:
     stored = await StoredChatCompletion.objects.owned_by(tenant).filter(pk=completion_id).afirst()
     if stored is None:
         raise _missing(completion_id)
     return stored
 
 
-async def get_chat_completion(tenant, completion_id: str) -> dict:
+async def get_chat_completion(tenant: Tenant, completion_id: str) -> dict:
     """`tenant`'s stored ChatCompletion object. Raises ApiError 404 (OpenAI's shape) when it has none."""
     return (await _owned(tenant, completion_id)).to_dict()
 
 
-async def update_chat_completion(tenant, completion_id: str, metadata: dict) -> dict:
+async def update_chat_completion(tenant: Tenant, completion_id: str, metadata: dict) -> dict:
     """Replace the metadata of `tenant`'s stored completion (validated by the caller: at most 16
     pairs, keys up to 64 and values up to 512 characters) -> the ChatCompletion object. Raises
     ApiError 404 when the tenant has none with this id."""
@@ -105,7 +109,7 @@ async def update_chat_completion(tenant, completion_id: str, metadata: dict) -> 
     return stored.to_dict()
 
 
-async def delete_chat_completion(tenant, completion_id: str) -> dict:
+async def delete_chat_completion(tenant: Tenant, completion_id: str) -> dict:
     """Delete `tenant`'s stored completion -> OpenAI's deletion object. Raises ApiError 404 when it has none."""
     deleted, _ = await StoredChatCompletion.objects.owned_by(tenant).filter(pk=completion_id).adelete()
     if not deleted:
@@ -113,8 +117,8 @@ async def delete_chat_completion(tenant, completion_id: str) -> dict:
     return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True}
 
 
-async def list_chat_completions(tenant, *, model: str | None, metadata: dict[str, str], after: str | None,
-                                limit: int, order: str) -> dict:
+async def list_chat_completions(tenant: Tenant, *, model: str | None, metadata: dict[str, str],
+                                after: str | None, limit: int, order: str) -> dict:
     """A page of `tenant`'s stored completions, oldest first for order "asc" (newest for "desc"),
     made by `model` (when given) with every `metadata` pair, starting after the completion `after`.
 
@@ -139,7 +143,8 @@ async def list_chat_completions(tenant, *, model: str | None, metadata: dict[str
     return cursor_page(page, limit)
 
 
-async def list_chat_messages(tenant, completion_id: str, *, after: str | None, limit: int, order: str) -> dict:
+async def list_chat_messages(tenant: Tenant, completion_id: str, *, after: str | None, limit: int,
+                             order: str) -> dict:
     """A page of the messages of `tenant`'s stored completion (ChatCompletionStoreMessage objects),
     in request order for "asc", starting after the message id `after`. Raises ApiError 404 when the
     tenant has no such completion, 400 (param `after`) for a message id not in it."""

@@ -12,13 +12,17 @@ tests/api/test_tenancy.py discovers every stored-object route and proves the rul
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+if TYPE_CHECKING:
+    from .models import Tenant
 
-def tenant_of(request):
+
+def tenant_of(request) -> Tenant:
     """The Tenant (inference.models.Tenant) that owns what `request` reads and writes.
 
     `request.principal` is set by inference.api.openai_endpoint for every /v1 request: the
@@ -35,7 +39,7 @@ def expiry_from(now: datetime) -> datetime:
 
 
 class StoredObjectQuerySet(models.QuerySet):
-    def owned_by(self, tenant) -> StoredObjectQuerySet:
+    def owned_by(self, tenant: Tenant) -> StoredObjectQuerySet:
         """Only `tenant`'s objects: the filter every lookup of a stored object starts from."""
         return self.filter(tenant=tenant)
 
