@@ -1,14 +1,18 @@
-"""URLs of the inference app: the OpenAI chat and completions surface, models, tokenize and health."""
+"""URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
+models, tokenize and health."""
 from django.urls import path
 
-from . import views
+from . import stored_views, views
+from .stored_views import by_method
 
 urlpatterns = [
     path("health", views.health),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
-    path("v1/chat/completions", views.chat_completions),
-    path("v1/chat/completions/<str:completion_id>", views.stored_chat_completion),
+    path("v1/chat/completions", by_method(GET=stored_views.list_completions, POST=views.chat_completions)),
+    path("v1/chat/completions/<str:completion_id>",
+         by_method(GET=stored_views.retrieve, POST=stored_views.update, DELETE=stored_views.delete)),
+    path("v1/chat/completions/<str:completion_id>/messages", by_method(GET=stored_views.list_messages)),
     path("v1/completions", views.completions),
     path("tokenize", views.tokenize_view),
     path("detokenize", views.detokenize_view),

@@ -24,7 +24,8 @@ from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
 from .serving.model_names import find_model, model_object
 from .serving.prepare import Prepared, cpu_work, prepare
-from .stored_completions import delete_chat_completion, get_chat_completion, save_chat_completion
+from .stored_completions import save_chat_completion
+from .stored_objects import tenant_of
 
 log = logging.getLogger("metrale.api")
 
@@ -145,7 +146,7 @@ async def chat_completions(request):
     req = chat.parse(request.body)
     rt = ready_runtime()
     prepared = await prepare(chat.generation_request(req), rt, **_ids(request))
-    wire = chat.ChatWire(req, prepared, save=save_chat_completion)
+    wire = chat.ChatWire(req, prepared, save=functools.partial(save_chat_completion, tenant_of(request)))
     return await respond(request, rt, prepared, wire, param="messages", started=started)
 
 
@@ -159,15 +160,6 @@ async def completions(request):
     prepared = await prepare(legacy_completions.generation_request(req), rt, **_ids(request))
     wire = legacy_completions.CompletionWire(req, prepared, rt.tokenizer)
     return await respond(request, rt, prepared, wire, param="prompt", started=started)
-
-
-@openai_endpoint
-@allow("GET", "DELETE")
-async def stored_chat_completion(request, completion_id: str):
-    """GET /v1/chat/completions/{id}: a completion made with `store: true` (404 otherwise); DELETE removes it."""
-    if request.method == "DELETE":
-        return JsonResponse(await delete_chat_completion(completion_id))
-    return JsonResponse(await get_chat_completion(completion_id))
 
 
 @openai_endpoint

@@ -1,5 +1,5 @@
 """Admin for stored responses and conversations: newest first, filter by tenant, model and
-status, search by id and metadata, the item transcript inline. Read-only except delete,
+status, search by id, metadata and tenant name, the item transcript inline. Read-only except delete,
 which cascades to items and events."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.utils.html import format_html
-from django.utils.safestring import mark_safe
+
+from inference.admin import StoredObjectAdmin, json_column
 
 from .models import Conversation, ConversationItem, ResponseItem, StoredResponse
 
@@ -54,39 +53,13 @@ class ConversationItemInline(_ReadOnlyInline):
     model = ConversationItem
 
 
-def _pretty(value) -> str:
-    return format_html("<pre style='white-space: pre-wrap'>{}</pre>",
-                       json.dumps(value, indent=2, ensure_ascii=False))
-
-
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
-    def action_checkbox(self, obj):
-        # The same markup as Django's, without a form widget and its template per row: that
-        # render was half the time of a 1000-row list.
-        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
-                           'aria-label="Select this object for an action - {}">',
-                           ACTION_CHECKBOX_NAME, obj.pk, obj)
-
-
 @admin.register(StoredResponse)
-class StoredResponseAdmin(_ReadOnlyAdmin):
-    list_display = ("id", "created_at", "tenant_key", "model", "status", "usage")
-    list_filter = ("status", "model", "tenant_key", "background")
-    search_fields = ("id", "metadata")
-    date_hierarchy = "created_at"
-    ordering = ("-created_at",)
-    list_per_page = 100
+class StoredResponseAdmin(StoredObjectAdmin):
+    list_display = ("id", "created_at", "tenant", "model", "status", "usage")
+    list_filter = ("status", "model", "tenant", "background")
     list_max_show_all = 1000
-    show_full_result_count = False
     inlines = (ResponseItemInline,)
-    fields = ("id", "tenant_key", "model", "status", "background", "streamed",
+    fields = ("id", "tenant", "model", "status", "background", "streamed",
               "previous_response", "conversation", "created_at", "completed_at", "expires_at",
               "worker", "usage", "error_text", "metadata_text", "request_text", "body_text")
     readonly_fields = fields
@@ -96,36 +69,18 @@ class StoredResponseAdmin(_ReadOnlyAdmin):
         return f"{obj.input_tokens} in, {obj.output_tokens} out" \
             if obj.input_tokens is not None else "-"
 
-    @admin.display(description="error")
-    def error_text(self, obj):
-        return _pretty(obj.error) if obj.error else "-"
-
-    @admin.display(description="metadata")
-    def metadata_text(self, obj):
-        return _pretty(obj.metadata)
-
-    @admin.display(description="request")
-    def request_text(self, obj):
-        return _pretty(obj.request)
-
-    @admin.display(description="response body")
-    def body_text(self, obj):
-        return _pretty(obj.body)
+    error_text = json_column("error", "error")
+    metadata_text = json_column("metadata", "metadata")
+    request_text = json_column("request", "request")
+    body_text = json_column("body", "response body")
 
 
 @admin.register(Conversation)
-class ConversationAdmin(_ReadOnlyAdmin):
-    list_display = ("id", "created_at", "updated_at", "tenant_key")
-    list_filter = ("tenant_key",)
-    search_fields = ("id", "metadata")
-    date_hierarchy = "created_at"
-    ordering = ("-created_at",)
-    list_per_page = 100
-    show_full_result_count = False
+class ConversationAdmin(StoredObjectAdmin):
+    list_display = ("id", "created_at", "updated_at", "tenant")
+    list_filter = ("tenant",)
     inlines = (ConversationItemInline,)
-    fields = ("id", "tenant_key", "created_at", "updated_at", "expires_at", "metadata_text")
+    fields = ("id", "tenant", "created_at", "updated_at", "expires_at", "metadata_text")
     readonly_fields = fields
 
-    @admin.display(description="metadata")
-    def metadata_text(self, obj):
-        return _pretty(obj.metadata)
+    metadata_text = json_column("metadata", "metadata")

@@ -1,30 +1,24 @@
 """Stored responses (with their items and stream events) and conversations (with their items).
 
-Everything is scoped by `tenant_key` (see tenancy.py) and expires `METRALE["STORE_TTL_S"]`
-seconds after it was created (responses) or last written (conversations); see store.purge_expired.
+Each belongs to its tenant and expires `METRALE["STORE_TTL_S"]` seconds after it was created
+(responses) or last written (conversations): see inference.stored_objects, and
+store.purge_expired.
 Source for the shapes: OpenAI API reference, "Responses" and "Conversations".
 """
 
 from __future__ import annotations
 
 import secrets
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from .tenancy import DEFAULT_TENANT_KEY
+from inference.stored_objects import StoredObject, expiry_from
 
 
 def new_id(prefix: str) -> str:
     """A fresh object id in OpenAI's style: `<prefix>_` and 48 hex digits (e.g. `resp_…`)."""
     return f"{prefix}_{secrets.token_hex(24)}"
-
-
-def expiry_from(now):
-    """The expiry time of something written at `now`: now + METRALE["STORE_TTL_S"] seconds."""
-    return now + timedelta(seconds=settings.METRALE["STORE_TTL_S"])
 
 
 class Status(models.TextChoices):
@@ -41,7 +35,7 @@ class Status(models.TextChoices):
 UNFINISHED = (Status.QUEUED, Status.IN_PROGRESS)
 
 
-class StoredResponse(models.Model):
+class StoredResponse(StoredObject):
     """One response created with `store: true` (the default).
 
     `body` is the Response object as last sent (final once the status is terminal); `status`,
@@ -52,7 +46,6 @@ class StoredResponse(models.Model):
     """
 
     id = models.CharField(primary_key=True, max_length=64, editable=False)
-    tenant_key = models.CharField(max_length=64, db_index=True, default=DEFAULT_TENANT_KEY)
     model = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.IN_PROGRESS)
     background = models.BooleanField(default=False)
@@ -68,26 +61,19 @@ class StoredResponse(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     completed_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "stored response"
         indexes = [
-            models.Index(fields=["tenant_key", "-created_at"], name="resp_tenant_created"),
+            models.Index(fields=["tenant", "-created_at"], name="resp_tenant_created"),
             models.Index(fields=["status", "background"], name="resp_status_bg"),
         ]
 
     def __str__(self):
         return self.id
-
-    def save(self, *args, **kwargs):
-        if self.expires_at is None:
-            self.expires_at = expiry_from(self.created_at)
-        super().save(*args, **kwargs)
 
     @property
     def finished(self) -> bool:
@@ -145,19 +131,16 @@ class ResponseEvent(models.Model):
         return f"{self.sequence_number}: {self.type}"
 
 
-class Conversation(models.Model):
+class Conversation(StoredObject):
     """A conversation: ordered items that responses created with `conversation` read and extend."""
 
     id = models.CharField(primary_key=True, max_length=64, editable=False)
-    tenant_key = models.CharField(max_length=64, db_index=True, default=DEFAULT_TENANT_KEY)
     metadata = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
-    expires_at = models.DateTimeField(db_index=True)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant_key", "-created_at"], name="conv_tenant_created")]
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="conv_tenant_created")]
 
     def __str__(self):
         return self.id

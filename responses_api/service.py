@@ -22,6 +22,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import DatabaseError, close_old_connections
 
 from inference.engine.outputs import EngineOverloaded, RequestRejected
+from inference.models import Tenant
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.pipeline import GenerationInput, generate
@@ -47,7 +48,7 @@ class PreparedResponse:
     """A Responses request ready for the engine. `body` is the Response object as it starts."""
 
     response_id: str
-    tenant_key: str
+    tenant: Tenant
     req: dict
     input_items: list[dict]
     prepared: Prepared
@@ -64,14 +65,14 @@ class PreparedResponse:
         return self.prepared.reserve_tokens
 
 
-def load_context(tenant_key: str, req: dict) -> list[dict]:
+def load_context(tenant: Tenant, req: dict) -> list[dict]:
     """The items before this request's input: the previous_response_id chain's inputs and
     outputs, or the conversation's items (synchronous ORM). Raises ApiError 404 for an unknown
     or foreign id (response_not_found, conversation_not_found)."""
     if req["previous_response_id"] is not None:
-        return store.chain_items(tenant_key, req["previous_response_id"])
+        return store.chain_items(tenant, req["previous_response_id"])
     if req["conversation"] is not None:
-        return store.conversation_items(tenant_key, req["conversation"])
+        return store.conversation_items(tenant, req["conversation"])
     return []
 
 
@@ -115,7 +116,7 @@ def _messages(req: dict, items: list[dict]) -> list[dict]:
     return messages
 
 
-async def prepare(req: dict, rt, tenant_key: str, context: list[dict], cache_salt: str = "") -> PreparedResponse:
+async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt: str = "") -> PreparedResponse:
     """Prepare a validated request after its context items through the shared pipeline
     (inference.serving.prepare). cache_salt keeps the tenant's prefix-cache blocks apart from
     other tenants' (see inference.auth).
@@ -137,7 +138,7 @@ async def prepare(req: dict, rt, tenant_key: str, context: list[dict], cache_sal
                                         cache_salt=cache_salt)
     body = response_object(response_id, req, req["model"] or rt.model_id,
                            "queued" if req["background"] else "in_progress")
-    return PreparedResponse(response_id, tenant_key, req, req["input"], prepared, body)
+    return PreparedResponse(response_id, tenant, req, req["input"], prepared, body)
 
 
 def response_object(response_id: str, req: dict, model: str, status: str) -> dict:
@@ -282,7 +283,7 @@ class ResponseRun:
         if conversation is not None and self.final["status"] in ("completed", "incomplete"):
             try:
                 await sync_to_async(store.add_conversation_items)(
-                    self.p.tenant_key, conversation, self.p.input_items + self.encoder.output)
+                    self.p.tenant, conversation, self.p.input_items + self.encoder.output)
             except ApiError as exc:
                 log.warning("response %s: not appended to conversation %s: %s",
                             self.p.response_id, conversation, exc.message)

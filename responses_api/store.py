@@ -1,5 +1,6 @@
 """Read and write stored responses and conversations (synchronous ORM; views call it through
-sync_to_async). Every lookup is filtered by tenant key, so another tenant's id is a 404.
+sync_to_async). Every lookup starts from the tenant's own objects (`owned_by(tenant)`, see
+inference.stored_objects), so another tenant's id is a 404. `tenant` is an inference.models.Tenant.
 
 Source: OpenAI API reference ("Retrieve/Delete a model response", "List input items",
 "Conversations"); ../shared/reference/metrale-behaviour.md section 2.6 (error codes
@@ -18,7 +19,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from inference.models import Tenant
 from inference.serving.errors import bad_request, not_found
+from inference.stored_completions import purge_expired as purge_expired_chat_completions
+from inference.stored_objects import cursor_page
 
 from .models import (
     UNFINISHED,
@@ -48,22 +52,22 @@ def response_not_found(response_id: str, param: str | None = None):
                      param=param)
 
 
-def get_response(tenant_key: str, response_id: str, param: str | None = None) -> StoredResponse:
+def get_response(tenant: Tenant, response_id: str, param: str | None = None) -> StoredResponse:
     """The tenant's stored response. Raises ApiError 404 response_not_found."""
-    row = StoredResponse.objects.filter(tenant_key=tenant_key, pk=response_id).first()
+    row = StoredResponse.objects.owned_by(tenant).filter(pk=response_id).first()
     if row is None:
         raise response_not_found(response_id, param)
     return row
 
 
-def create_response(*, tenant_key: str, response_id: str, model: str, body: dict, request: dict,
+def create_response(*, tenant: Tenant, response_id: str, model: str, body: dict, request: dict,
                     input_items: list[dict], previous_response_id: str | None,
                     conversation_id: str | None, background: bool, streamed: bool) -> None:
     """Store a response as it starts (status from `body`), with its input items."""
     now = timezone.now()
     with transaction.atomic():
         StoredResponse.objects.create(
-            id=response_id, tenant_key=tenant_key, model=model, status=body["status"],
+            id=response_id, tenant=tenant, model=model, status=body["status"],
             background=background, streamed=streamed, previous_response_id=previous_response_id,
             conversation_id=conversation_id, request=request, body=body,
             metadata=body.get("metadata") or {}, worker=WORKER, created_at=now)
@@ -127,15 +131,15 @@ def fail_response(response_id: str, message: str) -> None:
             body={**row.body, "status": Status.FAILED, "error": error}, updated_at=timezone.now())
 
 
-def delete_response(tenant_key: str, response_id: str) -> dict:
+def delete_response(tenant: Tenant, response_id: str) -> dict:
     """Delete a stored response (its items and events go with it)."""
-    deleted, _ = StoredResponse.objects.filter(tenant_key=tenant_key, pk=response_id).delete()
+    deleted, _ = StoredResponse.objects.owned_by(tenant).filter(pk=response_id).delete()
     if not deleted:
         raise response_not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-def cancel_response(tenant_key: str, response_id: str) -> StoredResponse:
+def cancel_response(tenant: Tenant, response_id: str) -> StoredResponse:
     """Mark a background response cancelled (idempotent for one already cancelled).
 
     Raises ApiError 404 for an unknown id and 400 for a response that was not created with
@@ -143,8 +147,8 @@ def cancel_response(tenant_key: str, response_id: str) -> StoredResponse:
     background parameter set to true can be cancelled").
     """
     with transaction.atomic():
-        row = StoredResponse.objects.select_for_update().filter(
-            tenant_key=tenant_key, pk=response_id).first()
+        row = StoredResponse.objects.select_for_update().owned_by(tenant).filter(
+            pk=response_id).first()
         if row is None:
             raise response_not_found(response_id)
         if not row.background:
@@ -161,7 +165,7 @@ def cancel_response(tenant_key: str, response_id: str) -> StoredResponse:
     return row
 
 
-def chain_items(tenant_key: str, previous_response_id: str) -> list[dict]:
+def chain_items(tenant: Tenant, previous_response_id: str) -> list[dict]:
     """The context a response continuing `previous_response_id` starts from: the input and
     output items of every response in the chain, oldest first (instructions are not items, so
     earlier instructions are not carried over, as OpenAI specifies).
@@ -170,7 +174,7 @@ def chain_items(tenant_key: str, previous_response_id: str) -> list[dict]:
     stored with store: false, and 400 for one still generating. A chain whose older link has
     expired or been deleted starts from the oldest response still stored.
     """
-    head = get_response(tenant_key, previous_response_id, param="previous_response_id")
+    head = get_response(tenant, previous_response_id, param="previous_response_id")
     if not head.finished:
         raise bad_request(f"Response '{previous_response_id}' is still {head.status}; continue "
                           "from it once it has finished.", "previous_response_id",
@@ -178,7 +182,7 @@ def chain_items(tenant_key: str, previous_response_id: str) -> list[dict]:
     chain = [head.pk]
     link = head.previous_response_id
     while link is not None and link not in chain:
-        found = list(StoredResponse.objects.filter(tenant_key=tenant_key, pk=link)
+        found = list(StoredResponse.objects.owned_by(tenant).filter(pk=link)
                      .values_list("previous_response_id", flat=True)[:1])
         if not found:
             break
@@ -190,10 +194,10 @@ def chain_items(tenant_key: str, previous_response_id: str) -> list[dict]:
     return [data for _, _, data in sorted(rows, key=lambda r: (order[r[0]], r[1]))]
 
 
-def list_input_items(tenant_key: str, response_id: str, limit: int, order: str,
+def list_input_items(tenant: Tenant, response_id: str, limit: int, order: str,
                      after: str | None) -> dict:
     """A page of a stored response's input items (OpenAI's ResponseItemList)."""
-    row = get_response(tenant_key, response_id)
+    row = get_response(tenant, response_id)
     return _page(row.items.filter(direction=ResponseItem.INPUT), limit, order, after)
 
 
@@ -218,49 +222,49 @@ def conversation_not_found(conversation_id: str, param: str | None = None):
                      code="conversation_not_found", param=param)
 
 
-def get_conversation(tenant_key: str, conversation_id: str,
+def get_conversation(tenant: Tenant, conversation_id: str,
                      param: str | None = None) -> Conversation:
     """The tenant's conversation. Raises ApiError 404 conversation_not_found."""
-    row = Conversation.objects.filter(tenant_key=tenant_key, pk=conversation_id).first()
+    row = Conversation.objects.owned_by(tenant).filter(pk=conversation_id).first()
     if row is None:
         raise conversation_not_found(conversation_id, param)
     return row
 
 
-def create_conversation(tenant_key: str, items: list[dict], metadata: dict) -> Conversation:
+def create_conversation(tenant: Tenant, items: list[dict], metadata: dict) -> Conversation:
     """A new conversation holding `items` (normalized, at most 20)."""
     with transaction.atomic():
-        conv = Conversation.objects.create(id=new_id("conv"), tenant_key=tenant_key,
+        conv = Conversation.objects.create(id=new_id("conv"), tenant=tenant,
                                            metadata=metadata)
         _append_items(conv, items)
     return conv
 
 
-def update_conversation(tenant_key: str, conversation_id: str, metadata: dict) -> Conversation:
+def update_conversation(tenant: Tenant, conversation_id: str, metadata: dict) -> Conversation:
     """Replace a conversation's metadata (OpenAI: "Update a conversation")."""
-    conv = get_conversation(tenant_key, conversation_id)
+    conv = get_conversation(tenant, conversation_id)
     conv.metadata = metadata
     conv.save()
     return conv
 
 
-def delete_conversation(tenant_key: str, conversation_id: str) -> dict:
+def delete_conversation(tenant: Tenant, conversation_id: str) -> dict:
     """Delete a conversation and its items; responses that used it keep their own items."""
-    deleted, _ = Conversation.objects.filter(tenant_key=tenant_key, pk=conversation_id).delete()
+    deleted, _ = Conversation.objects.owned_by(tenant).filter(pk=conversation_id).delete()
     if not deleted:
         raise conversation_not_found(conversation_id)
     return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
 
-def add_conversation_items(tenant_key: str, conversation_id: str, items: list[dict],
+def add_conversation_items(tenant: Tenant, conversation_id: str, items: list[dict],
                            param: str | None = None) -> list[dict]:
     """Append items to the tenant's conversation, in order; returns them.
 
     Raises ApiError 404 conversation_not_found, and 400 when an item's id is already in it.
     """
     with transaction.atomic():
-        conv = Conversation.objects.select_for_update().filter(
-            tenant_key=tenant_key, pk=conversation_id).first()
+        conv = Conversation.objects.select_for_update().owned_by(tenant).filter(
+            pk=conversation_id).first()
         if conv is None:
             raise conversation_not_found(conversation_id, param)
         _append_items(conv, items)
@@ -286,21 +290,21 @@ def _append_items(conv: Conversation, items: list[dict]) -> None:
         raise bad_request(f"These items could not be added: {exc}", "items") from exc
 
 
-def conversation_items(tenant_key: str, conversation_id: str) -> list[dict]:
+def conversation_items(tenant: Tenant, conversation_id: str) -> list[dict]:
     """All of a conversation's items in order (the context a response with it starts from)."""
-    conv = get_conversation(tenant_key, conversation_id, param="conversation")
+    conv = get_conversation(tenant, conversation_id, param="conversation")
     return list(conv.items.order_by("position").values_list("data", flat=True))
 
 
-def list_conversation_items(tenant_key: str, conversation_id: str, limit: int, order: str,
+def list_conversation_items(tenant: Tenant, conversation_id: str, limit: int, order: str,
                             after: str | None) -> dict:
     """A page of a conversation's items (OpenAI's ConversationItemList)."""
-    conv = get_conversation(tenant_key, conversation_id)
+    conv = get_conversation(tenant, conversation_id)
     return _page(conv.items.all(), limit, order, after)
 
 
-def _item(tenant_key: str, conversation_id: str, item_id: str) -> ConversationItem:
-    conv = get_conversation(tenant_key, conversation_id)
+def _item(tenant: Tenant, conversation_id: str, item_id: str) -> ConversationItem:
+    conv = get_conversation(tenant, conversation_id)
     item = conv.items.filter(item_id=item_id).first()
     if item is None:
         raise not_found(f"Item with id '{item_id}' not found in this conversation.",
@@ -308,14 +312,14 @@ def _item(tenant_key: str, conversation_id: str, item_id: str) -> ConversationIt
     return item
 
 
-def get_conversation_item(tenant_key: str, conversation_id: str, item_id: str) -> dict:
+def get_conversation_item(tenant: Tenant, conversation_id: str, item_id: str) -> dict:
     """One conversation item. Raises ApiError 404 conversation_not_found or item_not_found."""
-    return _item(tenant_key, conversation_id, item_id).data
+    return _item(tenant, conversation_id, item_id).data
 
 
-def delete_conversation_item(tenant_key: str, conversation_id: str, item_id: str) -> dict:
+def delete_conversation_item(tenant: Tenant, conversation_id: str, item_id: str) -> dict:
     """Delete one item; returns the Conversation (as OpenAI does)."""
-    item = _item(tenant_key, conversation_id, item_id)
+    item = _item(tenant, conversation_id, item_id)
     conv = item.conversation
     item.delete()
     conv.save()
@@ -335,9 +339,7 @@ def _page(qs, limit: int, order: str, after: str | None) -> dict:
         qs = qs.filter(position__gt=anchor) if order == "asc" else qs.filter(position__lt=anchor)
     rows = list(qs.order_by("position" if order == "asc" else "-position")
                 .values_list("data", flat=True)[:limit + 1])
-    data = rows[:limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
+    return cursor_page(rows, limit)
 
 
 # --- housekeeping ----------------------------------------------------------------------------
@@ -370,13 +372,15 @@ def fail_unfinished(worker: str = WORKER, now=None) -> int:
 
 
 def purge_expired(now=None) -> dict:
-    """Delete stored responses and conversations past their expires_at (with their items and
-    events). Returns {"responses": n, "conversations": m}."""
+    """Delete every stored object past its expires_at: responses (with their items and events;
+    not while unfinished), conversations (with their items) and stored chat completions.
+    Returns {"responses": n, "conversations": m, "chat_completions": k}."""
     now = now or timezone.now()
-    responses = StoredResponse.objects.filter(expires_at__lte=now).exclude(status__in=UNFINISHED)
+    responses = StoredResponse.objects.expired(now).exclude(status__in=UNFINISHED)
     n_responses = responses.count()
     responses.delete()
-    conversations = Conversation.objects.filter(expires_at__lte=now)
+    conversations = Conversation.objects.expired(now)
     n_conversations = conversations.count()
     conversations.delete()
-    return {"responses": n_responses, "conversations": n_conversations}
+    return {"responses": n_responses, "conversations": n_conversations,
+            "chat_completions": purge_expired_chat_completions(now)}

@@ -16,11 +16,11 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api import admit, openai_endpoint
 from inference.serving.errors import ApiError, bad_request
+from inference.stored_objects import tenant_of
 from inference.views import cache_salt_of, sse_response
 from inference.views import ready_runtime as _ready_runtime
 
 from . import live, protocol, service, store
-from .tenancy import tenant_key_for
 
 log = logging.getLogger("metrale.responses")
 
@@ -77,14 +77,14 @@ async def create_response(request):
     """
     req = protocol.parse_create(request.body)
     rt = _ready_runtime()
-    tenant = tenant_key_for(request)
+    tenant = tenant_of(request)
     context = await db(service.load_context, tenant, req)
     p = await service.prepare(req, rt, tenant, context, cache_salt=cache_salt_of(request))
     run = None
     lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s,
                         used_tokens=lambda: run.used_tokens if run is not None else p.prepared.prompt_tokens)
     if req["store"]:
-        await db(store.create_response, tenant_key=tenant, response_id=p.response_id,
+        await db(store.create_response, tenant=tenant, response_id=p.response_id,
                  model=p.body["model"], body=p.body, request=service.stored_request(req),
                  input_items=p.input_items, previous_response_id=req["previous_response_id"],
                  conversation_id=req["conversation"], background=req["background"],
@@ -115,7 +115,7 @@ async def retrieve_response(request, response_id: str):
     """Retrieve a stored response; with ?stream=true replay its events (after
     `starting_after`, to resume), following it live while it runs."""
     stream, starting_after = protocol.parse_stream_query(request.GET)
-    tenant = tenant_key_for(request)
+    tenant = tenant_of(request)
     row = await db(store.get_response, tenant, response_id)
     if not stream:
         return JsonResponse(row.to_dict())
@@ -154,7 +154,7 @@ async def _replay(response_id: str, starting_after: int) -> AsyncIterator[dict]:
 async def delete_response(request, response_id: str):
     """Delete a stored response: {id, object: "response", deleted: true}. One still running in
     the background here is cancelled first."""
-    tenant = tenant_key_for(request)
+    tenant = tenant_of(request)
     await db(store.get_response, tenant, response_id)
     await _stop_live(response_id)
     return JsonResponse(await db(store.delete_response, tenant, response_id))
@@ -162,7 +162,7 @@ async def delete_response(request, response_id: str):
 
 async def cancel_response(request, response_id: str):
     """Cancel a background response; others are a 400 saying why."""
-    tenant = tenant_key_for(request)
+    tenant = tenant_of(request)
     row = await db(store.cancel_response, tenant, response_id)
     if await _stop_live(response_id):
         row = await db(store.get_response, tenant, response_id)
@@ -183,7 +183,7 @@ async def _stop_live(response_id: str, timeout_s: float = 5.0) -> bool:
 async def list_input_items(request, response_id: str):
     """A page of a stored response's input items (limit, order, after)."""
     limit, order, after = protocol.parse_list_query(request.GET)
-    return JsonResponse(await db(store.list_input_items, tenant_key_for(request), response_id,
+    return JsonResponse(await db(store.list_input_items, tenant_of(request), response_id,
                                  limit, order, after))
 
 
@@ -193,33 +193,33 @@ async def list_input_items(request, response_id: str):
 async def create_conversation(request):
     """Create a conversation with up to 20 items and metadata."""
     items, metadata = protocol.parse_conversation_create(request.body)
-    conv = await db(store.create_conversation, tenant_key_for(request), items, metadata)
+    conv = await db(store.create_conversation, tenant_of(request), items, metadata)
     return JsonResponse(conv.to_dict())
 
 
 async def retrieve_conversation(request, conversation_id: str):
     """Retrieve a conversation."""
-    conv = await db(store.get_conversation, tenant_key_for(request), conversation_id)
+    conv = await db(store.get_conversation, tenant_of(request), conversation_id)
     return JsonResponse(conv.to_dict())
 
 
 async def update_conversation(request, conversation_id: str):
     """Replace a conversation's metadata."""
     metadata = protocol.parse_conversation_update(request.body)
-    conv = await db(store.update_conversation, tenant_key_for(request), conversation_id, metadata)
+    conv = await db(store.update_conversation, tenant_of(request), conversation_id, metadata)
     return JsonResponse(conv.to_dict())
 
 
 async def delete_conversation(request, conversation_id: str):
     """Delete a conversation: {id, object: "conversation.deleted", deleted: true}."""
-    return JsonResponse(await db(store.delete_conversation, tenant_key_for(request),
+    return JsonResponse(await db(store.delete_conversation, tenant_of(request),
                                  conversation_id))
 
 
 async def create_items(request, conversation_id: str):
     """Append up to 20 items; answers the list of them."""
     items = protocol.parse_items_create(request.body)
-    added = await db(store.add_conversation_items, tenant_key_for(request), conversation_id,
+    added = await db(store.add_conversation_items, tenant_of(request), conversation_id,
                      items)
     return JsonResponse({"object": "list", "data": added, "first_id": added[0]["id"],
                          "last_id": added[-1]["id"], "has_more": False})
@@ -228,19 +228,19 @@ async def create_items(request, conversation_id: str):
 async def list_items(request, conversation_id: str):
     """A page of a conversation's items (limit, order, after)."""
     limit, order, after = protocol.parse_list_query(request.GET)
-    return JsonResponse(await db(store.list_conversation_items, tenant_key_for(request),
+    return JsonResponse(await db(store.list_conversation_items, tenant_of(request),
                                  conversation_id, limit, order, after))
 
 
 async def retrieve_item(request, conversation_id: str, item_id: str):
     """One conversation item."""
-    return JsonResponse(await db(store.get_conversation_item, tenant_key_for(request),
+    return JsonResponse(await db(store.get_conversation_item, tenant_of(request),
                                  conversation_id, item_id))
 
 
 async def delete_item(request, conversation_id: str, item_id: str):
     """Delete one item; answers the conversation."""
-    return JsonResponse(await db(store.delete_conversation_item, tenant_key_for(request),
+    return JsonResponse(await db(store.delete_conversation_item, tenant_of(request),
                                  conversation_id, item_id))
 
 

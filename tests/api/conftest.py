@@ -1,15 +1,24 @@
-"""Fixtures for the API tests: tenants and keys, a frozen rate-limit clock, and the cache backend
-(local memory, or the real Redis on 127.0.0.1:6379 under a key prefix of the test's own)."""
+"""Fixtures for the API tests: tenants and keys (and the test client calling as one), the SmolLM2
+tokenizer behind the scripted engine installed as the process runtime, a frozen rate-limit clock,
+and the cache backend (local memory, or the real Redis on 127.0.0.1:6379 under a key prefix of the
+test's own)."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 from django.core import signals
 from django.db import close_old_connections
 
+from inference import runtime
+from inference.engine.tokenizer import Tokenizer
 from inference.models import ApiKey, RateLimitContext, Tenant
 from inference.ratelimiting import clock
+from inference.runtime import Runtime
+
+from .fake_engine import FakeEngine, reply
+from .tenant_client import TenantClient
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -17,7 +26,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 @pytest.fixture(autouse=True)
 def no_model_loading(monkeypatch):
     """In-process API tests never load the real model: a stray background load would replace a
-    test's fake runtime mid-test. Tests that need an engine install a fake one (surface_fixtures)."""
+    test's fake runtime mid-test. Tests that need an engine install a fake one (fake_rt)."""
     from inference import runtime
 
     monkeypatch.setattr(runtime, "start_loading", lambda: None)
@@ -121,3 +130,31 @@ def raw_asgi_requests():
     yield
     signals.request_started.connect(close_old_connections)
     signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def as_tenant(client, require_auth, make_tenant, make_key):
+    """as_tenant(name) -> TenantClient: a new tenant with a real API key, and the test client
+    calling as it (`Authorization: Bearer <key>`, METRALE REQUIRE_AUTH on)."""
+
+    def make(name="acme"):
+        tenant = make_tenant(name)
+        _, key = make_key(tenant)
+        return TenantClient(client, tenant, key)
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir) -> Tokenizer:
+    return Tokenizer.from_folder(smollm2_dir)
+
+
+@pytest.fixture
+def fake_rt(smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db) -> Runtime:
+    """The process runtime replaced by a FakeEngine answering "Hello world"; set `fake_rt.engine.script`
+    (e.g. with fake_engine.reply) to script other answers."""
+    engine = FakeEngine(smollm2_tokenizer, reply(smollm2_tokenizer, "Hello world"))
+    rt = Runtime(engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    monkeypatch.setattr(runtime, "start_loading", lambda: None)
+    return rt

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.tokenizer import Tokenizer
-from inference.runtime import Runtime
 
 from .asgi_client import AsgiRequest
 
@@ -100,12 +97,6 @@ def reply(tokenizer: Tokenizer, text: str | list[str], reason: str = "stop", *, 
             prompt_lps = [None] + [(-2.0, [(t, -2.0)][:params.prompt_logprobs]) for t in prompt_ids[1:]]
         return events + [Finished(end, len(prompt_ids), len(ids), 0.0, 0.0, 0, prompt_lps)]
     return script
-
-
-def fake_runtime(model_dir: Path, script_text: str = "Hello world", **engine_kw) -> Runtime:
-    tok = Tokenizer.from_folder(model_dir)
-    engine = FakeEngine(tok, reply(tok, script_text), **engine_kw)
-    return Runtime(engine, tok, "smollm2-135m-instruct", model_dir, int(time.time()))
 
 
 @dataclass

@@ -7,7 +7,6 @@ import pytest
 from inference.engine.reasoning_budget import ReasoningBudget
 
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 # A Qwen3-style template: the generation prompt opens <think> unless enable_thinking is false.

@@ -4,7 +4,6 @@ import pytest
 from inference.engine.outputs import Finished, TokenEvent
 
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "hi"}]
 

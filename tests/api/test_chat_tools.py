@@ -8,7 +8,6 @@ import pytest
 from inference.engine.outputs import Finished, TokenEvent
 
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
 WEATHER = {"type": "function", "function": {

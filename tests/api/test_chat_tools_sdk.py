@@ -9,7 +9,6 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler
 
 from .fake_engine import reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 openai = pytest.importorskip("openai")
 

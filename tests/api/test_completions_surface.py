@@ -1,6 +1,5 @@
 """POST /v1/completions through the whole stack against a scripted engine: prompts, echo, legacy logprobs, n."""
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 
 def complete(**body):

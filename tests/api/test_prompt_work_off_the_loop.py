@@ -11,7 +11,6 @@ from inference.serving.prepare import chars_per_token_bound
 
 from .asgi_client import AsgiRequest
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 
 def body(content: str, **extra) -> bytes:

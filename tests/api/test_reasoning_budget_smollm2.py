@@ -11,7 +11,6 @@ from inference.engine.llm_engine import LLMEngine
 from inference.runtime import Runtime
 
 from .fake_engine import call
-from .surface_fixtures import smollm2_tokenizer  # noqa: F401
 from .test_chat_reasoning import THINKING_TEMPLATE
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,6 @@ from inference.serving import structured
 from inference.serving.text_pipeline import TextSpec
 
 from .fake_engine import call, reply
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

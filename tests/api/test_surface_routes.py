@@ -2,7 +2,6 @@
 import pytest
 
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -50,8 +49,8 @@ def test_openai_endpoints_not_implemented_are_501_in_the_error_shape(fake_rt, me
 def test_unknown_v1_paths_are_404_and_wrong_methods_405_in_the_error_shape(fake_rt):
     missing = call("GET", "/v1/nothing/here")
     assert missing.status == 404 and set(missing.json()["error"]) == ERROR_KEYS
-    wrong = call("GET", "/v1/chat/completions")
-    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+    wrong = call("PUT", "/v1/chat/completions")
+    assert wrong.status == 405 and wrong.headers["allow"] == "GET, POST"
     assert set(wrong.json()["error"]) == ERROR_KEYS
 
 

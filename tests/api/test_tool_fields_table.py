@@ -3,7 +3,6 @@ import json
 
 import pytest
 
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 from .test_validation_table import OK, check
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

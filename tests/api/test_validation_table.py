@@ -5,7 +5,6 @@ import json
 import pytest
 
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "hi"}]
 OK = "ok"

@@ -1,27 +1,20 @@
-"""Fixtures for the in-process Responses and Conversations API tests: the real SmolLM2 tokenizer
-and chat template, the scripted generator (support.Script) in place of the engine, and the
-tenant taken from an `X-Tenant` header (until auth sets request.principal)."""
+"""Fixtures for the in-process Responses and Conversations API tests: the scripted engine installed as
+the process runtime (fake_rt; it answers "Hello there." unless a test scripts other text), and the
+test client calling as tenant "acme" with a real API key."""
 
 import pytest
 
-from inference.engine.tokenizer import Tokenizer
-
-from .support import FakeRuntime, Script
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_dir) -> Tokenizer:
-    return Tokenizer.from_folder(smollm2_dir)
+from ..fake_engine import reply
 
 
 @pytest.fixture
-def script(monkeypatch, smollm2_tokenizer, db) -> Script:
-    from responses_api import service, views
+def engine(fake_rt):
+    """The FakeEngine behind every request; set `engine.script` (fake_engine.reply) to script text."""
+    fake_rt.engine.script = reply(fake_rt.tokenizer, "Hello there.")
+    return fake_rt.engine
 
-    s = Script()
-    rt = s.rt = FakeRuntime(smollm2_tokenizer)
-    monkeypatch.setattr(views, "_ready_runtime", lambda: rt)
-    monkeypatch.setattr(service, "generate", s.generate)
-    monkeypatch.setattr(views, "tenant_key_for",
-                        lambda request: request.headers.get("X-Tenant", "default"))
-    return s
+
+@pytest.fixture
+def api(engine, as_tenant):
+    """The test client calling as tenant "acme" (tests/api/tenant_client.TenantClient)."""
+    return as_tenant("acme")

@@ -8,6 +8,7 @@ from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.utils import timezone
 
+from inference.models import StoredChatCompletion, Tenant
 from responses_api import store, tasks
 from responses_api.models import (
     Conversation,
@@ -21,11 +22,15 @@ from responses_api.models import (
 pytestmark = pytest.mark.django_db
 
 
-def make_response(rid, *, status="completed", tenant="default", worker=store.WORKER,
+def tenant(name: str = "default") -> Tenant:
+    return Tenant.objects.get_or_create(name=name)[0]
+
+
+def make_response(rid, *, status="completed", owner="default", worker=store.WORKER,
                   created_at=None, metadata=None, background=False):
     body = {"id": rid, "object": "response", "status": "in_progress", "output": [],
             "metadata": metadata or {}}
-    store.create_response(tenant_key=tenant, response_id=rid, model="smollm2", body=body,
+    store.create_response(tenant=tenant(owner), response_id=rid, model="smollm2", body=body,
                           request={}, input_items=[{"id": f"msg_in_{rid}", "type": "message",
                                                     "role": "user", "status": "completed",
                                                     "content": [{"type": "input_text",
@@ -45,28 +50,40 @@ def make_response(rid, *, status="completed", tenant="default", worker=store.WOR
     StoredResponse.objects.filter(pk=rid).update(**updates)
 
 
+def make_chat_completion(cid, *, created_at=None) -> StoredChatCompletion:
+    return StoredChatCompletion.objects.create(
+        id=cid, tenant=tenant(), model="smollm2", created_at=created_at or timezone.now(),
+        messages=[{"role": "user", "content": "hi"}], response={"id": cid, "object": "chat.completion"})
+
+
 def test_expired_responses_and_conversations_are_purged_with_their_items(settings):
     old = timezone.now() - timedelta(seconds=settings.METRALE["STORE_TTL_S"] + 10)
     make_response("resp_old", created_at=old)
     make_response("resp_new")
-    stale = store.create_conversation("default", [{"id": "msg_c", "type": "message",
-                                                   "role": "user", "content": []}], {})
+    stale = store.create_conversation(tenant(), [{"id": "msg_c", "type": "message",
+                                                  "role": "user", "content": []}], {})
     Conversation.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(1))
-    store.create_conversation("default", [], {})
+    store.create_conversation(tenant(), [], {})
+    make_chat_completion("chatcmpl-old", created_at=old)
+    make_chat_completion("chatcmpl-new")
 
-    assert tasks.purge_expired() == {"responses": 1, "conversations": 1, "failed_unfinished": 0}
+    assert tasks.purge_expired() == {"responses": 1, "conversations": 1, "chat_completions": 1,
+                                     "failed_unfinished": 0}
     assert list(StoredResponse.objects.values_list("pk", flat=True)) == ["resp_new"]
     assert not ResponseItem.objects.filter(response_id="resp_old").exists()
     assert not ResponseEvent.objects.filter(response_id="resp_old").exists()
     assert Conversation.objects.count() == 1 and not ConversationItem.objects.exists()
+    assert list(StoredChatCompletion.objects.values_list("pk", flat=True)) == ["chatcmpl-new"]
 
 
 def test_the_purge_command_reports_what_it_deleted(settings):
     make_response("resp_old", created_at=timezone.now() - timedelta(days=31))
+    make_chat_completion("chatcmpl-old", created_at=timezone.now() - timedelta(days=31))
     out = StringIO()
     call_command("purge_expired", stdout=out)
-    assert out.getvalue().strip() == "deleted 1 response(s) and 0 conversation(s)"
-    assert not StoredResponse.objects.exists()
+    assert out.getvalue().strip() == \
+        "deleted 1 response(s), 0 conversation(s) and 1 chat completion(s)"
+    assert not StoredResponse.objects.exists() and not StoredChatCompletion.objects.exists()
 
 
 def test_the_ttl_comes_from_settings(settings):
@@ -74,6 +91,8 @@ def test_the_ttl_comes_from_settings(settings):
     make_response("resp_a")
     row = StoredResponse.objects.get()
     assert (row.expires_at - row.created_at).total_seconds() == pytest.approx(60)
+    chat = make_chat_completion("chatcmpl-a")
+    assert (chat.expires_at - chat.created_at).total_seconds() == pytest.approx(60)
 
 
 def test_a_restart_fails_what_an_earlier_process_left_unfinished(settings):
@@ -107,13 +126,13 @@ def test_the_runtime_start_signal_runs_the_restart_rule(settings):
 
 def test_a_cancel_recorded_elsewhere_survives_the_run_finishing():
     make_response("resp_bg", status="in_progress", background=True)
-    assert store.cancel_response("default", "resp_bg").status == "cancelled"
-    assert store.cancel_response("default", "resp_bg").status == "cancelled"  # idempotent
+    assert store.cancel_response(tenant(), "resp_bg").status == "cancelled"
+    assert store.cancel_response(tenant(), "resp_bg").status == "cancelled"  # idempotent
     status = store.finish_response("resp_bg", {"status": "completed", "usage": None}, [])
     assert status == "cancelled"
     make_response("resp_finished", background=True)
     with pytest.raises(Exception) as info:
-        store.cancel_response("default", "resp_finished")
+        store.cancel_response(tenant(), "resp_finished")
     assert info.value.status == 400
 
 
@@ -122,14 +141,16 @@ def test_a_cancel_recorded_elsewhere_survives_the_run_finishing():
 
 def test_the_admin_lists_filters_searches_and_shows_the_transcript(admin_client):
     make_response("resp_a", metadata={"project": "apollo"})
-    make_response("resp_b", status="failed", tenant="t2")
+    make_response("resp_b", status="failed", owner="t2")
     r = admin_client.get("/admin/responses_api/storedresponse/")
     assert r.status_code == 200 and b"resp_a" in r.content and b"resp_b" in r.content
     r = admin_client.get("/admin/responses_api/storedresponse/", {"q": "apollo"})
     assert b"resp_a" in r.content and b"resp_b" not in r.content
     r = admin_client.get("/admin/responses_api/storedresponse/", {"status__exact": "failed"})
     assert b"resp_b" in r.content and b"resp_a" not in r.content
-    r = admin_client.get("/admin/responses_api/storedresponse/", {"tenant_key": "t2"})
+    r = admin_client.get("/admin/responses_api/storedresponse/", {"tenant__id__exact": tenant("t2").pk})
+    assert b"resp_b" in r.content and b"resp_a" not in r.content
+    r = admin_client.get("/admin/responses_api/storedresponse/", {"q": "t2"})  # the tenant's name
     assert b"resp_b" in r.content and b"resp_a" not in r.content
     r = admin_client.get(f"/admin/responses_api/storedresponse/{quote('resp_a')}/change/")
     assert r.status_code == 200
@@ -144,7 +165,7 @@ def test_deleting_in_the_admin_cascades(admin_client):
     assert not StoredResponse.objects.exists()
     assert not ResponseItem.objects.exists() and not ResponseEvent.objects.exists()
 
-    conv = store.create_conversation("default", [{"id": "msg_1", "type": "message",
+    conv = store.create_conversation(tenant(), [{"id": "msg_1", "type": "message",
                                                   "role": "user",
                                                   "content": [{"type": "input_text",
                                                                "text": "hello"}]}], {"k": "v"})

@@ -2,12 +2,8 @@
 SmolLM2 token ids of a generation; the tool parser and reasoning parser turn them into items."""
 import json
 
-import pytest
-
-from inference.serving.pipeline import generate
-
-from ..fake_engine import FakeEngine, reply
-from .support import post, sse_events
+from ..fake_engine import reply
+from .support import prompt_of, sse_events
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -15,23 +11,9 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weath
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "2"}}\n</tool_call>'
 
 
-@pytest.fixture
-def engine(script, smollm2_tokenizer, monkeypatch):
-    """The real pipeline.generate over a scripted engine (set `engine.script`)."""
-    from responses_api import service
-
-    fake = FakeEngine(smollm2_tokenizer, reply(smollm2_tokenizer, "Hello"))
-    monkeypatch.setattr(service, "generate", lambda _engine, tokenizer, gen: generate(fake, tokenizer, gen))
-    return fake
-
-
-def prompt_of(engine, i=-1) -> str:
-    return engine.tokenizer.decode(engine.submissions[i].prompt_token_ids, skip_special_tokens=False)
-
-
-def test_a_function_call_streams_as_a_function_call_item(client, engine):
+def test_a_function_call_streams_as_a_function_call_item(api, engine):
     engine.script = reply(engine.tokenizer, "Checking.\n" + CALL)
-    events = sse_events(post(client, "/v1/responses", {"input": "Weather in Paris?", "tools": [WEATHER_TOOL],
+    events = sse_events(api.post("/v1/responses", {"input": "Weather in Paris?", "tools": [WEATHER_TOOL],
                                                        "stream": True}))
     types = [e["type"] for e in events]
     assert "response.function_call_arguments.delta" in types and "response.function_call_arguments.done" in types
@@ -46,32 +28,32 @@ def test_a_function_call_streams_as_a_function_call_item(client, engine):
     assert "# Tools" in prompt_of(engine) and '"name": "get_weather"' in prompt_of(engine)
 
 
-def test_blocking_gives_the_same_call_and_max_tool_calls_caps_them(client, engine):
+def test_blocking_gives_the_same_call_and_max_tool_calls_caps_them(api, engine):
     engine.script = reply(engine.tokenizer, CALL + "\n" + CALL)
-    body = post(client, "/v1/responses", {"input": "x", "tools": [WEATHER_TOOL]}).json()
+    body = api.post("/v1/responses", {"input": "x", "tools": [WEATHER_TOOL]}).json()
     assert [o["type"] for o in body["output"]] == ["function_call", "function_call"]
-    body = post(client, "/v1/responses", {"input": "x", "tools": [WEATHER_TOOL], "max_tool_calls": 1}).json()
+    body = api.post("/v1/responses", {"input": "x", "tools": [WEATHER_TOOL], "max_tool_calls": 1}).json()
     assert [o["type"] for o in body["output"]] == ["function_call"]
     assert body["status"] == "completed"
 
 
-def test_tool_choice_none_leaves_markup_out_and_makes_no_call(client, engine):
+def test_tool_choice_none_leaves_markup_out_and_makes_no_call(api, engine):
     engine.script = reply(engine.tokenizer, "Fine. " + CALL)
-    body = post(client, "/v1/responses", {"input": "x", "tools": [WEATHER_TOOL], "tool_choice": "none"}).json()
+    body = api.post("/v1/responses", {"input": "x", "tools": [WEATHER_TOOL], "tool_choice": "none"}).json()
     assert [o["type"] for o in body["output"]] == ["message"]
     assert body["output"][0]["content"][0]["text"] == "Fine."
 
 
-def test_reasoning_becomes_a_reasoning_item_and_effort_none_caps_it_at_zero(client, engine, settings):
+def test_reasoning_becomes_a_reasoning_item_and_effort_none_caps_it_at_zero(api, engine, settings):
     settings.METRALE = {**settings.METRALE, "REASONING_PARSER": "think"}
     engine.script = reply(engine.tokenizer, "<think>Two plus two.</think>4")
-    body = post(client, "/v1/responses", {"input": "2+2?"}).json()
+    body = api.post("/v1/responses", {"input": "2+2?"}).json()
     reasoning, message = body["output"]
     assert reasoning["type"] == "reasoning" and reasoning["summary"][0]["text"] == "Two plus two."
     assert message["content"][0]["text"] == "4"
     assert body["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
     assert engine.submissions[-1].params.reasoning_budget is None
-    post(client, "/v1/responses", {"input": "2+2?", "reasoning": {"effort": "none"}})
+    api.post("/v1/responses", {"input": "2+2?", "reasoning": {"effort": "none"}})
     assert engine.submissions[-1].params.reasoning_budget.max_tokens == 0
-    post(client, "/v1/responses", {"input": "2+2?", "thinking_token_budget": 9, "reasoning": {"effort": "none"}})
+    api.post("/v1/responses", {"input": "2+2?", "thinking_token_budget": 9, "reasoning": {"effort": "none"}})
     assert engine.submissions[-1].params.reasoning_budget.max_tokens == 9
