@@ -25,7 +25,8 @@ from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.models import Tenant
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
-from inference.serving.pipeline import GenerationInput, generate
+from inference.serving.choices import Choices
+from inference.serving.pipeline import GenerationInput
 from inference.serving.prepare import GenerationRequest, Prepared
 from inference.serving.prepare import prepare as prepare_generation
 from inference.serving.structured import requested_grammar
@@ -194,7 +195,7 @@ class ResponseRun:
         self.body = dict(p.body)
         self.final: dict | None = None
         self._seq = 0
-        self._completion_tokens = 0
+        self.choices: Choices | None = None
         self._unwritten: list[dict] = []
         self._last_write = time.monotonic()
 
@@ -222,6 +223,18 @@ class ResponseRun:
                 log.warning("response %s: events no longer recorded: %s", self.p.response_id, exc)
                 self.record_events = False
 
+    def submit(self) -> None:
+        """Submit the engine request now (idempotent; `events()` does it if nobody did), so a
+        request the engine refuses is an HTTP error before the response starts. Raises
+        RequestRejected or EngineOverloaded."""
+        if self.choices is None:
+            self.choices = Choices(self.rt.engine, self.rt.tokenizer, self.p.prepared)
+
+    def abort(self) -> None:
+        """Drop the engine request, if submitted (its response will not be generated)."""
+        if self.choices is not None:
+            self.choices.abort()
+
     async def events(self) -> AsyncIterator[dict]:
         yield self._emit({"type": "response.created", "response": dict(self.body)})
         if self.p.req["background"]:
@@ -229,10 +242,9 @@ class ResponseRun:
         self.body["status"] = "in_progress"
         yield self._emit({"type": "response.in_progress", "response": dict(self.body)})
         try:
-            async with contextlib.aclosing(generate(self.rt.engine, self.rt.tokenizer,
-                                                    self.p.gen)) as deltas:
-                async for delta in deltas:
-                    self._completion_tokens += len(getattr(delta, "token_ids", None) or ())
+            self.submit()
+            async with contextlib.aclosing(self.choices.merged()) as deltas:
+                async for _, delta in deltas:
                     try:
                         produced = self.encoder.feed(delta)
                     except EncoderError as exc:
@@ -291,9 +303,9 @@ class ResponseRun:
     @property
     def used_tokens(self) -> int:
         """Prompt + completion tokens processed so far (what the rate limiter charges)."""
-        if self.encoder.finish is not None:
-            return self.encoder.finish.usage.total_tokens
-        return len(self.p.gen.prompt_token_ids) + self._completion_tokens
+        if self.choices is None:
+            return self.p.prepared.prompt_tokens
+        return self.choices.usage.total_tokens
 
     async def complete(self) -> dict:
         """Run to the end without streaming; the final Response object."""

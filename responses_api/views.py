@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
 from inference.api import admit, openai_endpoint
 from inference.serving.errors import ApiError, bad_request
 from inference.stored_objects import tenant_of
-from inference.views import cache_salt_of, sse_response
+from inference.engine.outputs import EngineOverloaded, RequestRejected
+from inference.views import cache_salt_of, engine_refusal, sse_response
 from inference.views import ready_runtime as _ready_runtime
 
 from . import live, protocol, service, store
@@ -83,29 +84,33 @@ async def create_response(request):
     run = None
     lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s,
                         used_tokens=lambda: run.used_tokens if run is not None else p.prepared.prompt_tokens)
+    if not req["background"]:  # submitted first: a request the engine refuses is stored nowhere
+        run = service.ResponseRun(p, rt, record_events=req["stream"])
+        try:
+            run.submit()
+        except (RequestRejected, EngineOverloaded) as exc:
+            raise engine_refusal(exc, "input") from exc
     if req["store"]:
-        await db(store.create_response, tenant=tenant, response_id=p.response_id,
-                 model=p.body["model"], body=p.body, request=service.stored_request(req),
-                 input_items=p.input_items, previous_response_id=req["previous_response_id"],
-                 conversation_id=req["conversation"], background=req["background"],
-                 streamed=req["stream"] or req["background"])
+        try:
+            await db(store.create_response, tenant=tenant, response_id=p.response_id,
+                     model=p.body["model"], body=p.body, request=service.stored_request(req),
+                     input_items=p.input_items, previous_response_id=req["previous_response_id"],
+                     conversation_id=req["conversation"], background=req["background"],
+                     streamed=req["stream"] or req["background"])
+        except BaseException:
+            if run is not None:
+                run.abort()
+            raise
     if req["background"]:
         run = service.live_run(p, rt)
         entry = service.start_background(p, run, lease=lease.hand_off())
         if req["stream"]:
             return sse_response(_frames(entry.follow(-1)))
         return JsonResponse(p.body)
-    run = service.ResponseRun(p, rt, record_events=req["stream"])
     if req["stream"]:
         return sse_response(_frames(run.events()))
     body = await run.complete()
     if body["status"] == "failed":
-        if body["error"]["code"] == "context_length_exceeded":  # the engine refused the prompt
-            raise ApiError(400, body["error"]["message"], param="input",
-                           code="context_length_exceeded")
-        if body["error"]["code"] == "overloaded":
-            raise ApiError(503, body["error"]["message"], type="server_error", code="overloaded",
-                           headers={"Retry-After": "1"})
         raise ApiError(500, body["error"]["message"], type="server_error",
                        code=body["error"]["code"])
     return JsonResponse(body)

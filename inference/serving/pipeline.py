@@ -164,13 +164,3 @@ class _TokenCarry:
         if reasoning is not None:
             reasoning.token_ids, self.ids = self.ids, []
         return deltas
-
-
-async def generate(engine, tokenizer, gen: GenerationInput) -> AsyncIterator[StreamDelta]:
-    """Submit one request and yield its deltas (see Generation.deltas).
-
-    `engine` is an AsyncEngine; `tokenizer` an inference.engine.tokenizer.Tokenizer. Raises
-    RequestRejected (from submit) before anything is yielded when the request can never fit.
-    """
-    async for delta in Generation(engine, tokenizer, gen).deltas():
-        yield delta

@@ -29,7 +29,7 @@ from django.conf import settings
 from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
-from .errors import ApiError, bad_request
+from .errors import ApiError
 from .logprobs import spelling_for
 from .model_names import check_model
 from .pipeline import GenerationInput

@@ -26,7 +26,6 @@ import json
 import logging
 
 from inference.engine.grammar import GrammarError, GrammarSpec, compiler_for
-from inference.engine.grammar_state import StructuredOutput
 
 from .errors import bad_request
 from .reasoning import REASONING_PARSERS

@@ -158,3 +158,35 @@ def fake_rt(smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db) 
     monkeypatch.setattr(runtime, "_runtime", rt)
     monkeypatch.setattr(runtime, "start_loading", lambda: None)
     return rt
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir):
+    """The real SmolLM2 engine on float weights (one per test run), for in-process API tests."""
+    from inference.engine.async_engine import AsyncEngine
+    from inference.engine.config import EngineConfig
+    from inference.engine.llm_engine import LLMEngine
+
+    engine = AsyncEngine(LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=32 << 20,
+                                                max_model_len=1024, decode_weights="model",
+                                                prefill_weights="model")))
+    yield engine
+    engine.stop()
+    engine._thread.join(timeout=10)  # not mid-step when the interpreter exits
+
+
+@pytest.fixture
+def real_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db):
+    """The process runtime replaced by the real SmolLM2 engine, with a chat template that opens
+    `<think>` (test_chat_reasoning.THINKING_TEMPLATE), so the `think` parser reads its reasoning."""
+    import time
+
+    from inference import runtime
+    from inference.runtime import Runtime
+
+    from .test_chat_reasoning import THINKING_TEMPLATE
+
+    monkeypatch.setattr(smollm2_tokenizer, "chat_template", THINKING_TEMPLATE)
+    rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    return rt

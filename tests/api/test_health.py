@@ -1,8 +1,6 @@
 """/health before the model is up, and the model list."""
 import pytest
 
-import pytest
-
 from inference import runtime
 
 pytestmark = pytest.mark.django_db

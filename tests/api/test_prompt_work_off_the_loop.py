@@ -63,7 +63,7 @@ def test_a_slow_prompt_does_not_stall_another_clients_stream(fake_rt, monkeypatc
                                                  body("SLOW " * 10, max_tokens=3)).start(timeout_s=20))
         arrivals = []
         while not stream.finished:
-            chunk = await stream.chunk()
+            await stream.chunk()
             arrivals.append(time.perf_counter())
         slow_answer = await slow
         await slow_answer.read_all()

@@ -10,7 +10,6 @@ import jsonschema
 import pytest
 
 from .fake_engine import call
-from .test_reasoning_budget_smollm2 import real_rt, smollm2_engine  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

@@ -7,12 +7,10 @@ memory-bandwidth floor of batch-1 decode; and the prefix cache's TTFT on a share
 1,000-token system prompt. A script, not a test: figures depend on the machine.
 """
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from inference.bench.http_streams import run_http
