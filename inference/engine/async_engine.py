@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import Failed, Finished, RequestRejected, TokenEvent
+from .outputs import Failed, Finished, RequestRejected
 from .request import EngineRequest
+from .scheduler import StepOutputs
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
@@ -134,12 +135,6 @@ class AsyncEngine:
         except RuntimeError:  # the clients' event loop is gone
             pass
 
-    def _finished_event(self, seq: Sequence) -> Finished:
-        now = time.monotonic()
-        ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time else None
-        return Finished(seq.finish_reason or "stop", seq.num_prompt_tokens, seq.num_output_tokens, ttft,
-                        now - seq.arrival_time, seq.num_cached_tokens, seq.prompt_logprobs)
-
     def _drain_commands(self) -> None:
         while self._commands:
             kind, handle, arg = self._commands.popleft()
@@ -161,7 +156,7 @@ class AsyncEngine:
     def _retire(self, seq: Sequence) -> None:
         handle = self._handles.pop(id(seq), None)
         if handle is not None:
-            self._push(handle, [self._finished_event(seq)])
+            self._push(handle, [seq.finished_output()])
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -200,17 +195,18 @@ class AsyncEngine:
                     self._push(handle, [Failed(f"engine error: {exc}")])
                 self._handles.clear()
                 continue
-            by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-            for out in outputs:
-                handle = self._handles.get(id(out.seq))
-                if handle is None:
-                    continue
-                events: list = []
-                if out.token_id is not None:
-                    events.append(TokenEvent(out.token_id, out.logprobs))
-                if out.finished:
-                    events.append(self._finished_event(out.seq))
-                    del self._handles[id(out.seq)]
-                by_loop.setdefault(handle.loop, []).append((handle, events))
-            for loop, batch in by_loop.items():
-                self._push_step(loop, batch)
+            self._deliver(outputs)
+
+    def _deliver(self, outputs: StepOutputs) -> None:
+        """Hand one step's events to their handles, one wake-up per event loop; a request whose
+        events end with Finished or Failed is done."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for seq, events in outputs:
+            handle = self._handles.get(id(seq))
+            if handle is None:
+                continue
+            if isinstance(events[-1], (Finished, Failed)):
+                del self._handles[id(seq)]
+            by_loop.setdefault(handle.loop, []).append((handle, events))
+        for loop, batch in by_loop.items():
+            self._push_step(loop, batch)

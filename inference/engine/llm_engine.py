@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,20 +16,10 @@ from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model
 from .request import EngineRequest
+from .scheduler import Scheduler, StepOutputs
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
-
-
-
-@dataclass(slots=True)
-class StepOutput:
-    """What one step did to one sequence: a new token (with logprobs if asked) and/or its end."""
-
-    seq: Sequence
-    token_id: int | None
-    logprobs: tuple | None
-    finished: bool
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,9 +75,8 @@ class LLMEngine:
             block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
         num_blocks = max(1, budget // block_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        from .scheduler import Scheduler
-
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.eos_token_ids, self.max_model_len)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
@@ -144,60 +132,35 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[StepOutput]:
-        """Schedule, run one forward for the whole batch, sample, and retire finished sequences."""
+    def step(self) -> StepOutputs:
+        """One step: schedule -> run -> postprocess. Returns each request's events of this step
+        (the TokenEvent / Finished objects its handle receives), in batch order."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
         t1 = time.perf_counter()
+        self._log_step(batch)
+        result = self.runner.execute(batch)
+        t2 = time.perf_counter()
+        outputs = self.scheduler.postprocess(batch, result)
+        self._time_step(t1 - t0, time.perf_counter() - t2)
+        return outputs
+
+    def _log_step(self, batch) -> None:
         self.num_steps += 1
         self.step_log.append((batch.num_decodes, len(batch.items) - batch.num_decodes, batch.num_tokens))
         if self.config.step_log:
             log.info("step %d: seqs=%d decodes=%d prefill_tokens=%d", self.num_steps, len(batch.items),
                      batch.num_decodes, batch.num_tokens - batch.num_decodes)
-        result = self.runner.execute(batch)
-        outputs: list[StepOutput] = []
-        now = time.monotonic()
-        k = 0
-        for (seq, n), samples in zip(batch.items, batch.samples):
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-            if not samples:
-                continue
-            token = result.token_ids[k]
-            logprobs = result.logprobs[k]
-            k += 1
-            if seq.grammar is not None and not seq.grammar.accept(token, seq.output_token_ids):
-                self.scheduler.finish(seq, "stop")  # a dead end: end without the refused token
-                outputs.append(StepOutput(seq, None, None, True))
-                continue
-            seq.token_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            reason = self._stop_reason(seq, token)
-            if reason:
-                self.scheduler.finish(seq, reason)
-            outputs.append(StepOutput(seq, token, logprobs, reason is not None))
+
+    def _time_step(self, schedule_s: float, postprocess_s: float) -> None:
+        """Add one step's seconds to phase_s: schedule, the runner's prepare / forward / sample, postprocess."""
         phases = self.phase_s
-        phases["schedule"] += t1 - t0
+        phases["schedule"] += schedule_s
         for name, seconds in self.runner.last_phase_s.items():
             phases[name] += seconds
-        phases["postprocess"] += time.perf_counter() - t1 - sum(self.runner.last_phase_s.values())
-        return outputs
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if seq.grammar is not None and seq.grammar.finished:
-            return "stop"
-        if seq.num_output_tokens >= p.min_tokens:
-            if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop"
-            if token in p.stop_token_ids:
-                return "stop"
-        if seq.num_output_tokens >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
-            return "length"
-        return None
+        phases["postprocess"] += postprocess_s
 
 
-__all__ = ["LLMEngine", "RequestRejected", "StepOutput", "ConfigError"]
+__all__ = ["LLMEngine", "RequestRejected", "ConfigError"]

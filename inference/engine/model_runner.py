@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -9,7 +10,7 @@ from . import kernels
 from .config import ModelConfig
 from .layers.attention import AttentionMetadata, PrefillSlice
 from .layers.fused_decode import FusedDecoder
-from .sampler import SampleResult, Sampler, token_logprobs
+from .sampler import Sampler, token_logprobs
 from .scheduler import ScheduledBatch
 
 
@@ -17,6 +18,21 @@ from .scheduler import ScheduledBatch
 # tokens run through the compiled layers, one attention row per prompt token; longer ones
 # take torch's flash SDPA, which reuses each K/V block across many queries.
 FUSED_PREFILL_MAX_CONTEXT = 768
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one forward gave each batch item (lists aligned with `ScheduledBatch.items`).
+
+    token_ids[i]: the token item i sampled, None when its chunk did not reach the end of its
+    known tokens. logprobs[i]: None, or (sampled logprob, [(token id, logprob)] top-N, desc).
+    prompt_logprobs[i]: when its request asked for prompt logprobs and the chunk is in the prompt,
+    the entries of the prompt tokens this chunk scored (position p scores token p + 1), else None.
+    """
+
+    token_ids: list[int | None]
+    logprobs: list[tuple | None]
+    prompt_logprobs: list[list | None]
 
 
 class ModelRunner:
@@ -123,44 +139,48 @@ class ModelRunner:
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> SampleResult | None:
-        """Run the forward for every scheduled token and sample the sequences that reached their end.
+    def execute(self, batch: ScheduledBatch) -> RunResult:
+        """Run the forward for every scheduled token and sample the items that reached their end.
 
-        Sequences that asked for prompt_logprobs get this chunk's entries appended to
-        `seq.prompt_logprobs` (None for the first prompt token, as vLLM reports it).
+        Changes no sequence: the KV slots of the scheduled tokens are written (a retry rewrites
+        them), the draws advance the sequences' generators, and the scheduler's postprocess
+        applies the result.
         """
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         t1 = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
-        self._prompt_logprobs(batch, hidden)
-        result = None
+        n = len(batch.items)
+        result = RunResult([None] * n, [None] * n, self._prompt_logprobs(batch, hidden))
         if sample_rows:
             int8 = self.model.int8_rows(batch.num_decodes, len(sample_rows))
             logits = self.model.compute_logits(hidden[sample_rows], int8)
             t2 = time.perf_counter()
-            sampling = [seq for (seq, _), s in zip(batch.items, batch.samples) if s]
-            result = self.sampler(logits, sampling)
+            items = [i for i, s in enumerate(batch.samples) if s]
+            sampled = self.sampler(logits, [batch.items[i][0] for i in items])
+            for k, i in enumerate(items):
+                result.token_ids[i] = sampled.token_ids[k]
+                result.logprobs[i] = sampled.logprobs[k]
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()
         self.last_phase_s = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2}
         return result
 
-    def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
-        for (seq, n), row in zip(batch.items, self.item_rows):
+    def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> list[list | None]:
+        out: list[list | None] = [None] * len(batch.items)
+        for i, ((seq, n), row) in enumerate(zip(batch.items, self.item_rows)):
             start = seq.num_computed_tokens
             n_prompt = seq.num_prompt_tokens
             if seq.params.prompt_logprobs is not None and start < n_prompt:
-                if seq.prompt_logprobs is None:
-                    seq.prompt_logprobs = [None]
                 # Position p predicts token p + 1; only prompt tokens after the first are scored.
                 upto = min(start + n, n_prompt - 1)
+                out[i] = []
                 if upto > start:
                     logits = self.model.compute_logits(hidden[row:row + (upto - start)])
                     targets = seq.token_ids[start + 1:upto + 1]
-                    seq.prompt_logprobs.extend(
-                        token_logprobs(logits, targets, [seq.params.prompt_logprobs] * len(targets)))
+                    out[i] = token_logprobs(logits, targets, [seq.params.prompt_logprobs] * len(targets))
+        return out
 
     @torch.inference_mode()
     def forward_logits(self, batch: ScheduledBatch) -> torch.Tensor:

@@ -1,17 +1,28 @@
-"""Continuous batching: which sequences run this step, and how many tokens each computes.
+"""Continuous batching: which sequences run this step, how many tokens each computes, and what the step did.
 
-Decodes go first (one token each), then prefill in chunks within the per-step token
+`schedule()` plans a step; `postprocess()` applies the model runner's result: it appends
+the sampled tokens and finishes sequences (grammar acceptance, stop rules, max_tokens and
+the context's end, in one place), and returns each request's events. Decodes go first (one token each), then prefill in chunks within the per-step token
 budget, so a long prompt never stalls running streams for more than one chunk.
 When KV blocks run out, the newest running sequence is preempted (its blocks are
 freed and it is re-queued at the front, to be recomputed later), never an error.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .block_manager import BlockManager
+from .outputs import Failed, Finished, TokenEvent
 from .sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from .model_runner import RunResult
+
+# What one step hands out: each request's events in order (TokenEvent..., then Finished or Failed).
+StepOutputs = list[tuple[Sequence, list[TokenEvent | Finished | Failed]]]
 
 
 @dataclass(slots=True)
@@ -38,10 +49,13 @@ class ScheduledBatch:
 class Scheduler:
     """Owns the waiting queue and the running list; `schedule()` plans one step."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 eos_token_ids: list[int] | tuple[int, ...] = (), max_model_len: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -62,6 +76,66 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+
+    def fail(self, seq: Sequence, exc: BaseException) -> Failed:
+        """End `seq` with "error" because of `exc` (its blocks are freed); returns its Failed event."""
+        self.finish(seq, "error")
+        return Failed(f"engine error: {exc}")
+
+    def postprocess(self, batch: ScheduledBatch, result: RunResult) -> StepOutputs:
+        """Apply one step's result: advance prefill progress, register full blocks in the prefix
+        cache, record prompt logprobs, append sampled tokens and finish the sequences that end.
+
+        Items whose sequence already ended this step (failed) are skipped. Returns the events of
+        every request that got any, in batch order.
+        """
+        outputs: StepOutputs = []
+        now = time.monotonic()
+        for i, (seq, n) in enumerate(batch.items):
+            if seq.is_finished:
+                continue
+            start = seq.num_computed_tokens
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+            chunk = result.prompt_logprobs[i]
+            if chunk is not None:
+                if seq.prompt_logprobs is None:
+                    seq.prompt_logprobs = [None]
+                if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
+                    seq.prompt_logprobs.extend(chunk)
+            token = result.token_ids[i]
+            if token is not None:
+                outputs.append((seq, self._append(seq, token, result.logprobs[i], now)))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
+        """The one place a sampled token joins a sequence, and where the sequence's end is decided."""
+        if seq.grammar is not None and not seq.grammar.accept(token, seq.output_token_ids):
+            self.finish(seq, "stop")  # a dead end: end without the refused token
+            return [seq.finished_output()]
+        seq.token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        events: list = [TokenEvent(token, logprobs)]
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self.finish(seq, reason)
+            events.append(seq.finished_output())
+        return events
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if seq.grammar is not None and seq.grammar.finished:
+            return "stop"
+        if seq.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+            if token in p.stop_token_ids:
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or (
+                self.max_model_len is not None and len(seq.token_ids) >= self.max_model_len):
+            return "length"
+        return None
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)

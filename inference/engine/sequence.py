@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from .outputs import Finished
 from .sampling_params import SamplingParams
 
 
@@ -72,3 +73,9 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def finished_output(self) -> Finished:
+        """The Finished event of this sequence as it ends now (finish_reason set by the scheduler)."""
+        ttft = self.first_token_time - self.arrival_time if self.first_token_time is not None else None
+        return Finished(self.finish_reason or "stop", self.num_prompt_tokens, self.num_output_tokens, ttft,
+                        time.monotonic() - self.arrival_time, self.num_cached_tokens, self.prompt_logprobs)

@@ -126,6 +126,24 @@ def test_it_preempts_when_blocks_run_out_and_still_gives_the_same_tokens(tiny_fo
     assert small.block_manager.num_free_blocks == small.block_manager.num_blocks
 
 
+def test_a_preempted_request_reports_each_prompt_logprob_once(tiny_folder):
+    small = make_engine(tiny_folder, kv_cache_bytes=8 * LLMEngine_block_bytes(tiny_folder))
+    big = make_engine(tiny_folder)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, prompt_logprobs=1)
+    ps = prompts(4, length=30, seed=3)
+
+    async def run(engine):
+        ae = AsyncEngine(engine)
+        out = await asyncio.gather(*(collect(ae.submit(EngineRequest(p, params))) for p in ps))
+        ae.stop()
+        return [end.prompt_logprobs for _, end in out]
+
+    preempted, alone = asyncio.run(run(small)), asyncio.run(run(big))
+    assert small.scheduler.num_preemptions > 0
+    assert [len(lps) for lps in preempted] == [len(p) for p in ps]
+    assert preempted == alone
+
+
 def LLMEngine_block_bytes(folder):
     from inference.engine.config import ModelConfig
     from inference.engine.model_runner import ModelRunner
