@@ -81,28 +81,42 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_free())
 
-    def _full_block_hashes(self, seq: Sequence, upto_tokens: int) -> list[tuple[int, tuple[int, ...]]]:
-        out = []
-        parent = None
+    def full_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+        """`seq`'s full blocks of known tokens as (chained hash, token ids), in order.
+
+        Kept on the sequence (`Sequence.full_blocks`): each block is hashed once, the first time
+        this is asked after it fills; token ids only grow, so earlier entries stay true.
+        """
+        blocks = seq.full_blocks
         bs = self.block_size
-        for b in range(upto_tokens // bs):
-            toks = tuple(seq.token_ids[b * bs:(b + 1) * bs])
+        tokens = seq.token_ids
+        parent = blocks[-1][0] if blocks else None
+        for b in range(len(blocks), len(tokens) // bs):
+            toks = tuple(tokens[b * bs:(b + 1) * bs])
             parent = block_hash(parent, toks, seq.cache_salt)
-            out.append((parent, toks))
-        return out
+            blocks.append((parent, toks))
+        return blocks
+
+    def _prompt_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+        """The full blocks that may come from the cache: never the one holding the last token."""
+        return self.full_blocks(seq)[:(len(seq.token_ids) - 1) // self.block_size]
+
+    def _is_cached(self, h: int, toks: tuple[int, ...]) -> int | None:
+        """The cached block with hash `h` whose tokens are `toks` (a hit re-checks them), or None."""
+        bid = self.cached.get(h)
+        return bid if bid is not None and self.blocks[bid].token_ids == toks else None
 
     def block_hash_at(self, seq: Sequence, index: int) -> int:
         """The chained hash of `seq`'s block `index` (its tokens must be known)."""
-        return self._full_block_hashes(seq, (index + 1) * self.block_size)[index][0]
+        return self.full_blocks(seq)[index][0]
 
     def next_uncached_hash(self, seq: Sequence) -> int | None:
         """The hash of the first full prompt block not in the cache (None if none), for deferring
         a sequence whose prefix another sequence is computing this very step."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return None
-        for h, toks in self._full_block_hashes(seq, len(seq.token_ids) - 1):
-            bid = self.cached.get(h)
-            if bid is None or self.blocks[bid].token_ids != toks:
+        for h, toks in self._prompt_blocks(seq):
+            if self._is_cached(h, toks) is None:
                 return h
         return None
 
@@ -111,9 +125,9 @@ class BlockManager:
         last token). Sets block_table and num_computed_tokens; returns the tokens reused."""
         if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
             return 0
-        for h, toks in self._full_block_hashes(seq, len(seq.token_ids) - 1):
-            bid = self.cached.get(h)
-            if bid is None or self.blocks[bid].token_ids != toks:
+        for h, toks in self._prompt_blocks(seq):
+            bid = self._is_cached(h, toks)
+            if bid is None:
                 break
             block = self.blocks[bid]
             if block.ref_count == 0:
@@ -130,19 +144,18 @@ class BlockManager:
         """Register `seq`'s newly computed full blocks in the prefix cache (call after each step)."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        n_full = seq.num_computed_tokens // bs
+        n_full = seq.num_computed_tokens // self.block_size
         start = seq.num_hashed_blocks
-        parent = self.blocks[seq.block_table[start - 1]].block_hash if start else None
+        if n_full <= start:
+            return
+        full = self.full_blocks(seq)
         for b in range(start, n_full):
             block = self.blocks[seq.block_table[b]]
             if block.block_hash is None:
-                toks = tuple(seq.token_ids[b * bs:(b + 1) * bs])
-                h = block_hash(parent, toks, seq.cache_salt)
+                h, toks = full[b]
                 block.block_hash, block.token_ids = h, toks
                 self.cached.setdefault(h, block.block_id)
-            parent = block.block_hash
-        seq.num_hashed_blocks = max(start, n_full)
+        seq.num_hashed_blocks = n_full
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),

@@ -3,7 +3,8 @@
 Repetition penalty (Keskar et al. 2019, as vLLM applies it): over tokens in the
 prompt or the output, positive logits are divided by it and negative ones multiplied.
 Presence / frequency (OpenAI's definition): logit -= frequency * count + presence *
-(count > 0), counting output tokens only. DRY ("Don't Repeat Yourself", llama.cpp's
+(count > 0), counting output tokens only. The counts are kept per sequence as it grows
+(PenaltyCounts). DRY ("Don't Repeat Yourself", llama.cpp's
 definition): a token that would extend a repetition of length n >= allowed_length of
 an earlier part of the context gets -= multiplier * base ** (n - allowed_length).
 """
@@ -16,25 +17,58 @@ import torch
 from .sequence import Sequence
 
 
+class PenaltyCounts:
+    """One sequence's counts for the repetition, presence and frequency penalties, kept as it grows.
+
+    counts: float32 [V], how often each token occurs in the output. seen: bool [V], the tokens of
+    the output and, when the repetition penalty is on, of the prompt. Output tokens are folded in
+    once each (`catch_up`), never recounted from the whole output.
+    """
+
+    __slots__ = ("counts", "seen", "num_counted")
+
+    def __init__(self, seq: Sequence, vocab_size: int, device: torch.device):
+        self.counts = torch.zeros(vocab_size, device=device)
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if seq.params.repetition_penalty != 1.0:
+            prompt = [t for t in seq.prompt_token_ids if t < vocab_size]
+            if prompt:
+                self.seen[prompt] = True
+        self.num_counted = 0  # output tokens folded in so far
+
+    def catch_up(self, seq: Sequence) -> None:
+        """Fold in the output tokens generated since the last call (ids >= V are not counted)."""
+        start = seq.num_prompt_tokens + self.num_counted
+        if start >= len(seq.token_ids):
+            return
+        new = seq.token_ids[start:]
+        self.num_counted += len(new)
+        v = self.counts.shape[0]
+        ids = [t for t in new if t < v]
+        if ids:
+            index = torch.tensor(ids, device=self.counts.device)
+            self.counts.index_add_(0, index, torch.ones(len(ids), device=index.device))
+            self.seen[index] = True
+
+
+def penalties_on(params) -> bool:
+    """Whether a repetition, presence or frequency penalty applies to a request's SamplingParams."""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
+
+
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """logits float32 [B, V], modified in place for the rows whose penalties are on."""
-    v = logits.shape[1]
-    rows = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0 or s.params.presence_penalty
-            or s.params.frequency_penalty]
+    rows = [i for i, s in enumerate(seqs) if penalties_on(s.params)]
     if not rows:
         return
     device = logits.device
-    counts = torch.zeros(len(rows), v, device=device)
-    seen = torch.zeros(len(rows), v, dtype=torch.bool, device=device)
-    for r, i in enumerate(rows):
-        out = [t for t in seqs[i].output_token_ids if t < v]
-        if out:
-            counts[r].index_add_(0, torch.tensor(out, device=device), torch.ones(len(out), device=device))
-        if seqs[i].params.repetition_penalty != 1.0:
-            prompt = [t for t in seqs[i].prompt_token_ids if t < v]
-            if prompt:
-                seen[r, prompt] = True
-    seen |= counts > 0
+    for i in rows:
+        s = seqs[i]
+        if s.penalty_counts is None:
+            s.penalty_counts = PenaltyCounts(s, logits.shape[1], device)
+        s.penalty_counts.catch_up(s)
+    counts = torch.stack([seqs[i].penalty_counts.counts for i in rows])
+    seen = torch.stack([seqs[i].penalty_counts.seen for i in rows])
     sub = logits[rows]
     rep = torch.tensor([seqs[i].params.repetition_penalty for i in rows], device=device).unsqueeze(1)
     penalised = torch.where(sub > 0, sub / rep, sub * rep)

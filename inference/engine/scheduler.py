@@ -71,6 +71,7 @@ class Scheduler:
         seq.finish_reason = reason
         seq.status = SequenceStatus.FINISHED
         seq.grammar = None  # the grammar matcher's memory goes with the request
+        seq.penalty_counts = None
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

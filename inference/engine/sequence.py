@@ -40,11 +40,16 @@ class Sequence:
     num_cached_tokens: int = 0
     # Leading blocks of block_table already registered in the prefix cache.
     num_hashed_blocks: int = 0
+    # (chained hash, token ids) of each full block of token_ids, in order: each hashed once, after the
+    # block fills (block_manager.BlockManager.full_blocks); token ids only grow, so entries stay true.
+    full_blocks: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     # Prefix-cache salt: blocks are shared only between sequences with the same salt (the tenant).
     cache_salt: str = ""
     # grammar_state.GrammarState while params.structured is set and the sequence runs; None once it ends.
     grammar: object = None
     generator: object = None
+    # penalties.PenaltyCounts while a repetition, presence or frequency penalty is on.
+    penalty_counts: object = None
     # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.
     prompt_logprobs: list | None = None
     # reasoning_budget.ReasoningTracker, made on the first draw when params.reasoning_budget is set.

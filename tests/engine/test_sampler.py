@@ -173,3 +173,17 @@ def test_it_caps_dry_penalties_instead_of_overflowing_on_long_repeats():
     tokens = [1, 2] * 2000
     pens = dry_penalties(tokens, 0.8, 1.75, 2)
     assert pens[1] == pytest.approx(0.8 * math.exp(50.0))
+
+
+def test_penalty_counts_kept_as_a_sequence_grows_equal_the_reference_at_every_step():
+    rng = random.Random(4)
+    sampler = Sampler(EOS, seed=0)
+    params = SamplingParams(temperature=0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.7)
+    s = seq_with(params, [rng.randrange(V) for _ in range(8)], [])
+    for step in range(30):
+        logits = torch.randn(1, V, generator=torch.Generator().manual_seed(step)) * 3
+        row = sampler.process(logits, [s])[0]
+        assert torch.allclose(row, reference_row(logits[0], s), atol=1e-4), step
+        s.token_ids.append(rng.choice([1, 4, 5, 6, rng.randrange(V)]))
+    counts = s.penalty_counts
+    assert counts.num_counted == 29 and counts.counts.sum().item() == 29  # each token folded in once
