@@ -15,6 +15,7 @@ from .model_folder import ModelFolder
 from .model_runner import ModelRunner
 from .outputs import RequestRejected
 from .models.loader import load_model
+from .reasoning import ReasoningTracker
 from .request import EngineRequest
 from .scheduler import Scheduler, StepOutputs
 from .sequence import Sequence
@@ -120,7 +121,9 @@ class LLMEngine:
                        cache_salt=request.cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
-        seq.grammar = grammar_state_for(params, rid)
+        if params.reasoning is not None:
+            seq.reasoning = ReasoningTracker(params.reasoning)
+        seq.grammar = grammar_state_for(params, rid, seq.reasoning)
         self.scheduler.add(seq)
         return seq
 

@@ -19,7 +19,7 @@ import torch
 
 from .grammar_mask import apply_grammar_masks
 from .penalties import apply_dry, apply_penalties
-from .reasoning_budget import force_reasoning_end
+from .reasoning import force_reasoning_end
 from .sequence import Sequence
 
 NEG_INF_LOGPROB = -9999.0

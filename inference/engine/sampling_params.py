@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .reasoning_budget import ReasoningBudget
+from .reasoning import ReasoningSpec
 
 
 @dataclass(slots=True)
@@ -48,8 +48,8 @@ class SamplingParams:
     # Token ids that stop a DRY match (serving maps llama.cpp's default breakers "\n", ":", "\"", "*"
     # to the ids of tokens containing them); None: no breakers.
     dry_sequence_breaker_ids: frozenset[int] | None = None
-    # Reasoning cap (reasoning_budget.py): the close tag is forced after max_tokens reasoning tokens.
-    reasoning_budget: ReasoningBudget | None = None
+    # How the output reasons (reasoning.py): the budget's cap and the grammar's wait read it; None: no reasoning.
+    reasoning: ReasoningSpec | None = None
 
     def __post_init__(self):
         if self.temperature < 0:

@@ -52,8 +52,8 @@ class Sequence:
     penalty_counts: object = None
     # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.
     prompt_logprobs: list | None = None
-    # reasoning_budget.ReasoningTracker, made on the first draw when params.reasoning_budget is set.
-    reasoning_tracker: object = None
+    # reasoning.ReasoningTracker while params.reasoning is set: the budget and the grammar read this one.
+    reasoning: object = None
 
     def __post_init__(self):
         if not self.token_ids:

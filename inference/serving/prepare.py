@@ -11,7 +11,8 @@ all of them:
 3. with `truncate` (Responses' truncation: auto), drops the oldest turns until it fits;
 4. resolves max_tokens against the engine's one fit rule (engine.max_request_tokens) --
    the only context-length check outside the engine;
-5. compiles the grammar (structured.py) and builds the reasoning controls;
+5. compiles the grammar (structured.py) and builds the one ReasoningSpec (reasoning_spec.py)
+   that the engine's thinking cap and the grammar's wait both read;
 6. resolves the sampling params of every choice (sampling.py: the request, then the model's
    generation_config.json, then the settings) and returns one GenerationInput per choice.
 """
@@ -34,8 +35,9 @@ from .logprobs import spelling_for
 from .model_names import check_model
 from .pipeline import GenerationInput
 from .prompts import completion_prompt_ids, render_messages
+from .reasoning_spec import reasoning_spec
 from .sampling import defaults_for, resolve_max_tokens, sampling_params
-from .structured import compile_spec, grammar_spec, reasoning_gate
+from .structured import compile_spec, grammar_spec
 from .text_setup import text_setup
 from .thinking import Thinking
 
@@ -248,13 +250,13 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
         max_tokens = resolve_max_tokens(greq.max_tokens, default_max, len(ids), limit, param=param)
-        structured = (StructuredOutput(compiled, **reasoning_gate(tok, text_spec, ids))
-                      if compiled is not None else None)
-        budget = setup.reasoning_budget(tok, prompt_texts[k]) if greq.messages is not None else None
+        structured = StructuredOutput(compiled) if compiled is not None else None
+        reasoning = (reasoning_spec(tok, setup.reasoning_parser, prompt_texts[k], setup.thinking)
+                     if greq.messages is not None else None)
         for i in range(greq.n):
             params = sampling_params(greq.sampling, max_tokens=max_tokens, tokenizer=tok, defaults=defaults,
                                      logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
-                                     seed_offset=i, reasoning_budget=budget, structured=structured)
+                                     seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
             inputs.append(GenerationInput(ids, params, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,

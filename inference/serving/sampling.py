@@ -15,7 +15,7 @@ from django.conf import settings
 
 from inference.engine.grammar_state import StructuredOutput
 from inference.engine.model_folder import ModelFolder
-from inference.engine.reasoning_budget import ReasoningBudget
+from inference.engine.reasoning import ReasoningSpec
 from inference.engine.sampling_params import SamplingParams
 
 from .errors import ApiError, bad_request
@@ -83,14 +83,14 @@ def dry_breaker_ids(tokenizer, breakers: tuple[str, ...]) -> frozenset[int]:
 
 def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, logprobs: int | None = None,
                     prompt_logprobs: int | None = None, seed_offset: int = 0,
-                    reasoning_budget: ReasoningBudget | None = None,
+                    reasoning: ReasoningSpec | None = None,
                     structured: StructuredOutput | None = None) -> SamplingParams:
     """SamplingParams for one choice of a validated request.
 
     max_tokens: the resolved completion budget (see resolve_max_tokens). logprobs: top-N count per
     token (0 = only the sampled token's), None = off. seed_offset: added to the request's seed, so
-    choice i of a seeded n>1 request uses seed + i. reasoning_budget: the engine's reasoning cap
-    (text_setup.TextSetup.reasoning_budget). DRY's sequence breakers (strings; llama.cpp's
+    choice i of a seeded n>1 request uses seed + i. reasoning: how the output reasons, for the
+    engine's thinking cap and grammar (reasoning_spec.reasoning_spec). DRY's sequence breakers (strings; llama.cpp's
     default set when unset) become the ids of the tokens containing them. Raises ApiError 400 for
     token ids outside the vocabulary in logit_bias or stop_token_ids.
     """
@@ -112,5 +112,5 @@ def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, lo
         values["dry_sequence_breaker_ids"] = dry_breaker_ids(
             tokenizer, tuple(DEFAULT_DRY_BREAKERS if breakers is None else breakers))
     return SamplingParams(**values, max_tokens=max_tokens, ignore_eos=req.get("ignore_eos", False),
-                          logprobs=logprobs, prompt_logprobs=prompt_logprobs, reasoning_budget=reasoning_budget,
+                          logprobs=logprobs, prompt_logprobs=prompt_logprobs, reasoning=reasoning,
                           structured=structured)

@@ -15,7 +15,8 @@ Two steps, both before anything runs:
    GrammarSpec (a forced call uses the request's tool parser format, from its TextSpec) and
    `compile_spec` compiles it in the grammar worker thread (cached by spec and tokenizer;
    neither the event loop nor the engine thread waits on a compile); each choice's
-   SamplingParams is then built with it, with the reasoning gate from its reasoning parser.
+   SamplingParams is then built with it (the engine holds the grammar off while the choice's
+   SamplingParams.reasoning says the model reasons; reasoning_spec.py).
    A schema or grammar the compiler refuses is a 400 naming the field and the problem; the
    engine only receives compiled grammars.
 """
@@ -28,7 +29,6 @@ import logging
 from inference.engine.grammar import GrammarError, GrammarSpec, compiler_for
 
 from .errors import bad_request
-from .reasoning import REASONING_PARSERS
 from .tool_grammar import ToolGrammarError, forced_tool_names, tool_call_grammar
 
 log = logging.getLogger("metrale.api")
@@ -139,26 +139,6 @@ def requested_grammar(attrs: dict, format_field: str = "response_format") -> tup
         raise bad_request("'structured_outputs' cannot be combined with a tool_choice that forces a tool call: "
                           "only one grammar can constrain the output.", "structured_outputs")
     return specs[0] if specs else None
-
-
-def reasoning_gate(tokenizer, text, prompt_token_ids: list[int]) -> dict:
-    """StructuredOutput's reasoning fields for one choice: the grammar waits while the model reasons.
-
-    text: the choice's TextSpec (text_pipeline.py), whose reasoning parser gives the tags; None
-    or no parser: no gate. A prompt that opened the block starts in reasoning; one ending in the
-    close tag (thinking turned off in the template) has no gate; otherwise a single-token open
-    tag may begin the output in place of the grammar's first token.
-    """
-    if text is None or not text.reasoning_parser or text.reasoning_parser not in REASONING_PARSERS:
-        return {}
-    cls = REASONING_PARSERS[text.reasoning_parser]
-    end_ids = tuple(tokenizer.encode(cls.end_tag))
-    if text.started_in_reasoning:
-        return {"reasoning_end_ids": end_ids, "starts_in_reasoning": True}
-    if tokenizer.decode(prompt_token_ids[-32:], skip_special_tokens=False).rstrip().endswith(cls.end_tag):
-        return {}
-    start_ids = tokenizer.encode(cls.start_tag)
-    return {"reasoning_end_ids": end_ids, "reasoning_start_id": start_ids[0] if len(start_ids) == 1 else None}
 
 
 def grammar_spec(requested: tuple[GrammarSpec, str] | None, text=None) -> tuple[GrammarSpec, str] | None:

@@ -1,4 +1,4 @@
-"""Which parsers read a request's output, and the engine's reasoning cap for it.
+"""Which parsers read a request's output.
 
 Parsers (settings, then the model): METRALE["TOOL_CALL_PARSER"] and
 METRALE["REASONING_PARSER"] name a parser ("none" turns that stage off); unset,
@@ -10,9 +10,8 @@ Hermes is what most tool-capable templates without a known marker write too.
 Without tools, the model's own parser (if any) still runs, so its markup never
 leaks into content.
 
-The reasoning cap: the reasoning parser's close tag (and open tag) tokenized,
-with the request's thinking budget (thinking.py) and whether the prompt opened
-the block; None when there is no parser or no cap.
+The engine's side of reasoning (tags in token ids, the thinking cap) is
+reasoning_spec.py's, from `TextSetup.reasoning_parser` and `TextSetup.thinking`.
 """
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ import logging
 from dataclasses import dataclass
 
 from django.conf import settings
-
-from inference.engine.reasoning_budget import ReasoningBudget
 
 from .reasoning import REASONING_PARSERS, choose_reasoning_parser, prompt_opens_reasoning
 from .text_pipeline import TextSpec
@@ -83,17 +80,6 @@ class TextSetup:
         return TextSpec(self.reasoning_parser, self.tool_parser, self.tools, self.tool_choice,
                         self.parallel_tool_calls, self.max_calls,
                         prompt_opens_reasoning(prompt_text, self.reasoning_parser))
-
-    def reasoning_budget(self, tokenizer, prompt_text: str) -> ReasoningBudget | None:
-        """The engine's reasoning cap, or None (no reasoning parser, or no cap asked for)."""
-        cap = self.thinking.engine_cap()
-        if cap is None or self.reasoning_parser is None:
-            return None
-        parser = REASONING_PARSERS[self.reasoning_parser]
-        end_ids = tuple(tokenizer.encode(parser.end_tag))
-        start_ids = tuple(tokenizer.encode(parser.start_tag))
-        return ReasoningBudget(cap, end_ids, start_ids,
-                               prompt_opens_reasoning(prompt_text, self.reasoning_parser))
 
 
 def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None,

@@ -10,7 +10,7 @@ Highest first:
    minimal / low / medium / high turn it on (no cap; the template sees the effort);
 4. `chat_template_kwargs.enable_thinking`;
 5. the model's default (the template's own).
-A cap is enforced by the engine (engine/reasoning_budget.py): after N reasoning
+A cap is enforced by the engine (engine/reasoning.py): after N reasoning
 tokens it forces the reasoning parser's close tag. "Off" is told to the template
 (`enable_thinking: false`) and, for a model with a reasoning parser, enforced as a
 cap of 0, so a model that opens a block anyway closes it at once.

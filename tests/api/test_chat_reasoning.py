@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from inference.engine.reasoning_budget import ReasoningBudget
+from inference.engine.reasoning import ReasoningSpec
 
 from .fake_engine import call, reply
 
@@ -32,8 +32,14 @@ def prompt_of(rt, i=-1) -> str:
     return rt.tokenizer.decode(rt.engine.submissions[i].prompt_token_ids, skip_special_tokens=False)
 
 
-def budget_of(rt, i=-1) -> ReasoningBudget | None:
-    return rt.engine.submissions[i].params.reasoning_budget
+def spec_of(rt, i=-1) -> ReasoningSpec | None:
+    return rt.engine.submissions[i].params.reasoning
+
+
+def budget_of(rt, i=-1) -> int | None:
+    """The reasoning cap the engine got (None: no cap, or no reasoning at all)."""
+    spec = spec_of(rt, i)
+    return spec.budget_tokens if spec is not None else None
 
 
 def test_a_prompt_opened_block_is_reasoning_content_and_counts_reasoning_tokens(thinking_rt):
@@ -46,7 +52,7 @@ def test_a_prompt_opened_block_is_reasoning_content_and_counts_reasoning_tokens(
     reasoning_ids = tok.encode("Two and two make four.\n</think>")
     details = body["usage"]["completion_tokens_details"]
     assert details["reasoning_tokens"] == len(reasoning_ids)  # the close tag counts as reasoning
-    assert budget_of(thinking_rt) is None  # no cap asked for
+    assert spec_of(thinking_rt) is not None and budget_of(thinking_rt) is None  # no cap asked for
 
 
 def test_streamed_reasoning_comes_under_both_keys_before_the_content(thinking_rt):
@@ -67,8 +73,8 @@ def test_streamed_reasoning_comes_under_both_keys_before_the_content(thinking_rt
 def test_a_budget_reaches_the_engine_with_the_close_tag_ids(thinking_rt):
     tok = thinking_rt.tokenizer
     chat(thinking_token_budget=16)
-    assert budget_of(thinking_rt) == ReasoningBudget(16, tuple(tok.encode("</think>")), tuple(tok.encode("<think>")),
-                                                     starts_in_reasoning=True)
+    assert spec_of(thinking_rt) == ReasoningSpec(tuple(tok.encode("<think>")), tuple(tok.encode("</think>")),
+                                                 starts_in_reasoning=True, budget_tokens=16)
 
 
 @pytest.mark.parametrize("fields, enabled, cap", [
@@ -87,10 +93,8 @@ def test_thinking_controls_by_priority(thinking_rt, fields, enabled, cap):
     prompt = prompt_of(thinking_rt)
     assert prompt.endswith("<think>\n") == enabled
     assert prompt.endswith("<think>\n\n</think>\n\n") != enabled
-    budget = budget_of(thinking_rt)
-    assert (budget.max_tokens if budget else None) == cap
-    if budget is not None:
-        assert budget.starts_in_reasoning == enabled
+    assert budget_of(thinking_rt) == cap
+    assert spec_of(thinking_rt).starts_in_reasoning == enabled
 
 
 def test_reasoning_effort_reaches_the_template(thinking_rt):
@@ -114,7 +118,7 @@ def test_a_model_without_reasoning_gets_no_parser_and_no_cap(fake_rt):
     fake_rt.engine.script = reply(fake_rt.tokenizer, "<think>hm</think>4")
     body = chat(thinking_token_budget=8).json()
     assert body["choices"][0]["message"]["content"] == "<think>hm</think>4"
-    assert budget_of(fake_rt) is None
+    assert spec_of(fake_rt) is None
 
 
 def test_the_reasoning_parser_setting_is_honoured(fake_rt, settings):
@@ -122,7 +126,7 @@ def test_the_reasoning_parser_setting_is_honoured(fake_rt, settings):
     fake_rt.engine.script = reply(fake_rt.tokenizer, "<think>hm</think>4")
     message = chat(thinking_token_budget=8).json()["choices"][0]["message"]
     assert message["reasoning_content"] == "hm" and message["content"] == "4"
-    assert budget_of(fake_rt).max_tokens == 8 and not budget_of(fake_rt).starts_in_reasoning
+    assert budget_of(fake_rt) == 8 and not spec_of(fake_rt).starts_in_reasoning
 
 
 def test_token_ids_cover_every_token_and_logprobs_only_content_tokens(thinking_rt):

@@ -3,9 +3,11 @@ import json
 
 import pytest
 
-from inference.engine.grammar import GrammarSpec
-from inference.serving import structured
-from inference.serving.text_pipeline import TextSpec
+from inference.engine.grammar import GrammarCompiler, GrammarSpec
+from inference.engine.grammar_state import GrammarState, StructuredOutput
+from inference.engine.reasoning import ReasoningSpec, ReasoningTracker
+from inference.serving.reasoning_spec import reasoning_spec
+from inference.serving.thinking import Thinking
 
 from .fake_engine import call, reply
 
@@ -112,14 +114,22 @@ def test_the_error_names_the_field_and_the_problem(fake_rt):
 
 def test_the_reasoning_gate_follows_the_prompt(smollm2_tokenizer):
     tok = smollm2_tokenizer
-    end = tuple(tok.encode("</think>"))
-    think = TextSpec(reasoning_parser="think", started_in_reasoning=True)
-    assert structured.reasoning_gate(tok, think, tok.encode("<think>\n")) == {
-        "reasoning_end_ids": end, "starts_in_reasoning": True}
-    model_opens = TextSpec(reasoning_parser="think")
-    assert structured.reasoning_gate(tok, model_opens, tok.encode("assistant\n<think>\n\n</think>\n\n")) == {}
+    start, end = tuple(tok.encode("<think>")), tuple(tok.encode("</think>"))
+    grammar = GrammarCompiler(tok).compile(GrammarSpec("regex", "[0-9]+"))
+
+    def gate(prompt_text: str, parser: str | None = "think") -> str | None:
+        spec = reasoning_spec(tok, parser, prompt_text, Thinking())
+        if spec is None:
+            return None
+        return GrammarState(StructuredOutput(grammar), reasoning=ReasoningTracker(spec)).gate
+
+    opened = reasoning_spec(tok, "think", "<think>\n", Thinking())
+    assert opened == ReasoningSpec(start, end, starts_in_reasoning=True)
+    assert gate("<think>\n") == "reasoning"
+    closed = reasoning_spec(tok, "think", "assistant\n<think>\n\n</think>\n\n", Thinking())
+    assert not closed.starts_in_reasoning and not closed.output_may_open
+    assert gate("assistant\n<think>\n\n</think>\n\n") == "on"
     # `<think>` is several tokens in SmolLM2's vocabulary: the model cannot open it past the grammar.
-    assert structured.reasoning_gate(tok, model_opens, tok.encode("assistant\n")) == {
-        "reasoning_end_ids": end, "reasoning_start_id": None}
-    assert structured.reasoning_gate(tok, TextSpec(), tok.encode("<think>\n")) == {}
-    assert structured.reasoning_gate(tok, None, tok.encode("<think>\n")) == {}
+    assert reasoning_spec(tok, "think", "assistant\n", Thinking()).output_may_open
+    assert gate("assistant\n") == "on"
+    assert gate("<think>\n", parser=None) is None

@@ -7,6 +7,7 @@ import torch
 
 from inference.engine.grammar import GrammarCompiler, GrammarError, GrammarSpec
 from inference.engine.grammar_state import GrammarState, StructuredOutput
+from inference.engine.reasoning import ReasoningSpec, ReasoningTracker
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
@@ -76,7 +77,8 @@ def test_a_refused_token_is_a_logged_dead_end(compiler, tok, caplog):
 def test_the_grammar_waits_for_the_reasoning_close_tag(compiler, tok):
     g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
     end = tuple(tok.encode("</think>"))
-    state = GrammarState(StructuredOutput(g, reasoning_end_ids=end, starts_in_reasoning=True))
+    state = GrammarState(StructuredOutput(g), reasoning=ReasoningTracker(ReasoningSpec(
+        end_ids=end, starts_in_reasoning=True)))
     assert not state.masks
     assert walk(state, tok, "Let me think: 1 2 x", then=end)
     assert state.gate == "on" and state.masks
@@ -87,13 +89,38 @@ def test_a_model_may_open_reasoning_with_its_first_token(compiler, tok):
     g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
     start = tok.encode("<|im_start|>")[0]  # a single-token tag stands in for <think>
     end = tuple(tok.encode("</think>"))
-    opened = GrammarState(StructuredOutput(g, reasoning_end_ids=end, reasoning_start_id=start))
+    spec = ReasoningSpec((start,), end, output_may_open=True)
+    opened = GrammarState(StructuredOutput(g), reasoning=ReasoningTracker(spec))
     row = np.zeros(g.mask_words, dtype=np.uint32)
     opened.fill_mask(row)
     assert row[start // 32] >> (start % 32) & 1
     assert opened.accept(start, []) and opened.gate == "reasoning"
-    direct = GrammarState(StructuredOutput(g, reasoning_end_ids=end, reasoning_start_id=start))
+    direct = GrammarState(StructuredOutput(g), reasoning=ReasoningTracker(spec))
     assert walk(direct, tok, "7") and direct.gate == "on"
+
+
+def test_one_tracker_feeds_the_budget_and_the_grammar(compiler, tok):
+    """The budget closes the block the prompt opened; the grammar waits for that close, then constrains."""
+    g = compiler.compile(GrammarSpec("regex", "[0-9]+"))
+    end = tuple(tok.encode("</think>"))
+    spec = ReasoningSpec(end_ids=end, starts_in_reasoning=True, budget_tokens=2)
+    params = SamplingParams(temperature=0, structured=StructuredOutput(g), reasoning=spec)
+    s = Sequence("r", [5, 6, 7], params)
+    s.reasoning = ReasoningTracker(spec)
+    s.grammar = GrammarState(params.structured, reasoning=s.reasoning)
+    x, digit = tok.encode("x")[0], tok.encode("7")[0]
+    logits = torch.zeros(1, 49152)
+    logits[0, x], logits[0, digit] = 50.0, 5.0  # the unconstrained favourite is not a digit
+    sampler = Sampler([2])
+    for _ in range(2 + len(end) + 3):
+        token = sampler(logits, [s]).token_ids[0]
+        assert s.grammar.accept(token, s.output_token_ids)
+        s.token_ids.append(token)
+    out = s.output_token_ids
+    assert out[:2] == [x, x]  # reasoning is free text
+    assert tuple(out[2:2 + len(end)]) == end  # closed by the budget
+    assert out[2 + len(end):] == [digit] * 3  # then the grammar applies
+    assert s.reasoning.used == 2 and not s.reasoning.in_reasoning
 
 
 def seq(params, prompt=(5, 6, 7), output=(), request_id="r"):

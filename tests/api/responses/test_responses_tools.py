@@ -52,8 +52,8 @@ def test_reasoning_becomes_a_reasoning_item_and_effort_none_caps_it_at_zero(api,
     assert reasoning["type"] == "reasoning" and reasoning["summary"][0]["text"] == "Two plus two."
     assert message["content"][0]["text"] == "4"
     assert body["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
-    assert engine.submissions[-1].params.reasoning_budget is None
+    assert engine.submissions[-1].params.reasoning.budget_tokens is None
     api.post("/v1/responses", {"input": "2+2?", "reasoning": {"effort": "none"}})
-    assert engine.submissions[-1].params.reasoning_budget.max_tokens == 0
+    assert engine.submissions[-1].params.reasoning.budget_tokens == 0
     api.post("/v1/responses", {"input": "2+2?", "thinking_token_budget": 9, "reasoning": {"effort": "none"}})
-    assert engine.submissions[-1].params.reasoning_budget.max_tokens == 9
+    assert engine.submissions[-1].params.reasoning.budget_tokens == 9

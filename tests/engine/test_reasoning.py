@@ -1,10 +1,11 @@
-"""The reasoning budget: the close tag is forced after N reasoning tokens, in the sampler, one token per step."""
+"""The reasoning budget: the close tag is forced after N reasoning tokens, in the sampler, one token per step;
+and the one tracker per sequence that the budget and the grammar both read."""
 import pytest
 import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine
-from inference.engine.reasoning_budget import ReasoningBudget
+from inference.engine.reasoning import ReasoningSpec
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
@@ -29,7 +30,7 @@ def generate(params: SamplingParams, script: list[int] | None = None, steps: int
 
 
 def budget(n, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, reasoning_budget=ReasoningBudget(n, END, START, **kw))
+    return SamplingParams(temperature=0.0, reasoning=ReasoningSpec(START, END, budget_tokens=n, **kw))
 
 
 def test_it_forces_the_close_tag_after_the_budget_when_the_prompt_opened_reasoning():
@@ -58,8 +59,8 @@ def test_it_finishes_a_close_tag_the_model_had_begun():
 
 def test_it_leaves_rows_without_a_budget_alone_and_works_for_sampled_rows():
     sampler = Sampler([2], seed=0)
-    seqs = [Sequence("a", [1], SamplingParams(temperature=1.0, reasoning_budget=ReasoningBudget(
-                0, END, starts_in_reasoning=True), logprobs=1)),
+    seqs = [Sequence("a", [1], SamplingParams(temperature=1.0, reasoning=ReasoningSpec(
+                end_ids=END, starts_in_reasoning=True, budget_tokens=0), logprobs=1)),
             Sequence("b", [1], SamplingParams(temperature=0.0, logprobs=1))]
     logits = torch.zeros(2, V)
     logits[:, FAVOURITE] = 10.0
@@ -68,9 +69,16 @@ def test_it_leaves_rows_without_a_budget_alone_and_works_for_sampled_rows():
     assert res.logprobs[0][0] == 0.0  # the forced token is certain
 
 
-def test_it_needs_the_close_tag():
+def test_it_needs_the_close_tag_and_a_budget_of_at_least_zero():
     with pytest.raises(ValueError):
-        ReasoningBudget(3, ())
+        ReasoningSpec(end_ids=(), budget_tokens=3)
+    with pytest.raises(ValueError):
+        ReasoningSpec(end_ids=END, budget_tokens=-1)
+
+
+def test_without_a_budget_nothing_is_forced():
+    spec = ReasoningSpec(START, END, starts_in_reasoning=True)
+    assert generate(SamplingParams(temperature=0.0, reasoning=spec), steps=4) == [10, 10, 10, 10]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +100,7 @@ def test_a_tiny_model_follows_its_own_tokens_until_the_budget_then_the_fake_clos
     close = (300, 301)
     capped = run_engine(tiny_folder, SamplingParams(
         temperature=0.0, max_tokens=12, ignore_eos=True,
-        reasoning_budget=ReasoningBudget(4, close, starts_in_reasoning=True)))
+        reasoning=ReasoningSpec(end_ids=close, starts_in_reasoning=True, budget_tokens=4)))
     assert capped[:4] == free[:4]
     assert capped[4:6] == list(close)
     assert len(capped) == 12
