@@ -12,12 +12,14 @@ from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
 from .model_folder import ModelFolder
-from .model_runner import ModelRunner
-from .outputs import RequestRejected
+from .model_runner import ModelRunner, RunResult
 from .models.loader import load_model
+from .outputs import RequestRejected
+from .penalties import PenaltyCounts, penalties_on
 from .reasoning import ReasoningTracker
 from .request import EngineRequest
-from .scheduler import Scheduler, StepOutputs
+from .sampling_state import SamplingState
+from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
@@ -109,22 +111,37 @@ class LLMEngine:
 
     def add_request(self, request: EngineRequest, deadline: float | None = None,
                     request_id: str | None = None) -> Sequence:
-        """Queue a request (its id: request_id, else request.request_id). Raises RequestRejected
-        when it can never fit (check_fits).
+        """Queue a request (its id: request_id, else request.request_id), with its parameters
+        converted to what every step uses (SamplingParams.for_engine, SamplingState, its
+        generator, penalty counts, reasoning tracker and grammar state), so that a value no step
+        could use fails here, for this request alone.
 
         deadline: a time.monotonic() instant after which the request ends with "timeout".
+        Raises RequestRejected when it can never fit (check_fits) or a parameter cannot be used.
         """
-        params = request.params
-        self.check_fits(len(request.prompt_token_ids), params.max_tokens)
+        self.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
         rid = request_id or request.request_id or "req"
+        try:
+            seq = self._admit(request, rid, deadline)
+        except Exception as exc:
+            raise RequestRejected(f"the request's parameters cannot be used: {exc}") from exc
+        self.scheduler.add(seq)
+        return seq
+
+    def _admit(self, request: EngineRequest, rid: str, deadline: float | None) -> Sequence:
+        vocab_size = self.model_config.vocab_size
+        params = request.params.for_engine(vocab_size)
         seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
                        cache_salt=request.cache_salt)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
+        device = self.runner.device
+        seq.sampling = SamplingState.build(params, vocab_size, self.eos_token_ids, device)
+        if penalties_on(params):
+            seq.penalty_counts = PenaltyCounts(seq, vocab_size, device)
         if params.reasoning is not None:
             seq.reasoning = ReasoningTracker(params.reasoning)
         seq.grammar = grammar_state_for(params, rid, seq.reasoning)
-        self.scheduler.add(seq)
         return seq
 
     def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
@@ -144,11 +161,58 @@ class LLMEngine:
             return []
         t1 = time.perf_counter()
         self._log_step(batch)
-        result = self.runner.execute(batch)
+        result, failed = self._run(batch)
         t2 = time.perf_counter()
-        outputs = self.scheduler.postprocess(batch, result)
+        outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
+        outputs += self.scheduler.postprocess(batch, result)
         self._time_step(t1 - t0, time.perf_counter() - t2)
         return outputs
+
+    def _run(self, batch: ScheduledBatch) -> tuple[RunResult, list[tuple[Sequence, Exception]]]:
+        """Run the batch; if that raises, find the items that make it raise and run the others.
+
+        A failed attempt is retried without the step's newest admissions, then by halves, down to
+        the single items that fail alone (those are returned with their exception). The seeded
+        generators are put back before each retry, so a retried request draws exactly what it
+        would have drawn; the KV slots a failed attempt wrote are written again by the retry.
+        Returns the merged result (aligned with batch.items) and the failed items' sequences.
+        """
+        saved = {id(seq): seq.generator.get_state() for (seq, _), samples in zip(batch.items, batch.samples)
+                 if samples and seq.generator is not None}
+        try:
+            return self.runner.execute(batch), []
+        except Exception as exc:
+            log.warning("engine step %d failed (%s); retrying it to find the request(s) that cause it",
+                        self.num_steps, exc)
+        n = len(batch.items)
+        merged = RunResult([None] * n, [None] * n, [None] * n)
+        failed: list[tuple[Sequence, Exception]] = []
+        cut = batch.first_admitted if 0 < batch.first_admitted < n else n // 2
+        todo = [list(range(cut, n)), list(range(cut))]
+        while todo:
+            indices = todo.pop()
+            self._restore_generators(batch, indices, saved)
+            try:
+                part = self.runner.execute(batch.subset(indices))
+            except Exception as exc:
+                if len(indices) == 1:
+                    failed.append((batch.items[indices[0]][0], exc))
+                else:
+                    half = len(indices) // 2
+                    todo += [indices[half:], indices[:half]]
+                continue
+            for j, i in enumerate(indices):
+                merged.token_ids[i] = part.token_ids[j]
+                merged.logprobs[i] = part.logprobs[j]
+                merged.prompt_logprobs[i] = part.prompt_logprobs[j]
+        return merged, failed
+
+    @staticmethod
+    def _restore_generators(batch: ScheduledBatch, indices: list[int], saved: dict) -> None:
+        for i in indices:
+            seq = batch.items[i][0]
+            if id(seq) in saved:
+                seq.generator.set_state(saved[id(seq)])
 
     def _log_step(self, batch) -> None:
         self.num_steps += 1

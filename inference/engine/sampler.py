@@ -20,6 +20,7 @@ import torch
 from .grammar_mask import apply_grammar_masks
 from .penalties import apply_dry, apply_penalties
 from .reasoning import force_reasoning_end
+from .sampling_state import sampling_state
 from .sequence import Sequence
 
 NEG_INF_LOGPROB = -9999.0
@@ -55,23 +56,17 @@ class Sampler:
         device = logits.device
         params = [s.params for s in seqs]
 
-        bias_rows, bias_cols, bias_vals = [], [], []
-        for i, p in enumerate(params):
-            if p.logit_bias:
-                for tok, val in p.logit_bias.items():
-                    if 0 <= tok < v:
-                        bias_rows.append(i)
-                        bias_cols.append(tok)
-                        bias_vals.append(val)
-        if bias_rows:
-            logits.index_put_((torch.tensor(bias_rows, device=device), torch.tensor(bias_cols, device=device)),
-                              torch.tensor(bias_vals, device=device), accumulate=True)
+        states = [sampling_state(s, v, self.eos_token_ids, device) for s in seqs]
+        biased = [i for i, st in enumerate(states) if st.bias_ids is not None]
+        if biased:
+            sizes = torch.tensor([len(states[i].bias_ids) for i in biased], device=device)
+            rows = torch.repeat_interleave(torch.tensor(biased, device=device), sizes)
+            logits.index_put_((rows, torch.cat([states[i].bias_ids for i in biased])),
+                              torch.cat([states[i].bias_values for i in biased]), accumulate=True)
 
-        for i, (s, p) in enumerate(zip(seqs, params)):
-            if s.num_output_tokens < p.min_tokens:
-                banned = [t for t in (*((self.eos_token_ids) if not p.ignore_eos else ()), *p.stop_token_ids) if t < v]
-                if banned:
-                    logits[i, banned] = float("-inf")
+        for i, (s, st) in enumerate(zip(seqs, states)):
+            if st.banned_ids and s.num_output_tokens < s.params.min_tokens:
+                logits[i, st.banned_ids] = float("-inf")
 
         apply_penalties(logits, seqs)
         apply_dry(logits, seqs)

@@ -1,7 +1,7 @@
 """SamplingParams: every per-request generation control the engine honours."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .reasoning import ReasoningSpec
 
@@ -64,3 +64,29 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_engine(self, vocab_size: int) -> SamplingParams:
+        """A copy with every number as the engine's step uses it, made when the engine admits the request.
+
+        Real-valued controls become Python floats and counts ints (a JSON integer of 20 digits reaches
+        a tensor as a float, not as an int64 that overflows); logprobs and prompt_logprobs are capped
+        at vocab_size (there are no more alternatives); logit_bias keeps the token ids inside the
+        vocabulary. Raises OverflowError, ValueError or TypeError for a value no step could use.
+        """
+        def count(n: int | None) -> int | None:
+            return None if n is None else min(int(n), vocab_size)
+
+        bias = self.logit_bias
+        breakers = self.dry_sequence_breaker_ids
+        return replace(
+            self, temperature=float(self.temperature), top_p=float(self.top_p), top_k=int(self.top_k),
+            min_p=float(self.min_p), top_n_sigma=float(self.top_n_sigma),
+            seed=None if self.seed is None else int(self.seed), max_tokens=int(self.max_tokens),
+            min_tokens=int(self.min_tokens), stop_token_ids=[int(t) for t in self.stop_token_ids],
+            logprobs=count(self.logprobs), prompt_logprobs=count(self.prompt_logprobs),
+            repetition_penalty=float(self.repetition_penalty), presence_penalty=float(self.presence_penalty),
+            frequency_penalty=float(self.frequency_penalty),
+            logit_bias={int(t): float(v) for t, v in bias.items() if 0 <= int(t) < vocab_size} if bias else None,
+            dry_multiplier=float(self.dry_multiplier), dry_base=float(self.dry_base),
+            dry_allowed_length=int(self.dry_allowed_length), dry_penalty_last_n=int(self.dry_penalty_last_n),
+            dry_sequence_breaker_ids=None if breakers is None else frozenset(int(t) for t in breakers))

@@ -9,6 +9,7 @@ freed and it is re-queued at the front, to be recomputed later), never an error.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from .sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from .model_runner import RunResult
+
+log = logging.getLogger("metrale.engine")
 
 # What one step hands out: each request's events in order (TokenEvent..., then Finished or Failed).
 StepOutputs = list[tuple[Sequence, list[TokenEvent | Finished | Failed]]]
@@ -37,6 +40,8 @@ class ScheduledBatch:
     num_decodes: int = 0
     samples: list[bool] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # items[first_admitted:] were admitted from the waiting queue this step (the newest work).
+    first_admitted: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +49,13 @@ class ScheduledBatch:
 
     def __bool__(self) -> bool:
         return bool(self.items)
+
+    def subset(self, indices: list[int]) -> ScheduledBatch:
+        """The batch of items[i] for i in `indices` (ascending), decodes still first."""
+        return ScheduledBatch(items=[self.items[i] for i in indices],
+                              num_decodes=sum(1 for i in indices if i < self.num_decodes),
+                              samples=[self.samples[i] for i in indices],
+                              first_admitted=sum(1 for i in indices if i < self.first_admitted))
 
 
 class Scheduler:
@@ -79,7 +91,9 @@ class Scheduler:
         self.block_manager.free(seq)
 
     def fail(self, seq: Sequence, exc: BaseException) -> Failed:
-        """End `seq` with "error" because of `exc` (its blocks are freed); returns its Failed event."""
+        """End `seq` with "error" because of `exc` (logged; its blocks are freed); returns its Failed event."""
+        log.error("request %s failed in the engine and ends alone: %s", seq.request_id, exc,
+                  exc_info=(type(exc), exc, exc.__traceback__))
         self.finish(seq, "error")
         return Failed(f"engine error: {exc}")
 
@@ -87,27 +101,34 @@ class Scheduler:
         """Apply one step's result: advance prefill progress, register full blocks in the prefix
         cache, record prompt logprobs, append sampled tokens and finish the sequences that end.
 
-        Items whose sequence already ended this step (failed) are skipped. Returns the events of
-        every request that got any, in batch order.
+        Items whose sequence already ended this step (failed) are skipped; one whose update raises
+        ends alone with Failed. Returns the events of every request that got any, in batch order.
         """
         outputs: StepOutputs = []
         now = time.monotonic()
         for i, (seq, n) in enumerate(batch.items):
             if seq.is_finished:
                 continue
-            start = seq.num_computed_tokens
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-            chunk = result.prompt_logprobs[i]
-            if chunk is not None:
-                if seq.prompt_logprobs is None:
-                    seq.prompt_logprobs = [None]
-                if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
-                    seq.prompt_logprobs.extend(chunk)
-            token = result.token_ids[i]
-            if token is not None:
-                outputs.append((seq, self._append(seq, token, result.logprobs[i], now)))
+            try:
+                events = self._apply(seq, n, result, i, now)
+            except Exception as exc:  # this request's state alone is broken
+                events = [self.fail(seq, exc)]
+            if events:
+                outputs.append((seq, events))
         return outputs
+
+    def _apply(self, seq: Sequence, n: int, result: RunResult, i: int, now: float) -> list | None:
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens += n
+        self.block_manager.cache_full_blocks(seq)
+        chunk = result.prompt_logprobs[i]
+        if chunk is not None:
+            if seq.prompt_logprobs is None:
+                seq.prompt_logprobs = [None]
+            if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
+                seq.prompt_logprobs.extend(chunk)
+        token = result.token_ids[i]
+        return None if token is None else self._append(seq, token, result.logprobs[i], now)
 
     def _append(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
         """The one place a sampled token joins a sequence, and where the sequence's end is decided."""
@@ -180,6 +201,7 @@ class Scheduler:
 
         # Admit waiting sequences while there is room, reusing cached prefix blocks. A sequence
         # whose next uncached block another sequence computes this step waits one step for it.
+        batch.first_admitted = len(batch.items)
         pending = self._pending_hashes(batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]

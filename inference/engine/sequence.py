@@ -48,6 +48,8 @@ class Sequence:
     # grammar_state.GrammarState while params.structured is set and the sequence runs; None once it ends.
     grammar: object = None
     generator: object = None
+    # sampling_state.SamplingState: built at admission.
+    sampling: object = None
     # penalties.PenaltyCounts while a repetition, presence or frequency penalty is on.
     penalty_counts: object = None
     # Filled during prefill when params.prompt_logprobs is set: one entry per prompt token.

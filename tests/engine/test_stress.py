@@ -65,15 +65,18 @@ def test_it_ends_64_random_requests_as_asked_and_leaves_the_pool_whole(tiny_fold
     ae.stop()
 
 
-def test_it_fails_live_requests_on_an_engine_error_frees_their_blocks_and_keeps_serving(tiny_folder, monkeypatch):
+def test_an_engine_error_on_every_retry_fails_the_live_requests_frees_their_blocks_and_keeps_serving(
+        tiny_folder, monkeypatch):
     engine = make_engine(tiny_folder)
     ae = AsyncEngine(engine)
     real = engine.runner.execute
-    calls = {"n": 0}
+    state = {"calls": 0, "broken": False}
 
     def flaky(batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
+        state["calls"] += 1
+        if state["calls"] == 3:  # from the third forward on, every forward fails (retries too)
+            state["broken"] = True
+        if state["broken"]:
             raise RuntimeError("injected failure")
         return real(batch)
 
@@ -85,6 +88,7 @@ def test_it_fails_live_requests_on_an_engine_error_frees_their_blocks_and_keeps_
 
     async def run():
         failed = await asyncio.gather(collect([5] * 10), collect([6] * 12))
+        state["broken"] = False
         after = await collect([7] * 9)
         return failed, after
 
@@ -93,3 +97,39 @@ def test_it_fails_live_requests_on_an_engine_error_frees_their_blocks_and_keeps_
     assert isinstance(after, Finished) and after.reason == "length"
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     ae.stop()
+
+
+def test_a_step_that_fails_once_is_retried_and_every_request_gets_its_tokens(tiny_folder, monkeypatch):
+    engine = make_engine(tiny_folder)
+    ae = AsyncEngine(engine)
+    real = engine.runner.execute
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)]
+
+    async def run():
+        return await asyncio.gather(*(
+            collect_tokens(ae, EngineRequest([5 + i] * (10 + i), params[i % 2])) for i in range(4)))
+
+    clean = asyncio.run(run())
+    calls = {"n": 0}
+
+    def once(batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("transient")
+        return real(batch)
+
+    monkeypatch.setattr(engine.runner, "execute", once)
+    assert asyncio.run(run()) == clean and calls["n"] > 4
+    ae.stop()
+
+
+async def collect_tokens(ae, request):
+    tokens, end = [], None
+    async for ev in ae.submit(request):
+        if isinstance(ev, TokenEvent):
+            tokens.append(ev.token_id)
+        else:
+            end = ev
+    assert isinstance(end, Finished), end
+    return tokens
