@@ -6,6 +6,7 @@ is called by metrale_site/asgi.py, and `get_runtime()` loads on first use.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ ENGINE_SETTINGS = {
     "MAX_MODEL_LEN": "max_model_len", "KV_CACHE_BYTES": "kv_cache_bytes", "KV_CACHE_FRACTION": "kv_cache_fraction",
     "KV_CACHE_DTYPE": "kv_cache_dtype", "ENABLE_PREFIX_CACHING": "enable_prefix_caching",
     "DECODE_WEIGHTS": "decode_weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
-    "STEP_LOG": "step_log",
+    "STEP_LOG": "step_log", "MAX_WAITING_REQUESTS": "max_waiting_requests",
 }
 
 
@@ -81,8 +82,24 @@ def _load() -> Runtime:
     config = engine_config()
     path = Path(config.model_path)
     tokenizer = Tokenizer.from_folder(path)
-    engine = AsyncEngine(config=config)
+    engine = AsyncEngine(config=config, on_fatal=_engine_died)
     return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))
+
+
+# The exit status when the engine thread dies: EX_SOFTWARE (sysexits.h), an internal software error.
+ENGINE_DIED_EXIT_STATUS = 70
+
+
+def _engine_died(exc: BaseException) -> None:
+    """AsyncEngine's on_fatal: its loop died and every request has ended with Failed; log why and
+    end the process with ENGINE_DIED_EXIT_STATUS so that a supervisor starts a fresh one."""
+    log.critical("the engine thread died (%s: %s); exiting with status %d so the server is restarted",
+                 type(exc).__name__, exc, ENGINE_DIED_EXIT_STATUS)
+    logging.shutdown()
+    # os._exit, not sys.exit: this runs on the engine thread, where SystemExit would end that thread
+    # alone and leave a server that accepts requests it can never answer; and not a signal to the
+    # main thread: daphne's graceful shutdown would wait on streams that the dead engine never ends.
+    os._exit(ENGINE_DIED_EXIT_STATUS)
 
 
 def _load_guarded() -> None:

@@ -161,6 +161,8 @@ METRALE = {
     "MAX_NUM_SEQS": envint("METRALE_MAX_NUM_SEQS", None),
     "MAX_NUM_BATCHED_TOKENS": envint("METRALE_MAX_NUM_BATCHED_TOKENS", None),
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
+    # Requests that may wait for the engine; past it a 503 with Retry-After at once (unset: 0, unbounded).
+    "MAX_WAITING_REQUESTS": envint("METRALE_MAX_WAITING_REQUESTS", None),
     # Decode rows use weight-only int8 copies of the linears ("int8", CPU only, the default) or the
     # model's weights ("model": exact float, slower at small batches).
     "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS"),

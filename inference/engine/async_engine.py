@@ -3,6 +3,13 @@
 One thread owns all engine state. New requests and aborts arrive on a queue that
 the loop drains between steps; each request's events go to its own asyncio queue
 through `loop.call_soon_threadsafe`, so the engine never waits on a slow client.
+
+Faults: a request that fails (at admission or in a step) ends alone with Failed; that
+isolation is the LLMEngine's. The waiting queue is bounded by
+EngineConfig.max_waiting_requests: past it `submit` raises EngineOverloaded at once. If the
+loop itself dies (an exception outside the per-request isolation), every live and queued
+request ends with Failed, later submissions get Failed at once, and `on_fatal` is called
+so the process can exit and be restarted.
 """
 from __future__ import annotations
 
@@ -12,16 +19,21 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import Failed, Finished, RequestRejected
+from .outputs import EngineOverloaded, Failed, Finished, RequestRejected
 from .request import EngineRequest
 from .scheduler import StepOutputs
 from .sequence import Sequence
 
 log = logging.getLogger("metrale.engine")
+
+# The Retry-After hint of EngineOverloaded, in seconds: the queue drains as running requests end,
+# and a second is the shortest wait HTTP's Retry-After can say.
+OVERLOAD_RETRY_AFTER_S = 1
 
 
 @dataclass(eq=False)
@@ -65,17 +77,27 @@ class AsyncEngine:
     workers through the OS. Measured on a 2-vCPU VM: 150 µs per parallel region
     instead of 7, a batch-1 decode step of 27 ms instead of 9.5, when the engine was
     built on the main thread and stepped on this one.
+
+    on_fatal: called on the engine thread with the exception when its loop dies, after every
+    request has been failed and their consumers have read that (up to `fatal_grace_s` seconds).
     """
 
-    def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None):
+    def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None, fatal_grace_s: float = 2.0):
         if (engine is None) == (config is None):
             raise TypeError("AsyncEngine takes an LLMEngine or an EngineConfig (config=...), not both")
         self.engine = engine
+        self.on_fatal = on_fatal
+        self.fatal_grace_s = fatal_grace_s
         self._commands: deque = deque()
         self._wake = threading.Event()
         self._handles: dict[int, RequestHandle] = {}
         self._ids = itertools.count()
         self._stopped = False
+        # Guards _num_queued and _fatal against the engine thread: submit may run on several threads.
+        self._lock = threading.Lock()
+        self._num_queued = 0  # add commands not yet admitted
+        self._fatal: str | None = None  # why the loop died (then every submission fails at once)
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(config,), name="metrale-engine", daemon=True)
@@ -96,17 +118,35 @@ class AsyncEngine:
         """The most tokens (prompt + completion) one request may hold (LLMEngine.max_request_tokens)."""
         return self.engine.max_request_tokens
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not running yet: queued for admission or in the scheduler's waiting queue."""
+        return self._num_queued + len(self.engine.scheduler.waiting)
+
     def submit(self, request: EngineRequest) -> RequestHandle:
         """Queue a request; returns its handle at once.
 
-        Raises RequestRejected when it can never fit (LLMEngine.check_fits).
+        Raises RequestRejected when it can never fit (LLMEngine.check_fits), and EngineOverloaded
+        when EngineConfig.max_waiting_requests requests are already waiting. Once the engine
+        thread has died, the handle ends with Failed at once.
         """
         loop = asyncio.get_running_loop()
         self.engine.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
         handle = RequestHandle(request.request_id or f"req-{next(self._ids)}", self, loop)
         deadline = time.monotonic() + request.timeout_s if request.timeout_s else None
-        self._commands.append(("add", handle, (request, deadline)))
-        self._wake.set()
+        limit = self.engine.config.max_waiting_requests
+        with self._lock:
+            fatal = self._fatal
+            if fatal is None:
+                if limit and self.num_waiting >= limit:
+                    raise EngineOverloaded(f"the server is at capacity: {limit} requests are already waiting",
+                                           retry_after_s=OVERLOAD_RETRY_AFTER_S)
+                self._num_queued += 1
+                self._commands.append(("add", handle, (request, deadline)))
+        if fatal is not None:
+            self._push(handle, [Failed(fatal)])
+        else:
+            self._wake.set()
         return handle
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -136,22 +176,29 @@ class AsyncEngine:
             pass
 
     def _drain_commands(self) -> None:
+        # A command leaves the queue once applied: one whose handling raises is still there for _die.
         while self._commands:
-            kind, handle, arg = self._commands.popleft()
-            if kind == "add":
-                request, deadline = arg
-                try:
-                    seq = self.engine.add_request(request, deadline, request_id=handle.request_id)
-                except RequestRejected as exc:
-                    self._push(handle, [Failed(str(exc))])
-                    continue
-                handle.seq = seq
-                self._handles[id(seq)] = handle
-            elif kind == "abort":
-                seq = handle.seq
-                if seq is not None and not seq.is_finished:
-                    self.engine.abort(seq, arg)
-                    self._retire(seq)
+            self._apply(*self._commands[0])
+            self._commands.popleft()
+
+    def _apply(self, kind: str, handle: RequestHandle, arg) -> None:
+        if kind == "add":
+            request, deadline = arg
+            try:
+                seq = self.engine.add_request(request, deadline, request_id=handle.request_id)
+            except RequestRejected as exc:
+                self._push(handle, [Failed(str(exc))])
+                return
+            finally:
+                with self._lock:
+                    self._num_queued -= 1
+            handle.seq = seq
+            self._handles[id(seq)] = handle
+        elif kind == "abort":
+            seq = handle.seq
+            if seq is not None and not seq.is_finished:
+                self.engine.abort(seq, arg)
+                self._retire(seq)
 
     def _retire(self, seq: Sequence) -> None:
         handle = self._handles.pop(id(seq), None)
@@ -175,7 +222,10 @@ class AsyncEngine:
                 return
             finally:
                 self._built.set()
-        self._loop()
+        try:
+            self._loop()
+        except BaseException as exc:  # the loop's one failure path: outside the per-request isolation
+            self._die(exc)
 
     def _loop(self) -> None:
         while not self._stopped:
@@ -185,28 +235,43 @@ class AsyncEngine:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception as exc:  # a bug or OOM: fail every live request, keep serving
-                log.exception("engine step failed")
-                for handle in list(self._handles.values()):
-                    if handle.seq is not None:
-                        self.engine.abort(handle.seq, "error")
-                    self._push(handle, [Failed(f"engine error: {exc}")])
-                self._handles.clear()
-                continue
-            self._deliver(outputs)
+            self._deliver(self.engine.step())
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop died: log why, fail every live and queued request (no client waits forever),
+        let their consumers read that, then call on_fatal."""
+        log.critical("the engine thread's loop died; failing every request", exc_info=(type(exc), exc, exc.__traceback__))
+        message = f"engine stopped: {type(exc).__name__}: {exc}"
+        with self._lock:
+            self._fatal = message
+            queued = [handle for kind, handle, _ in self._commands if kind == "add"]
+            self._commands.clear()
+        doomed = [*self._handles.values(), *queued]
+        self._handles.clear()
+        self._push_all([(handle, [Failed(message)]) for handle in doomed])
+        deadline = time.monotonic() + self.fatal_grace_s
+        while any(not h.done for h in doomed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
 
     def _deliver(self, outputs: StepOutputs) -> None:
-        """Hand one step's events to their handles, one wake-up per event loop; a request whose
-        events end with Finished or Failed is done."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        """Hand one step's events to their handles; a request whose events end with Finished or
+        Failed is done."""
+        pairs = []
         for seq, events in outputs:
             handle = self._handles.get(id(seq))
             if handle is None:
                 continue
             if isinstance(events[-1], (Finished, Failed)):
                 del self._handles[id(seq)]
+            pairs.append((handle, events))
+        self._push_all(pairs)
+
+    def _push_all(self, pairs: list[tuple[RequestHandle, list]]) -> None:
+        """Events for several handles, one wake-up per event loop (see _push_step)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for handle, events in pairs:
             by_loop.setdefault(handle.loop, []).append((handle, events))
         for loop, batch in by_loop.items():
             self._push_step(loop, batch)

@@ -118,6 +118,8 @@ class EngineConfig:
     bfloat16 or float16 (halves the pool's bytes per token). block_size in tokens.
     enable_prefix_caching: reuse full KV blocks across requests with the same salt.
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
+    max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
+    EngineOverloaded (0: unbounded).
     """
 
     model_path: str
@@ -139,6 +141,7 @@ class EngineConfig:
     prefill_weights: str = "int8"
     num_threads: int | None = None
     step_log: bool = False
+    max_waiting_requests: int = 0
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -155,3 +158,5 @@ class EngineConfig:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_waiting_requests < 0:
+            raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 
 class RequestRejected(ValueError):
-    """A request the engine can never serve (too long for the context or the KV pool)."""
+    """A request the engine can never serve (too long for the context or the KV pool, or with a
+    parameter no step can use)."""
 
 
 class EngineOverloaded(RuntimeError):
