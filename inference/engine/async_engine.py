@@ -240,7 +240,8 @@ class AsyncEngine:
     def _die(self, exc: BaseException) -> None:
         """The loop died: log why, fail every live and queued request (no client waits forever),
         let their consumers read that, then call on_fatal."""
-        log.critical("the engine thread's loop died; failing every request", exc_info=(type(exc), exc, exc.__traceback__))
+        log.critical("the engine thread's loop died; failing every request",
+                     exc_info=(type(exc), exc, exc.__traceback__))
         message = f"engine stopped: {type(exc).__name__}: {exc}"
         with self._lock:
             self._fatal = message

@@ -178,7 +178,7 @@ class LLMEngine:
         Returns the merged result (aligned with batch.items) and the failed items' sequences.
         """
         saved = {id(seq): seq.generator.get_state() for (seq, _), samples in zip(batch.items, batch.samples)
-                 if samples and seq.generator is not None}
+                 if samples and seq.generator is not None and not seq.params.greedy}
         try:
             return self.runner.execute(batch), []
         except Exception as exc:
@@ -188,7 +188,7 @@ class LLMEngine:
         merged = RunResult([None] * n, [None] * n, [None] * n)
         failed: list[tuple[Sequence, Exception]] = []
         cut = batch.first_admitted if 0 < batch.first_admitted < n else n // 2
-        todo = [list(range(cut, n)), list(range(cut))]
+        todo = [part for part in (list(range(cut, n)), list(range(cut))) if part]
         while todo:
             indices = todo.pop()
             self._restore_generators(batch, indices, saved)

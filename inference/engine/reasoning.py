@@ -1,4 +1,4 @@
-"""Reasoning in token ids: a request's ReasoningSpec and the one tracker per sequence that the budget and the grammar read.
+"""Reasoning in token ids: a request's ReasoningSpec, and one tracker per sequence for the budget and the grammar.
 
 Budget source: the original server's behaviour doc, section 3, "Thinking"
 (`thinking_token_budget` N > 0 caps thinking at N, "the scheduler forces

@@ -148,3 +148,15 @@ def test_a_parameter_no_step_can_use_fails_its_request_at_admission_with_an_in_b
     assert tokens == [[e.token_id for e in evs if isinstance(e, TokenEvent)] for evs in alone]
     assert all(isinstance(evs[-1], Finished) for evs in together)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_lone_request_whose_step_always_fails_ends_with_failed(tiny_folder, monkeypatch):
+    engine = make_engine(tiny_folder)
+
+    def broken(self, batch):
+        raise RuntimeError("broken forward")
+
+    monkeypatch.setattr(type(engine.runner), "execute", broken)
+    ((tokens, end),) = drive(engine, [EngineRequest(prompts(1)[0], SamplingParams(max_tokens=3))])
+    assert not tokens and isinstance(end, Failed) and "broken forward" in end.message
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
