@@ -1,0 +1,139 @@
+"""A response whose process died mid-stream: failing it closes what its recorded events left
+open and records the terminal events, so its replay and its stored object agree."""
+
+import pytest
+
+from inference.serving.deltas import Content, Reasoning, Refusal, ToolCallArgs, ToolCallStart
+from responses_api import store
+from responses_api.encoder import ResponsesEventEncoder
+from responses_api.models import ResponseItem, StoredResponse
+
+from .support import get, sse_events
+
+pytestmark = pytest.mark.django_db
+
+GONE = "gonehost:1:gone"  # no heartbeat row: a process that is gone
+
+
+def recorded_run(rid: str, deltas: list, *, background: bool = True) -> list[dict]:
+    """Store a streamed response as a run records it (response.created, response.in_progress,
+    then the encoder's item events for `deltas`), owned by a process that is gone."""
+    body = {"id": rid, "object": "response", "status": "queued" if background else "in_progress",
+            "output": [], "error": None, "usage": None, "metadata": {}}
+    store.create_response(tenant_key="default", response_id=rid, model="m", body=body,
+                          request={}, input_items=[], previous_response_id=None,
+                          conversation_id=None, background=background, streamed=True)
+    encoder = ResponsesEventEncoder()
+    events = [{"type": "response.created", "response": body},
+              {"type": "response.in_progress", "response": {**body, "status": "in_progress"}}]
+    for delta in deltas:
+        events += encoder.feed(delta)
+    events = [{**e, "sequence_number": i} for i, e in enumerate(events)]
+    store.append_events(rid, events)
+    StoredResponse.objects.filter(pk=rid).update(worker=GONE, status="in_progress")
+    return events
+
+
+def fold(events: list[dict]) -> list[dict]:
+    """The output a client builds from a stream: each item as its output_item.done gives it,
+    after checking that every item that was added is done and the text deltas add up."""
+    added, done, text = {}, {}, {}
+    for e in events:
+        if e["type"] == "response.output_item.added":
+            assert e["output_index"] == len(added)
+            added[e["output_index"]] = e["item"]
+        elif e["type"] == "response.output_item.done":
+            done[e["output_index"]] = e["item"]
+        elif e["type"] in ("response.output_text.delta", "response.refusal.delta",
+                           "response.function_call_arguments.delta",
+                           "response.reasoning_summary_text.delta"):
+            text[e["output_index"]] = text.get(e["output_index"], "") + e["delta"]
+    assert sorted(done) == sorted(added), "an item was left open"
+    items = [done[i] for i in sorted(done)]
+    for i, item in enumerate(items):
+        if item["type"] == "message":
+            got = "".join(p.get("text") or p.get("refusal") or "" for p in item["content"])
+        elif item["type"] == "reasoning":
+            got = "".join(s["text"] for s in item["summary"])
+        else:
+            got = item["arguments"]
+        assert got == text.get(i, "")
+    return items
+
+
+CRASHES = {
+    "before any item": [],
+    "in a message": [Content("Hello"), Content(" wor")],
+    "after reasoning, in a message": [Reasoning("Let me see."), Content("The")],
+    "in reasoning": [Reasoning("hmm")],
+    "in a function call": [ToolCallStart(0, "call_1", "get_weather"),
+                           ToolCallArgs(0, '{"city": "Par')],
+    "in a refusal after text": [Content("Sure"), Refusal("I can't")],
+    "as a call opens": [Content("Checking."), ToolCallStart(0, "call_2", "lookup")],
+}
+
+
+@pytest.mark.parametrize("deltas", CRASHES.values(), ids=CRASHES.keys())
+def test_a_failed_response_replays_to_a_terminal_event_that_agrees_with_what_is_stored(
+        client, script, deltas):
+    recorded = recorded_run("resp_crashed", deltas)
+    assert store.fail_unfinished() == 1
+
+    replay = sse_events(get(client, "/v1/responses/resp_crashed", stream="true"))
+    assert replay[:len(recorded)] == recorded  # what was sent stays as it was
+    assert [e["sequence_number"] for e in replay] == list(range(len(replay)))
+    assert [e["type"] for e in replay[-2:]] == ["error", "response.failed"]
+    assert sum(e["type"] in ("response.completed", "response.incomplete", "response.failed")
+               for e in replay) == 1
+    output = fold(replay)
+    # The item the crash left open is closed incomplete; those done before it stay completed.
+    assert [item["status"] for item in output] == ["completed"] * (len(output) - 1) + \
+        ["incomplete"] * bool(output)
+
+    stored = get(client, "/v1/responses/resp_crashed").json()
+    assert stored["status"] == "failed" and "restarted" in stored["error"]["message"]
+    assert stored == replay[-1]["response"]
+    assert stored["output"] == output
+    rows = ResponseItem.objects.filter(response_id="resp_crashed", direction="output")
+    assert list(rows.order_by("position").values_list("data", flat=True)) == output
+    # A stream resumed after any point ends the same way.
+    tail = sse_events(get(client, "/v1/responses/resp_crashed", stream="true",
+                          starting_after=len(recorded) - 1))
+    assert tail == replay[len(recorded):]
+
+
+def test_a_response_that_recorded_no_events_yet_replays_created_then_failed(client, script):
+    store.create_response(tenant_key="default", response_id="resp_early", model="m",
+                          body={"id": "resp_early", "object": "response", "status": "queued",
+                                "output": [], "error": None, "metadata": {}},
+                          request={}, input_items=[], previous_response_id=None,
+                          conversation_id=None, background=True, streamed=True)
+    StoredResponse.objects.filter(pk="resp_early").update(worker=GONE)
+    assert store.fail_unfinished() == 1
+    replay = sse_events(get(client, "/v1/responses/resp_early", stream="true"))
+    assert [e["type"] for e in replay] == ["response.created", "error", "response.failed"]
+    assert replay[-1]["response"] == get(client, "/v1/responses/resp_early").json()
+
+
+def test_the_run_finishing_after_it_was_failed_keeps_the_failure(client, script):
+    recorded_run("resp_late", [Content("Hi")])
+    assert store.fail_unfinished() == 1
+    failed = get(client, "/v1/responses/resp_late").json()
+    # Its owner was only slow, and now records its own end: the first outcome stands.
+    status = store.finish_response("resp_late", {"status": "incomplete", "usage": None},
+                                   [{"id": "msg_x", "type": "message", "content": []}])
+    assert status == "failed"
+    assert get(client, "/v1/responses/resp_late").json() == failed
+    assert ResponseItem.objects.filter(response_id="resp_late", direction="output").count() == 1
+
+
+def test_a_blocking_response_is_failed_without_events(client, script):
+    store.create_response(tenant_key="default", response_id="resp_block", model="m",
+                          body={"id": "resp_block", "object": "response", "status": "in_progress",
+                                "output": [], "error": None, "metadata": {}},
+                          request={}, input_items=[], previous_response_id=None,
+                          conversation_id=None, background=False, streamed=False)
+    StoredResponse.objects.filter(pk="resp_block").update(worker=GONE)
+    assert store.fail_unfinished() == 1
+    row = StoredResponse.objects.get(pk="resp_block")
+    assert row.status == "failed" and not row.events.exists()
