@@ -166,7 +166,7 @@ def test_a_replica_keeps_its_work_while_it_beats_and_loses_it_when_it_stops(sett
     assert store.fail_unfinished() == 0  # each is failed once
 
 
-def test_the_heartbeat_records_this_process_and_its_clean_stop(settings):
+def test_the_heartbeat_records_this_process_and_the_admin_lists_it(settings, admin_client):
     heartbeat.beat()
     row = ServerProcess.objects.get(pk=heartbeat.process_id())
     assert (row.pid, row.pid_namespace) == (os.getpid(), heartbeat.pid_namespace())
@@ -176,6 +176,8 @@ def test_the_heartbeat_records_this_process_and_its_clean_stop(settings):
     assert ServerProcess.objects.get(pk=row.pk).last_beat_at >= first
     assert heartbeat.process_id() in heartbeat.live_process_ids()
     old = make_process("otherhost:9:old", beat_age_s=2 * 86400)
+    page = admin_client.get("/admin/inference/serverprocess/")
+    assert page.status_code == 200 and row.pk.encode() in page.content and old.encode() in page.content
     assert heartbeat.prune() == 1 and not ServerProcess.objects.filter(pk=old).exists()
 
 
