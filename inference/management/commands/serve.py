@@ -54,7 +54,10 @@ class Command(BaseCommand):
 
             self.stdout.write(f"Metrale serving on http://{host}:{port}/v1 (the model loads in the background; see /health)")
             self.stdout.flush()
-            CommandLineInterface().run(["-b", host, "-p", str(port), "--proxy-headers", "metrale_site.asgi:application"])
+            cli = CommandLineInterface()
+            cli.run(["-b", host, "-p", str(port), "--proxy-headers", "metrale_site.asgi:application"])
+            if not cli.server.listening_addresses:  # daphne logs why and returns as if all went well
+                raise CommandError(f"Could not listen on {host}:{port}.")
             return
         argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--no-restart",
                 "--host", host, "--port", str(port)]
