@@ -10,6 +10,7 @@ process is gone (`live_process_ids` leaves it out):
   known at once, without waiting for the grace period).
 An id that has no row (a process from before this table, or one pruned long ago) is gone too.
 Ids are host:pid:random, so a restarted container whose server is pid 1 again gets a new one.
+Beats are written and judged by the database's clock, so replicas' clocks may disagree.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection, models
+from django.db.models.functions import Now
 from django.dispatch import Signal
-from django.utils import timezone
 
 log = logging.getLogger("metrale")
 
@@ -95,14 +96,13 @@ def _pid_runs(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
-def live_process_ids(now=None) -> set[str]:
+def live_process_ids() -> set[str]:
     """Ids of the processes that may still be running the work they own (see the module doc),
     this one always included."""
-    now = now or timezone.now()
     grace = timedelta(seconds=settings.METRALE["HEARTBEAT_GRACE_S"])
     me, namespace = process_id(), pid_namespace()
     live = {me}
-    rows = ServerProcess.objects.filter(stopped_at__isnull=True, last_beat_at__gte=now - grace)
+    rows = ServerProcess.objects.filter(stopped_at__isnull=True, last_beat_at__gte=Now() - grace)
     for pk, pid, ns in rows.values_list("id", "pid", "pid_namespace"):
         if namespace and ns == namespace and pk != me and (pid == os.getpid() or not _pid_runs(pid)):
             continue  # an earlier process of this machine, or one whose pid is now ours
@@ -110,22 +110,20 @@ def live_process_ids(now=None) -> set[str]:
     return live
 
 
-def beat(now=None) -> None:
+def beat() -> None:
     """Record that this process is alive (its row is created on the first beat, or again if it
     was deleted meanwhile)."""
-    now = now or timezone.now()
     me = process_id()
-    if not ServerProcess.objects.filter(pk=me).update(last_beat_at=now, stopped_at=None):
+    if not ServerProcess.objects.filter(pk=me).update(last_beat_at=Now(), stopped_at=None):
         ServerProcess.objects.update_or_create(
             pk=me, defaults={"host": socket.gethostname(), "pid": os.getpid(),
-                             "pid_namespace": pid_namespace(), "started_at": now,
-                             "last_beat_at": now, "stopped_at": None})
+                             "pid_namespace": pid_namespace(), "started_at": Now(),
+                             "last_beat_at": Now(), "stopped_at": None})
 
 
-def prune(now=None) -> int:
+def prune() -> int:
     """Delete the rows of processes gone for PRUNE_AFTER; returns how many."""
-    now = now or timezone.now()
-    deleted, _ = ServerProcess.objects.filter(last_beat_at__lt=now - PRUNE_AFTER).delete()
+    deleted, _ = ServerProcess.objects.filter(last_beat_at__lt=Now() - PRUNE_AFTER).delete()
     return deleted
 
 
@@ -159,7 +157,7 @@ def stop() -> None:
     _stop.set()
     thread.join(timeout=10)
     try:
-        ServerProcess.objects.filter(pk=process_id()).update(stopped_at=timezone.now())
+        ServerProcess.objects.filter(pk=process_id()).update(stopped_at=Now())
     except DatabaseError as exc:
         log.warning("could not record this process's stop: %s", exc)
 

@@ -115,9 +115,11 @@ async def drain(grace_s: float | None = None) -> None:
         if rt is not None:
             rt.engine.fail_all(SHUTDOWN_MESSAGE)
         await _until_idle(time.monotonic() + SETTLE_S)
-    for entry in live.running():  # one that never reached the engine
-        if entry.task is not None:
-            entry.task.cancel()
+    leftovers = [entry.task for entry in live.running() if entry.task is not None]
+    for task in leftovers:  # one that never reached the engine: recorded as cancelled
+        task.cancel()
+    if leftovers:
+        await asyncio.wait(leftovers, timeout=SETTLE_S)
     await asyncio.to_thread(heartbeat.stop)
     if rt is not None:
         await asyncio.to_thread(rt.engine.stop)

@@ -389,7 +389,7 @@ def fail_unfinished(now=None) -> int:
     now = now or timezone.now()
     too_old = now - timedelta(seconds=settings.METRALE["REQUEST_TIMEOUT_S"] + ORPHAN_GRACE_S)
     orphans = (StoredResponse.objects.filter(status__in=UNFINISHED)
-               .filter(~Q(worker__in=heartbeat.live_process_ids(now)) | Q(created_at__lt=too_old))
+               .filter(~Q(worker__in=heartbeat.live_process_ids()) | Q(created_at__lt=too_old))
                .values_list("pk", flat=True))
     count = 0
     for response_id in list(orphans):
