@@ -54,7 +54,7 @@ def rss_bytes() -> int:
 def smollm2_engine(smollm2_dir):
     engine = AsyncEngine(config=EngineConfig(
         model_path=str(smollm2_dir), kv_cache_bytes=256 << 20, max_model_len=1024,
-        max_num_seqs=CONCURRENCY * 2, decode_weights="int8", prefill_weights="int8"))
+        max_num_seqs=CONCURRENCY * 2))
     yield engine
     engine.stop()
 
