@@ -42,6 +42,7 @@ RETRY_AFTER_S = 5
 
 _inflight: set[asyncio.Task] = set()
 _draining_since: float | None = None
+_task: asyncio.Task | None = None  # the drain, once a signal started it
 
 
 def draining() -> bool:
@@ -95,7 +96,7 @@ async def _until_idle(deadline: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def drain(grace_s: float | None = None) -> None:
+async def drain() -> None:
     """Drain this process (see the module doc); returns once nothing of it is left running or
     every bound passed. Does not stop the reactor."""
     global _draining_since
@@ -105,7 +106,7 @@ async def drain(grace_s: float | None = None) -> None:
     if _draining_since is not None:
         return
     _draining_since = time.monotonic()
-    grace_s = settings.METRALE["SHUTDOWN_GRACE_S"] if grace_s is None else grace_s
+    grace_s = settings.METRALE["SHUTDOWN_GRACE_S"]
     log.info("shutting down: %d request(s) and background response(s) get %.0f s to finish",
              _running(), grace_s)
     await _until_idle(_draining_since + grace_s)
@@ -165,5 +166,3 @@ def _stop(reactor, task: asyncio.Task | None) -> None:
     if reactor.running:
         reactor.stop()
 
-
-_task: asyncio.Task | None = None
