@@ -46,20 +46,24 @@ async def call(app, path="/v1/models"):
     return sent
 
 
-def held_app(release: asyncio.Event):
+async def held_request():
+    """(the gated app, its release event, the task of a request it holds until released)."""
+    release = asyncio.Event()
+
     async def app(scope, receive, send):
         await release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
-    return drain.gate(app)
+
+    gated = drain.gate(app)
+    running = asyncio.create_task(call(gated))
+    await asyncio.sleep(0.05)
+    return gated, release, running
 
 
 def test_a_request_in_flight_finishes_and_new_ones_get_503(fresh):
     async def scenario():
-        release = asyncio.Event()
-        app = held_app(release)
-        running = asyncio.create_task(call(app))
-        await asyncio.sleep(0.05)
+        app, release, running = await held_request()
         draining = asyncio.create_task(drain.drain())
         await asyncio.sleep(0.05)
         assert drain.draining()
@@ -81,10 +85,7 @@ def test_a_request_in_flight_finishes_and_new_ones_get_503(fresh):
 
 def test_what_outlives_the_grace_period_is_ended_through_the_engine(fresh):
     async def scenario():
-        release = asyncio.Event()
-        app = held_app(release)
-        running = asyncio.create_task(call(app))
-        await asyncio.sleep(0.05)
+        _, release, running = await held_request()
         await drain.drain()
         assert fresh.failed == [drain.SHUTDOWN_MESSAGE]
         release.set()

@@ -16,14 +16,21 @@ pytestmark = pytest.mark.django_db
 GONE = "gonehost:1:gone"  # no heartbeat row: a process that is gone
 
 
-def recorded_run(rid: str, deltas: list, *, background: bool = True) -> list[dict]:
-    """Store a streamed response as a run records it (response.created, response.in_progress,
-    then the encoder's item events for `deltas`), owned by a process that is gone."""
+def orphan(rid: str, *, background: bool = True, streamed: bool = True) -> dict:
+    """Store an unfinished response owned by a process that is gone; returns its body."""
     body = {"id": rid, "object": "response", "status": "queued" if background else "in_progress",
             "output": [], "error": None, "usage": None, "metadata": {}}
     store.create_response(tenant_key="default", response_id=rid, model="m", body=body,
                           request={}, input_items=[], previous_response_id=None,
-                          conversation_id=None, background=background, streamed=True)
+                          conversation_id=None, background=background, streamed=streamed)
+    StoredResponse.objects.filter(pk=rid).update(worker=GONE)
+    return body
+
+
+def recorded_run(rid: str, deltas: list) -> list[dict]:
+    """An orphaned background response with the events a run records (response.created,
+    response.in_progress, then the encoder's item events for `deltas`)."""
+    body = orphan(rid)
     encoder = ResponsesEventEncoder()
     events = [{"type": "response.created", "response": body},
               {"type": "response.in_progress", "response": {**body, "status": "in_progress"}}]
@@ -31,7 +38,7 @@ def recorded_run(rid: str, deltas: list, *, background: bool = True) -> list[dic
         events += encoder.feed(delta)
     events = [{**e, "sequence_number": i} for i, e in enumerate(events)]
     store.append_events(rid, events)
-    StoredResponse.objects.filter(pk=rid).update(worker=GONE, status="in_progress")
+    StoredResponse.objects.filter(pk=rid).update(status="in_progress")
     return events
 
 
@@ -75,12 +82,7 @@ def test_a_failed_response_replays_to_a_terminal_event_that_agrees_with_what_is_
 
 
 def test_a_response_that_recorded_no_events_yet_replays_created_then_failed(client, script):
-    store.create_response(tenant_key="default", response_id="resp_early", model="m",
-                          body={"id": "resp_early", "object": "response", "status": "queued",
-                                "output": [], "error": None, "metadata": {}},
-                          request={}, input_items=[], previous_response_id=None,
-                          conversation_id=None, background=True, streamed=True)
-    StoredResponse.objects.filter(pk="resp_early").update(worker=GONE)
+    orphan("resp_early")
     assert store.fail_unfinished() == 1
     replay = sse_events(get(client, "/v1/responses/resp_early", stream="true"))
     assert [e["type"] for e in replay] == ["response.created", "error", "response.failed"]
@@ -100,12 +102,7 @@ def test_the_run_finishing_after_it_was_failed_keeps_the_failure(client, script)
 
 
 def test_a_blocking_response_is_failed_without_events(client, script):
-    store.create_response(tenant_key="default", response_id="resp_block", model="m",
-                          body={"id": "resp_block", "object": "response", "status": "in_progress",
-                                "output": [], "error": None, "metadata": {}},
-                          request={}, input_items=[], previous_response_id=None,
-                          conversation_id=None, background=False, streamed=False)
-    StoredResponse.objects.filter(pk="resp_block").update(worker=GONE)
+    orphan("resp_block", background=False, streamed=False)
     assert store.fail_unfinished() == 1
     row = StoredResponse.objects.get(pk="resp_block")
     assert row.status == "failed" and not row.events.exists()
