@@ -11,7 +11,6 @@ from inference.models import RateLimitContext
 
 from .asgi_client import AsgiRequest
 from .fake_engine import FakeHandle
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
