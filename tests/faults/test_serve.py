@@ -1,6 +1,7 @@
-"""`manage.py serve` live (without a model: the server process is what is under test): a server
-process that dies is started again, SIGTERM is passed on and drains it, a port that is taken is
-retried with a backoff, and --no-restart serves in the command's own process."""
+"""`manage.py serve` live: a server process whose engine thread dies (it exits with status 70) or
+that is killed is started again, SIGTERM is passed on and drains it, a port that is taken is
+retried with a backoff, and --no-restart serves in the command's own process. Only the first
+test loads a model: elsewhere the server process itself is what is under test."""
 import os
 import signal
 import socket
@@ -8,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from inference.bench.live_server import ROOT, LiveServer, free_port
+from inference.runtime import ENGINE_DIED_EXIT_STATUS
 
 from .live import answering, wait_for
 
@@ -29,6 +32,26 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def test_a_server_process_whose_engine_died_is_started_again(smollm2_dir, tmp_path):
+    # tests/e2e/fault_settings.py: the engine thread dies at the first request it admits.
+    server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_KV_CACHE_BYTES": str(64 << 20),
+                         "DJANGO_SETTINGS_MODULE": "tests.e2e.fault_settings"}, tmp_path,
+                        via_serve=True)
+    try:
+        server.wait_ready()
+        (first,) = children(server.proc.pid)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code >= 500
+        wait_for(lambda: f"The server process {first} exited with status {ENGINE_DIED_EXIT_STATUS}"
+                 in server.log(), 30, "the engine-death exit")
+        server.wait_ready()  # a new server process, with a new engine
+        assert children(server.proc.pid) != [first]
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        server.stop()
 
 
 def test_a_killed_server_process_is_started_again_and_sigterm_drains_it(tmp_path):
