@@ -1,4 +1,4 @@
-# The README's two commands (serve, test) and the benchmark. Every step is idempotent.
+# The README's two commands (serve, test), the benchmark and the long soak. Every step is idempotent.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test bench install migrate model
+SOAK_S ?= 600
+
+.PHONY: serve test bench soak install migrate model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +33,7 @@ test: migrate model
 
 bench: migrate model
 	$(PY) manage.py bench
+
+# The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
+soak: migrate model
+	METRALE_SOAK_S=$(SOAK_S) $(PY) -m pytest -p no:cacheprovider -s tests/faults/test_soak.py

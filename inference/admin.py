@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .models import ApiKey, RateLimitContext, StoredChatCompletion, Tenant
+from .models import ApiKey, RateLimitContext, ServerProcess, StoredChatCompletion, Tenant
 from .ratelimiting.headers import format_duration
 from .ratelimiting.buckets import seconds_until
 
@@ -184,3 +184,20 @@ class StoredChatCompletionAdmin(StoredObjectAdmin):
     metadata_text = json_column("metadata", "metadata")
     messages_text = json_column("messages", "request messages")
     response_text = json_column("response", "chat completion")
+
+
+@admin.register(ServerProcess)
+class ServerProcessAdmin(admin.ModelAdmin):
+    """Server processes and their heartbeats (read-only: the processes write them)."""
+
+    list_display = ("id", "host", "pid", "started_at", "last_beat_at", "stopped_at")
+    list_filter = ("host", ("stopped_at", admin.EmptyFieldListFilter))
+    search_fields = ("id", "host")
+    readonly_fields = ("id", "host", "pid", "pid_namespace", "started_at", "last_beat_at",
+                       "stopped_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -177,3 +177,4 @@ class RateLimitContext(models.Model):
 
 
 from .stored_completions import StoredChatCompletion  # noqa: E402,F401  (its own module: one model, one job)
+from .heartbeat import ServerProcess  # noqa: E402,F401  (its own module: the process heartbeat)

@@ -1,7 +1,8 @@
 """ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app.
 
 Starting the server (daphne imports this module) also starts loading the model in
-a background thread, so `/health` answers 503 "loading" until it is ready.
+a background thread, so `/health` answers 503 "loading" until it is ready, and under daphne
+makes SIGTERM drain the process (metrale_site/drain.py).
 """
 import os
 import sys
@@ -26,4 +27,8 @@ from inference import runtime  # noqa: E402
 if settings.METRALE["LOAD_ON_START"]:
     runtime.start_loading()
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from . import drain  # noqa: E402
+
+# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503.
+application = drain.gate(ProtocolTypeRouter({"http": django_asgi_app}))
+drain.install()

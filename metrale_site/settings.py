@@ -205,6 +205,14 @@ METRALE = {
     "STORE_TTL_S": envduration_s("METRALE_STORE_TTL", 30 * 86400),
     # How often expired stored items are purged (the in-process housekeeping thread, or Celery beat).
     "PURGE_INTERVAL_S": envduration_s("METRALE_PURGE_INTERVAL", 3600),
+    # Every server process records a heartbeat this often (inference/heartbeat.py)...
+    "HEARTBEAT_INTERVAL_S": envduration_s("METRALE_HEARTBEAT_INTERVAL", 5),
+    # ...and its unfinished work is taken over (failed) once it has not beaten for this long.
+    # Keep it several intervals long: a process too busy to beat in time loses its work.
+    "HEARTBEAT_GRACE_S": envduration_s("METRALE_HEARTBEAT_GRACE", 30),
+    # On SIGTERM, running requests and background responses get this long to finish before
+    # they end in-band with an error (metrale_site/drain.py).
+    "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
 }
 
 # With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.

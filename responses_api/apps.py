@@ -9,8 +9,10 @@ class ResponsesApiConfig(AppConfig):
 
     def ready(self):
         # Connecting a receiver loads nothing; the work runs when the runtime starts.
+        from inference.heartbeat import process_beat
         from inference.runtime import runtime_starting
 
-        from .housekeeping import on_runtime_starting
+        from .housekeeping import on_process_beat, on_runtime_starting
 
         runtime_starting.connect(on_runtime_starting, dispatch_uid="responses_api.housekeeping")
+        process_beat.connect(on_process_beat, dispatch_uid="responses_api.housekeeping")

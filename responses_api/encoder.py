@@ -16,6 +16,8 @@ order they open:
   into it. So a call after text closes the message, and text after a call opens a new one.
 - `close(status)` at the end closes the open item; `status` is "completed", or "incomplete"
   when the response stops early (length, content filter, error, cancel).
+- `ResponsesEventEncoder.resume(events)` rebuilds that state from recorded events, so a response
+  whose process died can be closed where its events stopped (store.fail_response).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class _Message:
     def __init__(self, item_id: str):
         self.id = item_id
         self.parts: list[tuple[str, list[str]]] = []  # (kind, text pieces), kind: text | refusal
+        self.part_open = False
 
     def item(self, status: str) -> dict:
         content = [_text_part(kind, "".join(pieces)) for kind, pieces in self.parts]
@@ -102,6 +105,45 @@ class ResponsesEventEncoder:
         self._open: _Message | _Reasoning | _FunctionCall | None = None
         self.finish: Finish | None = None
         self.error: Error | None = None
+
+    @classmethod
+    def resume(cls, events: list[dict], id_factory: Callable[[str], str] = new_id
+               ) -> "ResponsesEventEncoder":
+        """An encoder in the state that `events` (one response's recorded events, in order) left
+        one in: `output` holds the items they built, and the item they left open is open again,
+        so `close()` gives the events that finish it. Events other than item events are skipped.
+        A resumed function call takes no further ToolCallArgs (its delta index is not recorded).
+        """
+        enc = cls(id_factory)
+        for event in events:
+            kind = event["type"]
+            item = enc._open
+            if kind == "response.output_item.added":
+                added = event["item"]
+                enc.output.append(added)
+                if added["type"] == "message":
+                    enc._open = _Message(added["id"])
+                elif added["type"] == "reasoning":
+                    enc._open = _Reasoning(added["id"])
+                else:
+                    enc._open = _FunctionCall(added["id"], -1, added.get("call_id"),
+                                              added.get("name"))
+            elif kind == "response.output_item.done":
+                enc.output[event["output_index"]] = event["item"]
+                enc._open = None
+            elif kind == "response.content_part.added" and isinstance(item, _Message):
+                item.parts.append(("refusal" if event["part"]["type"] == "refusal" else "text", []))
+                item.part_open = True
+            elif kind == "response.content_part.done" and isinstance(item, _Message):
+                item.part_open = False
+            elif kind in ("response.output_text.delta", "response.refusal.delta") and \
+                    isinstance(item, _Message) and item.parts:
+                item.parts[-1][1].append(event["delta"])
+            elif kind in ("response.reasoning_summary_text.delta",
+                          "response.function_call_arguments.delta") and \
+                    isinstance(item, (_Reasoning, _FunctionCall)):
+                item.pieces.append(event["delta"])
+        return enc
 
     @property
     def output_index(self) -> int:
@@ -169,9 +211,10 @@ class ResponsesEventEncoder:
             msg = _Message(self._new_id("msg"))
             events += self._open_item(msg)
         index = len(self.output) - 1
-        if not msg.parts or msg.parts[-1][0] != kind:
+        if not msg.part_open or msg.parts[-1][0] != kind:
             events += self._close_part(msg, index)
             msg.parts.append((kind, []))
+            msg.part_open = True
             events.append({"type": "response.content_part.added", "item_id": msg.id,
                            "output_index": index, "content_index": len(msg.parts) - 1,
                            "part": _text_part(kind, "")})
@@ -188,9 +231,10 @@ class ResponsesEventEncoder:
 
     @staticmethod
     def _close_part(msg: _Message, index: int) -> list[dict]:
-        """Events that finish the message's last part (none before the first part)."""
-        if not msg.parts:
+        """Events that finish the message's last part (none when no part is open)."""
+        if not msg.parts or not msg.part_open:
             return []
+        msg.part_open = False
         kind, pieces = msg.parts[-1]
         text = "".join(pieces)
         content_index = len(msg.parts) - 1
@@ -241,6 +285,25 @@ def responses_usage(usage: Usage) -> dict:
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
+
+
+# The SDK's stream events have no response.cancelled: a cancelled response ends with
+# response.incomplete, whose `response.status` says "cancelled".
+TERMINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
+                  "failed": "response.failed", "cancelled": "response.incomplete"}
+
+
+def terminal_events(final: dict) -> list[dict]:
+    """The events (without sequence numbers) that end the stream of a response whose final
+    Response object is `final`: an `error` event when it has an error, then exactly one
+    terminal event (TERMINAL_EVENT[final["status"]]). Source: openai-contract.md 2e, rule 6.
+    Raises KeyError for a status that is not final (queued, in_progress)."""
+    events = []
+    if final.get("error") is not None:
+        events.append({"type": "error", "code": final["error"]["code"],
+                       "message": final["error"]["message"], "param": None})
+    events.append({"type": TERMINAL_EVENT[final["status"]], "response": final})
+    return events
 
 
 def outcome(finish: Finish | None, error: Error | None) -> tuple[str, dict | None, dict | None]:

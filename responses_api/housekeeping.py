@@ -1,5 +1,7 @@
-"""Work for a (re)starting server: fail responses a dead process left unfinished, and purge
-expired stored items periodically in-process when there is no Celery broker."""
+"""Work for a (re)starting server: start this process's heartbeat, fail the responses of
+processes that are gone (at start and after every heartbeat, so a replica's death is noticed by
+the others), and purge expired stored items periodically in-process when there is no Celery
+broker."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
+
+from inference import heartbeat
 
 from . import store
 
@@ -21,11 +25,13 @@ _lock = threading.Lock()
 def on_runtime_starting(**_kwargs) -> None:
     """Receiver of inference.runtime.runtime_starting (sent from the model-loading thread).
 
-    Marks failed the unfinished responses of the previous process (store.fail_unfinished),
-    then, without CELERY_BROKER_URL, starts the purge thread (once per process). A database
-    that is not migrated yet is logged, not raised: the server still starts.
+    Starts this process's heartbeat (its row exists before it takes any work), marks failed the
+    unfinished responses of processes that are gone (store.fail_unfinished), then, without
+    CELERY_BROKER_URL, starts the purge thread (once per process). A database that is not
+    migrated yet is logged, not raised: the server still starts.
     """
     try:
+        heartbeat.start()
         store.fail_unfinished()
     except DatabaseError as exc:
         log.warning("could not check for unfinished responses: %s", exc)
@@ -33,6 +39,13 @@ def on_runtime_starting(**_kwargs) -> None:
         close_old_connections()
     if not settings.CELERY_BROKER_URL:
         start_purge_thread()
+
+
+def on_process_beat(**_kwargs) -> None:
+    """Receiver of inference.heartbeat.process_beat (sent from the heartbeat thread): fail the
+    unfinished responses of processes that are gone, and forget processes gone for a day."""
+    store.fail_unfinished()
+    heartbeat.prune()
 
 
 def start_purge_thread() -> None:

@@ -75,3 +75,8 @@ def get(response_id: str) -> LiveResponse | None:
 
 def unregister(response_id: str) -> None:
     _running.pop(response_id, None)
+
+
+def running() -> list[LiveResponse]:
+    """The responses running in this process now."""
+    return list(_running.values())

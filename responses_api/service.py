@@ -33,7 +33,13 @@ from inference.serving.structured import requested_grammar
 from inference.serving.thinking import resolve_thinking
 
 from . import live, store
-from .encoder import EncoderError, ResponsesEventEncoder, outcome, responses_usage
+from .encoder import (
+    EncoderError,
+    ResponsesEventEncoder,
+    outcome,
+    responses_usage,
+    terminal_events,
+)
 from .items import items_to_messages
 from .models import new_id
 
@@ -273,13 +279,7 @@ class ResponseRun:
                       "error": error, "incomplete_details": incomplete,
                       "usage": responses_usage(finish.usage) if finish else None,
                       "completed_at": int(time.time()) if status == "completed" else None}
-        if error is not None:
-            closing.append(self._emit({"type": "error", "code": error["code"],
-                                       "message": error["message"], "param": None}))
-        terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
-                    "failed": "response.failed"}.get(status)
-        if terminal is not None:
-            closing.append(self._emit({"type": terminal, "response": self.final}))
+        closing += [self._emit(e) for e in terminal_events(self.final)]
         try:
             await self._record()
         except Exception:  # the client already has its answer; the store must not hide it

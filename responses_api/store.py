@@ -10,8 +10,6 @@ response_not_found, conversation_not_found, item_not_found).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from datetime import timedelta
 
 from django.conf import settings
@@ -19,11 +17,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from inference import heartbeat
 from inference.models import Tenant
 from inference.serving.errors import bad_request, not_found
 from inference.stored_completions import purge_expired as purge_expired_chat_completions
 from inference.stored_objects import cursor_page
 
+from .encoder import ResponsesEventEncoder, terminal_events
 from .models import (
     UNFINISHED,
     Conversation,
@@ -37,11 +37,11 @@ from .models import (
 
 log = logging.getLogger("metrale.responses")
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
-"""This process, as recorded on the responses it generates (host:pid)."""
-
 # A response still unfinished this long after its deadline can have no process generating it.
 ORPHAN_GRACE_S = 60.0
+
+RESTART_MESSAGE = ("The server process generating this response stopped (it restarted or "
+                   "died) before the response finished.")
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def create_response(*, tenant: Tenant, response_id: str, model: str, body: dict,
             id=response_id, tenant=tenant, model=model, status=body["status"],
             background=background, streamed=streamed, previous_response_id=previous_response_id,
             conversation_id=conversation_id, request=request, body=body,
-            metadata=body.get("metadata") or {}, worker=WORKER, created_at=now)
+            metadata=body.get("metadata") or {}, worker=heartbeat.process_id(), created_at=now)
         ResponseItem.objects.bulk_create(
             ResponseItem(response_id=response_id, position=i, direction=ResponseItem.INPUT,
                          item_id=item["id"], type=item["type"], data=item)
@@ -95,7 +95,9 @@ def finish_response(response_id: str, body: dict, output_items: list[dict]) -> s
     """Record a response's end: its final body, status, usage and output items.
 
     A response cancelled meanwhile (through the API, by another process) stays cancelled; one
-    deleted meanwhile stays deleted. Returns the status it now has (the body's when deleted).
+    deleted meanwhile stays deleted; one another process has failed meanwhile (it took this one
+    for gone, see fail_unfinished) keeps that outcome and the events that recorded it. Returns
+    the status it now has (the body's when deleted).
     """
     usage = body.get("usage") or {}
     with transaction.atomic():
@@ -104,6 +106,8 @@ def finish_response(response_id: str, body: dict, output_items: list[dict]) -> s
             return body["status"]
         if row.status == Status.CANCELLED:
             body = {**body, "status": Status.CANCELLED}
+        elif row.finished:
+            return row.status
         row.status = body["status"]
         row.body = body
         row.error = body.get("error")
@@ -121,14 +125,42 @@ def finish_response(response_id: str, body: dict, output_items: list[dict]) -> s
     return row.status
 
 
-def fail_response(response_id: str, message: str) -> None:
-    """Mark an unfinished response failed with a server_error (its run broke down)."""
-    error = {"code": "server_error", "message": message}
-    row = StoredResponse.objects.filter(pk=response_id, status__in=UNFINISHED).first()
-    if row is not None:
-        StoredResponse.objects.filter(pk=response_id, status__in=UNFINISHED).update(
-            status=Status.FAILED, error=error, completed_at=timezone.now(),
-            body={**row.body, "status": Status.FAILED, "error": error}, updated_at=timezone.now())
+def fail_response(response_id: str, message: str, now=None) -> bool:
+    """Mark an unfinished response failed with a server_error (its run broke down, or the
+    process running it is gone), in agreement with its recorded events: the item they left
+    open is closed as incomplete, `error` and `response.failed` are recorded after them (with
+    `response.created` first when none was recorded yet), and the stored output holds the items
+    the events built. A response not created streamed or in the background records no events.
+    Returns False when it had already finished (or is gone).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = StoredResponse.objects.select_for_update().filter(
+            pk=response_id, status__in=UNFINISHED).first()
+        if row is None:
+            return False
+        events = list(row.events.order_by("sequence_number").values_list("data", flat=True))
+        encoder = ResponsesEventEncoder.resume(events)
+        closing = encoder.close("incomplete")
+        error = {"code": "server_error", "message": message}
+        final = {**row.body, "status": Status.FAILED, "output": encoder.output, "error": error,
+                 "usage": None, "completed_at": None}
+        if row.streamed:
+            opening = [] if events else [{"type": "response.created", "response": row.body}]
+            start = events[-1]["sequence_number"] + 1 if events else 0
+            append_events(response_id, [
+                {"type": e["type"], "sequence_number": start + i,
+                 **{k: v for k, v in e.items() if k != "type"}}
+                for i, e in enumerate(opening + closing + terminal_events(final))])
+        row.status, row.error, row.body, row.completed_at = Status.FAILED, error, final, now
+        row.save(update_fields=["status", "error", "body", "completed_at", "updated_at"])
+        start = row.items.count()
+        ResponseItem.objects.bulk_create(
+            ResponseItem(response_id=response_id, position=start + i,
+                         direction=ResponseItem.OUTPUT, item_id=item["id"], type=item["type"],
+                         data=item)
+            for i, item in enumerate(encoder.output))
+    return True
 
 
 def delete_response(tenant: Tenant, response_id: str) -> dict:
@@ -345,27 +377,26 @@ def _page(qs, limit: int, order: str, after: str | None) -> dict:
 # --- housekeeping ----------------------------------------------------------------------------
 
 
-def fail_unfinished(worker: str = WORKER, now=None) -> int:
-    """Mark failed every unfinished response that no process can still be generating: those of
-    an earlier process on this host (the server restarted), and any whose request deadline
-    (METRALE["REQUEST_TIMEOUT_S"]) passed more than a minute ago. Returns how many.
+def fail_unfinished(now=None) -> int:
+    """Mark failed (fail_response) every unfinished response that no process can still be
+    generating: those whose process is gone (inference.heartbeat.live_process_ids: it stopped,
+    stopped beating, or died on this machine), and any whose request deadline
+    (METRALE["REQUEST_TIMEOUT_S"]) passed more than ORPHAN_GRACE_S ago. Returns how many.
 
-    Runs when the runtime starts and with every purge. Assumes one server process per host
-    (the deployment DESIGN.md describes: replicas behind a load balancer).
+    Runs when the server starts, after every heartbeat and with every purge, in every process:
+    the responses of a live replica are left alone, a dead one's are failed by the survivors.
     """
     now = now or timezone.now()
-    host = worker.rsplit(":", 1)[0]
     too_old = now - timedelta(seconds=settings.METRALE["REQUEST_TIMEOUT_S"] + ORPHAN_GRACE_S)
     orphans = (StoredResponse.objects.filter(status__in=UNFINISHED)
-               .filter((Q(worker__startswith=f"{host}:") & ~Q(worker=worker)) | Q(worker="")
-                       | Q(created_at__lt=too_old)))
-    error = {"code": "server_error",
-             "message": "The server restarted before this response finished."}
+               .filter(~Q(worker__in=heartbeat.live_process_ids()) | Q(created_at__lt=too_old))
+               .values_list("pk", flat=True))
     count = 0
-    for row in orphans.only("pk", "body"):
-        count += StoredResponse.objects.filter(pk=row.pk, status__in=UNFINISHED).update(
-            status=Status.FAILED, error=error, completed_at=now,
-            body={**row.body, "status": Status.FAILED, "error": error}, updated_at=now)
+    for response_id in list(orphans):
+        try:
+            count += fail_response(response_id, RESTART_MESSAGE, now=now)
+        except IntegrityError:  # another process failed it at the same moment
+            pass
     if count:
         log.warning("marked %d unfinished response(s) failed: their process is gone", count)
     return count

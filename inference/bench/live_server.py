@@ -23,10 +23,12 @@ def free_port() -> int:
 class LiveServer:
     """A daphne process on a free port with its own SQLite file; output goes to `log_path`.
 
-    env: extra environment variables (METRALE_MODEL, METRALE_DTYPE, ...).
+    env: extra environment variables (METRALE_MODEL, METRALE_DTYPE, ...). A server started again
+    with the same workdir uses the same database (a restart) and appends to the same log.
+    via_serve: run `manage.py serve` (daphne in a server process it restarts) instead of daphne.
     """
 
-    def __init__(self, env: dict[str, str], workdir: Path):
+    def __init__(self, env: dict[str, str], workdir: Path, *, via_serve: bool = False):
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -35,10 +37,13 @@ class LiveServer:
         full_env = {**os.environ, "METRALE_SQLITE_PATH": str(self.db), "PYTHONUNBUFFERED": "1", **env}
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=full_env,
                        check=True)
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "metrale_site.asgi:application"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._log = open(self.log_path, "a")
+        if via_serve:
+            argv = ["manage.py", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        else:
+            argv = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "metrale_site.asgi:application"]
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 180) -> None:
         """Poll /health until 200. Raises RuntimeError (with the log's tail) if the server dies or times out."""

@@ -149,6 +149,13 @@ class AsyncEngine:
             self._wake.set()
         return handle
 
+    def fail_all(self, message: str) -> None:
+        """End every request in flight with Failed(message) at the next step boundary, freeing
+        their KV blocks (a server shutting down past its grace period ends them in-band this
+        way). Requests submitted afterwards run as usual."""
+        self._commands.append(("fail_all", None, message))
+        self._wake.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread after its current step and wait for it (up to `timeout` seconds):
         a daemon thread still inside torch when the interpreter exits can abort the process."""
@@ -199,6 +206,11 @@ class AsyncEngine:
             if seq is not None and not seq.is_finished:
                 self.engine.abort(seq, arg)
                 self._retire(seq)
+        elif kind == "fail_all":
+            for live in self._handles.values():
+                self.engine.abort(live.seq, "error")
+            self._push_all([(live, [Failed(arg)]) for live in self._handles.values()])
+            self._handles.clear()
 
     def _retire(self, seq: Sequence) -> None:
         handle = self._handles.pop(id(seq), None)

@@ -1,4 +1,6 @@
-"""Two daphne processes sharing one Redis budget: a debit in one is seen by the other.
+"""Two daphne processes on one database: they share one Redis budget (a debit in one is seen by
+the other), and each owns its background responses (a second process leaves the first one's
+alone while it lives, and takes them over once it dies).
 
 Runs on the default SQLite file and on the production database, the real PostgreSQL on
 127.0.0.1:5432 (a fresh database per run, dropped afterwards). Also drives the management commands
@@ -58,14 +60,11 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 60.0):
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def two_servers(tmp_path, request):
-    if not redis_reachable():
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}")
-    prefix = f"metrale-test-{uuid.uuid4().hex}"
+def database_env(tmp_path, request):
+    """The environment of server processes sharing one migrated database: the default SQLite
+    file, or a fresh PostgreSQL database (dropped afterwards)."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "metrale_site.settings",
-           "METRALE_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "REDIS_URL": REDIS_URL,
-           "METRALE_CACHE_KEY_PREFIX": prefix, "METRALE_LOAD_ON_START": "0",
-           "METRALE_REQUIRE_AUTH": "1", "PYTHONUNBUFFERED": "1"}
+           "METRALE_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
     env.pop("DATABASE_URL", None)
     db_name = None
     if request.param == "postgresql":
@@ -76,40 +75,64 @@ def two_servers(tmp_path, request):
         admin.execute(f'CREATE DATABASE "{db_name}"')
         admin.close()
         env["DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:5432/{db_name}"
-    manage(env, "migrate", "--noinput")
+    try:
+        manage(env, "migrate", "--noinput")
+        yield env
+    finally:
+        if db_name:
+            admin = postgres_admin()
+            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+            admin.close()
+
+
+def start_daphne(env, **extra) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "metrale_site.asgi:application"],
+        cwd=ROOT, env={**env, **extra}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    return f"http://127.0.0.1:{port}", process
+
+
+def stop(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture
+def two_servers(database_env):
+    if not redis_reachable():
+        pytest.skip(f"Redis is not reachable at {REDIS_URL}")
+    prefix = f"metrale-test-{uuid.uuid4().hex}"
+    env = {**database_env, "REDIS_URL": REDIS_URL, "METRALE_CACHE_KEY_PREFIX": prefix,
+           "METRALE_LOAD_ON_START": "0", "METRALE_REQUIRE_AUTH": "1"}
     manage(env, "create_tenant", "acme", "--rpm", "3")
     key = manage(env, "create_api_key", "acme", "--name", "two-process test").strip()
 
     processes, urls = [], []
     try:
         for _ in range(2):
-            port = free_port()
-            processes.append(subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                 "metrale_site.asgi:application"],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            urls.append(f"http://127.0.0.1:{port}")
+            url, process = start_daphne(env)
+            processes.append(process)
+            urls.append(url)
         for url, process in zip(urls, processes):
             wait_until_up(url, process)
         yield urls, key
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop(processes)
         import redis
 
         client = redis.Redis.from_url(REDIS_URL)
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:
             client.delete(*keys)
-        if db_name:
-            admin = postgres_admin()
-            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-            admin.close()
 
 
 def test_the_second_process_sees_the_first_ones_debits(two_servers):
@@ -133,3 +156,60 @@ def test_the_second_process_sees_the_first_ones_debits(two_servers):
     with pytest.raises(RateLimitError) as caught:
         sdk.models.list()
     assert caught.value.response.headers["x-ratelimit-limit-requests"] == "3"
+
+
+def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(database_env,
+                                                                             smollm2_dir):
+    from responses_api.store import RESTART_MESSAGE
+    from tests.stream_checks import check_responses_stream, sse_data
+
+    env = {**database_env, "METRALE_HEARTBEAT_INTERVAL": "0.5", "METRALE_HEARTBEAT_GRACE": "3"}
+    first, first_process = start_daphne(env, METRALE_MODEL=str(smollm2_dir),
+                                        METRALE_KV_CACHE_BYTES=str(128 << 20))
+    second = second_process = None
+    try:
+        wait_until_up(first, first_process, timeout_s=180)
+        deadline = time.monotonic() + 180
+        while httpx.get(first + "/health").status_code != 200:
+            assert time.monotonic() < deadline, "the model did not load"
+            time.sleep(0.2)
+
+        def create(max_output_tokens):
+            return httpx.post(first + "/v1/responses", timeout=30, json={
+                "model": "m", "input": "Count from one to a thousand.", "background": True,
+                "max_output_tokens": max_output_tokens, "ignore_eos": True}).json()["id"]
+
+        finishing, running = create(40), create(2000)
+        # The second process has no model to load; it starts, runs the restart rule and beats
+        # (and sweeps) every half second all the same.
+        second, second_process = start_daphne(env, METRALE_MODEL=str(ROOT / "no-such-model"))
+        wait_until_up(second, second_process)
+        while httpx.get(second + "/health").json().get("status") != "failed":
+            time.sleep(0.2)
+
+        def status(rid):
+            return httpx.get(f"{second}/v1/responses/{rid}", timeout=10).json()["status"]
+
+        deadline = time.monotonic() + 120
+        while status(finishing) == "in_progress":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert status(finishing) == "incomplete"  # it ran to max_output_tokens in the first
+        assert status(running) == "in_progress"
+        final = check_responses_stream(sse_data(httpx.get(
+            f"{second}/v1/responses/{finishing}", params={"stream": "true"}, timeout=30).text))
+        assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+
+        first_process.kill()  # the first replica dies; the second takes its work over
+        first_process.wait()
+        deadline = time.monotonic() + 30
+        while status(running) == "in_progress":
+            assert time.monotonic() < deadline, "the second process did not take over"
+            time.sleep(0.2)
+        body = httpx.get(f"{second}/v1/responses/{running}", timeout=10).json()
+        assert body["status"] == "failed" and body["error"]["message"] == RESTART_MESSAGE
+        final = check_responses_stream(sse_data(httpx.get(
+            f"{second}/v1/responses/{running}", params={"stream": "true"}, timeout=30).text))
+        assert final == body and body["output"][0]["content"][0]["text"]
+    finally:
+        stop([p for p in (first_process, second_process) if p is not None])

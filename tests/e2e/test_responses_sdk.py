@@ -9,7 +9,6 @@ import httpx
 import openai
 import pytest
 
-from inference.bench.live_server import LiveServer
 from inference.engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
@@ -227,27 +226,3 @@ def test_only_background_responses_can_be_cancelled(openai_client):
     with pytest.raises(openai.BadRequestError) as info:
         openai_client.responses.cancel(r.id)
     assert "background" in info.value.message
-
-
-def test_a_restart_marks_unfinished_background_responses_failed(smollm2_dir, tmp_path):
-    env = {"METRALE_MODEL": str(smollm2_dir), "METRALE_KV_CACHE_BYTES": str(128 << 20)}
-    server = LiveServer(env, tmp_path)
-    try:
-        server.wait_ready()
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
-        r = client.responses.create(model="m", input="Count to one thousand.", background=True,
-                                    max_output_tokens=2000, extra_body={"ignore_eos": True})
-        wait_status(client, r.id, {"in_progress"})
-        server.proc.kill()  # no clean shutdown: the response is left in_progress
-        server.proc.wait()
-    finally:
-        server.stop()
-    restarted = LiveServer(env, tmp_path)  # same database, a new process
-    try:
-        restarted.wait_ready()
-        client = openai.OpenAI(base_url=restarted.url + "/v1", api_key="k", max_retries=0)
-        after = client.responses.retrieve(r.id)
-        assert after.status == "failed"
-        assert "restarted" in after.error.message
-    finally:
-        restarted.stop()

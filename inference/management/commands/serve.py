@@ -1,6 +1,29 @@
-"""`manage.py serve`: run daphne on the ASGI application (the model loads as the server starts)."""
+"""`manage.py serve`: run daphne on the ASGI application (the model loads as the server starts),
+in a server process that is started again when it dies, unless --no-restart.
+
+The server process exits non-zero when it cannot go on (the engine thread died, a crash, a
+kill); this command then starts a new one after a backoff (RESTART_BACKOFF_S, doubling up to
+RESTART_BACKOFF_MAX_S, back to the start once a process has run STABLE_AFTER_S). SIGTERM or
+SIGINT are passed on to the server process, which drains (metrale_site/drain.py); the command
+exits 0 once it has. A server process that outlives its drain by KILL_MARGIN_S is killed, so the
+command never hangs. With --no-restart, daphne runs in this process.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 60.0
+# Past its drain (SHUTDOWN_GRACE_S + drain.SETTLE_S), a server process gets this long to exit.
+KILL_MARGIN_S = 20.0
 
 
 class Command(BaseCommand):
@@ -13,10 +36,10 @@ class Command(BaseCommand):
                             help="tool-call parser name, or 'none' (overrides METRALE_TOOL_CALL_PARSER)")
         parser.add_argument("--reasoning-parser", default=None,
                             help="reasoning parser name, or 'none' (overrides METRALE_REASONING_PARSER)")
+        parser.add_argument("--no-restart", action="store_true",
+                            help="serve in this process; do not start it again when it dies")
 
-    def handle(self, *args, host, port, tool_call_parser, reasoning_parser, **options):
-        from daphne.cli import CommandLineInterface
-
+    def handle(self, *args, host, port, tool_call_parser, reasoning_parser, no_restart, **options):
         from inference.serving.text_setup import check_parser_names
 
         # daphne runs the application in this process, so the settings set here are the ones it serves with.
@@ -26,5 +49,85 @@ class Command(BaseCommand):
         problems = check_parser_names()
         if problems:
             raise CommandError(" ".join(problems))
-        self.stdout.write(f"Metrale serving on http://{host}:{port}/v1 (the model loads in the background; see /health)")
-        CommandLineInterface().run(["-b", host, "-p", str(port), "--proxy-headers", "metrale_site.asgi:application"])
+        if no_restart:
+            from daphne.cli import CommandLineInterface
+
+            self.stdout.write(f"Metrale serving on http://{host}:{port}/v1 (the model loads in the background; see /health)")
+            self.stdout.flush()
+            cli = CommandLineInterface()
+            cli.run(["-b", host, "-p", str(port), "--proxy-headers", "metrale_site.asgi:application"])
+            if not cli.server.listening_addresses:  # daphne logs why and returns as if all went well
+                raise CommandError(f"Could not listen on {host}:{port}.")
+            return
+        argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--no-restart",
+                "--host", host, "--port", str(port)]
+        for flag, value in (("--tool-call-parser", tool_call_parser), ("--reasoning-parser", reasoning_parser)):
+            if value is not None:
+                argv += [flag, value]
+        code = Supervisor(argv, self.stderr).run()
+        if code:
+            raise SystemExit(code)
+
+
+class Supervisor:
+    """Runs `argv` as the server process until asked to stop (see the module doc).
+
+    `run()` returns the exit status for this command: 0 once the server process stopped when
+    asked (or of its own accord with status 0), 1 when it had to be killed.
+    """
+
+    def __init__(self, argv: list[str], log):
+        self.argv = argv
+        self.log = log
+        self.stopping = False
+        self.child: subprocess.Popen | None = None
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        failures = 0
+        while not self.stopping:
+            started = time.monotonic()
+            self.child = subprocess.Popen(self.argv)
+            if self.stopping:  # a signal came before there was a child to pass it to
+                self.child.send_signal(signal.SIGTERM)
+            code = self._wait()
+            if self.stopping or code == 0:
+                return 0 if code == 0 else 1
+            failures = 0 if time.monotonic() - started >= STABLE_AFTER_S else failures
+            delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** failures)
+            failures += 1
+            how = f"signal {-code}" if code < 0 else f"status {code}"
+            self.log.write(f"The server process {self.child.pid} exited with {how}; starting "
+                           f"it again in {delay:.0f} s.")
+            self._sleep(delay)
+        return 0
+
+    def _wait(self) -> int:
+        """The child's exit status; once stopping, kill it if it outlives its drain."""
+        deadline = None
+        while True:
+            try:
+                return self.child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stopping and deadline is None:
+                from metrale_site.drain import SETTLE_S
+
+                deadline = time.monotonic() + settings.METRALE["SHUTDOWN_GRACE_S"] + SETTLE_S \
+                    + KILL_MARGIN_S
+            if deadline is not None and time.monotonic() > deadline:
+                self.log.write(f"The server process {self.child.pid} did not stop; killing it.")
+                self.child.kill()
+                self.child.wait()
+                return -signal.SIGKILL
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.1, end - time.monotonic()))

@@ -1,5 +1,6 @@
 """Expiry (purge task and command), the restart rule for unfinished responses, and the admin."""
 
+import os
 from datetime import timedelta
 from io import StringIO
 
@@ -8,6 +9,8 @@ from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.utils import timezone
 
+from inference import heartbeat
+from inference.heartbeat import ServerProcess
 from inference.models import StoredChatCompletion, Tenant
 from responses_api import store, tasks
 from responses_api.models import (
@@ -26,7 +29,7 @@ def tenant(name: str = "default") -> Tenant:
     return Tenant.objects.get_or_create(name=name)[0]
 
 
-def make_response(rid, *, status="completed", owner="default", worker=store.WORKER,
+def make_response(rid, *, status="completed", owner="default", worker=None,
                   created_at=None, metadata=None, background=False):
     body = {"id": rid, "object": "response", "status": "in_progress", "output": [],
             "metadata": metadata or {}}
@@ -44,7 +47,7 @@ def make_response(rid, *, status="completed", owner="default", worker=store.WORK
                               [{"id": f"msg_out_{rid}", "type": "message", "role": "assistant",
                                 "status": "completed",
                                 "content": [{"type": "output_text", "text": f"answer {rid}"}]}])
-    updates = {"worker": worker}
+    updates = {"worker": worker or heartbeat.process_id()}
     if created_at is not None:
         updates.update(created_at=created_at, expires_at=expiry_from(created_at))
     StoredResponse.objects.filter(pk=rid).update(**updates)
@@ -95,33 +98,101 @@ def test_the_ttl_comes_from_settings(settings):
     assert (chat.expires_at - chat.created_at).total_seconds() == pytest.approx(60)
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def make_process(pk, *, host="otherhost", pid=7, namespace="elsewhere", beat_age_s=0.0,
+                 stopped=False):
+    now = timezone.now()
+    ServerProcess.objects.create(
+        id=pk, host=host, pid=pid, pid_namespace=namespace,
+        started_at=now - timedelta(hours=1), last_beat_at=now - timedelta(seconds=beat_age_s),
+        stopped_at=now if stopped else None)
+    return pk
+
+
 def test_a_restart_fails_what_an_earlier_process_left_unfinished(settings):
-    host = store.WORKER.rsplit(":", 1)[0]
-    make_response("resp_dead", status="in_progress", worker=f"{host}:1", background=True)
+    here = heartbeat.pid_namespace()
+    assert here, "these tests run on Linux"
+    # An earlier server on this machine, killed: its beat is fresh but its pid runs no more.
+    dead = make_process("thishost:1:dead", pid=dead_pid(), namespace=here)
+    # The same after a container restart: the new server has the old one's pid.
+    reborn = make_process("thishost:pid:old", pid=os.getpid(), namespace=here)
+    make_response("resp_dead", status="in_progress", worker=dead, background=True)
+    make_response("resp_reborn", status="in_progress", worker=reborn, background=True)
     make_response("resp_mine", status="in_progress", background=True)
-    make_response("resp_elsewhere", status="in_progress", worker="otherhost:7", background=True)
-    make_response("resp_lost", status="in_progress", worker="otherhost:8",
+    make_response("resp_elsewhere", status="in_progress", background=True,
+                  worker=make_process("otherhost:7:live"))
+    make_response("resp_lost", status="in_progress", worker=make_process("otherhost:8:live"),
                   created_at=timezone.now() - timedelta(
                       seconds=settings.METRALE["REQUEST_TIMEOUT_S"] + 120))
-    make_response("resp_done", worker=f"{host}:1")
+    make_response("resp_done", worker=dead)
 
-    assert store.fail_unfinished() == 2
+    assert store.fail_unfinished() == 3
     status = dict(StoredResponse.objects.values_list("pk", "status"))
-    assert status == {"resp_dead": "failed", "resp_mine": "in_progress",
+    assert status == {"resp_dead": "failed", "resp_reborn": "failed", "resp_mine": "in_progress",
                       "resp_elsewhere": "in_progress", "resp_lost": "failed",
                       "resp_done": "completed"}
-    dead = StoredResponse.objects.get(pk="resp_dead").to_dict()
-    assert dead["status"] == "failed" and "restarted" in dead["error"]["message"]
+    dead_body = StoredResponse.objects.get(pk="resp_dead").to_dict()
+    assert dead_body["status"] == "failed" and "restarted" in dead_body["error"]["message"]
 
 
-def test_the_runtime_start_signal_runs_the_restart_rule(settings):
+def test_a_replica_keeps_its_work_while_it_beats_and_loses_it_when_it_stops(settings):
+    grace = settings.METRALE["HEARTBEAT_GRACE_S"]
+    here = heartbeat.pid_namespace()
+    # Replicas elsewhere are judged by their heartbeat alone, one here by its pid too.
+    make_response("resp_beating", status="in_progress", background=True,
+                  worker=make_process("otherhost:1:a", beat_age_s=grace / 2))
+    make_response("resp_here", status="in_progress", background=True,
+                  worker=make_process("thishost:2:b", pid=os.getppid(),
+                                      namespace=here))
+    make_response("resp_silent", status="in_progress", background=True,
+                  worker=make_process("otherhost:3:c", beat_age_s=grace + 1))
+    make_response("resp_stopped", status="in_progress", background=True,
+                  worker=make_process("otherhost:4:d", stopped=True))
+    make_response("resp_unknown", status="queued", background=True, worker="oldformat:5")
+
+    assert store.fail_unfinished() == 3
+    status = dict(StoredResponse.objects.values_list("pk", "status"))
+    assert status == {"resp_beating": "in_progress", "resp_here": "in_progress",
+                      "resp_silent": "failed", "resp_stopped": "failed", "resp_unknown": "failed"}
+    assert store.fail_unfinished() == 0  # each is failed once
+
+
+def test_the_heartbeat_records_this_process_and_the_admin_lists_it(settings, admin_client):
+    heartbeat.beat()
+    row = ServerProcess.objects.get(pk=heartbeat.process_id())
+    assert (row.pid, row.pid_namespace) == (os.getpid(), heartbeat.pid_namespace())
+    assert row.host in row.id and row.stopped_at is None
+    first = row.last_beat_at
+    heartbeat.beat()
+    assert ServerProcess.objects.get(pk=row.pk).last_beat_at >= first
+    assert heartbeat.process_id() in heartbeat.live_process_ids()
+    old = make_process("otherhost:9:old", beat_age_s=2 * 86400)
+    page = admin_client.get("/admin/inference/serverprocess/")
+    assert page.status_code == 200 and row.pk.encode() in page.content and old.encode() in page.content
+    assert heartbeat.prune() == 1 and not ServerProcess.objects.filter(pk=old).exists()
+
+
+def test_the_runtime_start_signal_runs_the_restart_rule(settings, monkeypatch):
     from inference.runtime import runtime_starting
 
-    host = store.WORKER.rsplit(":", 1)[0]
-    make_response("resp_dead", status="in_progress", worker=f"{host}:1", background=True)
+    dead = make_process("thishost:1:dead", pid=dead_pid(), namespace=heartbeat.pid_namespace())
+    make_response("resp_dead", status="in_progress", worker=dead, background=True)
     settings.CELERY_BROKER_URL = "memory://"  # no purge thread from a test
+    started = []
+    monkeypatch.setattr(heartbeat, "start", lambda: started.append(heartbeat.beat()))
     runtime_starting.send(sender=None)
+    assert started, "the heartbeat starts before the restart rule runs"
     assert StoredResponse.objects.get(pk="resp_dead").status == "failed"
+    assert ServerProcess.objects.filter(pk=heartbeat.process_id()).exists()
 
 
 def test_a_cancel_recorded_elsewhere_survives_the_run_finishing():

@@ -301,6 +301,10 @@ def test_a_client_that_leaves_a_stream_cancels_its_stored_response(rf, api, engi
     assert events[:6] == ["response.created", "response.in_progress", "response.output_item.added",
                           "response.content_part.added", "response.output_text.delta",
                           "response.output_text.done"]
+    # Its replay ends, as every replay does, with one terminal event (the SDK knows no
+    # response.cancelled; the response inside says it was cancelled).
+    assert events[-1] == "response.incomplete"
+    assert row.events.last().data["response"]["status"] == "cancelled"
 
 
 def test_generating_holds_a_rate_limit_slot_only_while_it_runs(api, settings, frozen_clock):
