@@ -52,11 +52,12 @@ def model_reasoning_parser(model_type: str, chat_template: str | None) -> str | 
     return choose_reasoning_parser(model_type, chat_template)
 
 
-def check_parser_names() -> list[str]:
-    """Problems with the configured parser names, for the system check (empty when fine)."""
+def check_parser_names(names: dict[str, str] | None = None) -> list[str]:
+    """Problems with parser names (empty when fine): `names` maps TOOL_CALL_PARSER /
+    REASONING_PARSER to a name; unset, the configured settings are checked (the system check)."""
     problems = []
     for key, known in (("TOOL_CALL_PARSER", TOOL_PARSERS), ("REASONING_PARSER", REASONING_PARSERS)):
-        name = _setting(key)
+        name = names.get(key) if names is not None else _setting(key)
         if name is not None and name != OFF and name not in known:
             problems.append(f"METRALE_{key}={name!r} is not a known parser; known: "
                             f"{', '.join(sorted(known))}, or {OFF!r}.")

@@ -1,4 +1,5 @@
-"""manage.py create_tenant, create_api_key and revoke_api_key."""
+"""manage.py create_tenant, create_api_key, revoke_api_key, and serve's own argument handling."""
+import os
 from datetime import timedelta
 from io import StringIO
 
@@ -79,7 +80,24 @@ def test_revoke_api_key_by_prefix_or_whole_key():
         run("revoke_api_key", "mk-zzzzzzzz")
 
 
-def test_serve_refuses_an_unknown_parser_before_starting(settings):
-    settings.METRALE = {**settings.METRALE}  # the command writes into it; the fixture restores the original
+def test_serve_refuses_an_unknown_parser_before_starting(monkeypatch):
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("started a server with an unknown parser"))
     with pytest.raises(CommandError, match="xml9"):
         call_command("serve", "--tool-call-parser", "xml9")
+
+
+def test_serve_hands_parser_flags_to_a_fresh_process_as_settings_not_by_mutating_them(monkeypatch, settings):
+    started = []
+
+    def execve(path, argv, env):
+        started.append((argv, env))
+        raise SystemExit(0)
+
+    before = dict(settings.METRALE)
+    monkeypatch.setattr(os, "execve", execve)
+    with pytest.raises(SystemExit):
+        call_command("serve", "--tool-call-parser", "hermes", "--reasoning-parser", "none", "--port", "8123")
+    [(argv, env)] = started
+    assert (env["METRALE_TOOL_CALL_PARSER"], env["METRALE_REASONING_PARSER"]) == ("hermes", "none")
+    assert argv[-5:] == ["serve", "--host", "127.0.0.1", "--port", "8123"] and "--tool-call-parser" not in argv
+    assert settings.METRALE == before

@@ -10,6 +10,7 @@ command never hangs. With --no-restart, daphne runs in this process.
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -40,15 +41,22 @@ class Command(BaseCommand):
                             help="serve in this process; do not start it again when it dies")
 
     def handle(self, *args, host, port, tool_call_parser, reasoning_parser, no_restart, **options):
-        from inference.serving.text_setup import check_parser_names
+        overrides = {f"METRALE_{key}": value for key, value in (("TOOL_CALL_PARSER", tool_call_parser),
+                                                                ("REASONING_PARSER", reasoning_parser))
+                     if value is not None}
+        argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--host", host, "--port", str(port)]
+        if no_restart:
+            argv.append("--no-restart")
+        if overrides:
+            from inference.serving.text_setup import check_parser_names
 
-        # daphne runs the application in this process, so the settings set here are the ones it serves with.
-        for key, value in (("TOOL_CALL_PARSER", tool_call_parser), ("REASONING_PARSER", reasoning_parser)):
-            if value is not None:
-                settings.METRALE[key] = value
-        problems = check_parser_names()
-        if problems:
-            raise CommandError(" ".join(problems))
+            problems = check_parser_names({key.removeprefix("METRALE_"): value for key, value in overrides.items()})
+            if problems:
+                raise CommandError(" ".join(problems))
+            # Settings are read once, when a process starts: the parser flags reach the server as
+            # the environment variables they stand for, in this command started afresh (whose
+            # system checks then refuse an unknown name, metrale.E001).
+            os.execve(sys.executable, argv, {**os.environ, **overrides})
         if no_restart:
             from daphne.cli import CommandLineInterface
 
@@ -59,12 +67,7 @@ class Command(BaseCommand):
             if not cli.server.listening_addresses:  # daphne logs why and returns as if all went well
                 raise CommandError(f"Could not listen on {host}:{port}.")
             return
-        argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--no-restart",
-                "--host", host, "--port", str(port)]
-        for flag, value in (("--tool-call-parser", tool_call_parser), ("--reasoning-parser", reasoning_parser)):
-            if value is not None:
-                argv += [flag, value]
-        code = Supervisor(argv, self.stderr).run()
+        code = Supervisor([*argv, "--no-restart"], self.stderr).run()
         if code:
             raise SystemExit(code)
 
