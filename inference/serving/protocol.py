@@ -8,7 +8,6 @@ debug), as OpenAI does.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from rest_framework import serializers
@@ -16,6 +15,7 @@ from rest_framework import serializers
 from .errors import ApiError, bad_request
 from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
+from .json_body import parse_json_body
 from .messages import normalize_messages
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
@@ -27,17 +27,6 @@ INT64 = 2**63
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
-
-
-def parse_json_body(raw: bytes) -> dict:
-    """The request body as a JSON object. Raises ApiError 400 for invalid JSON or a non-object."""
-    try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_json")
-    return body
 
 
 def opt(**kw) -> dict:
