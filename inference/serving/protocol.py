@@ -23,9 +23,15 @@ from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
 
 log = logging.getLogger("metrale.api")
 
-INT64 = 2**63
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+# Past these the control does nothing more (top-n-sigma keeps every token; a DRY penalty already bans),
+# and a bound keeps the values the sampler multiplies finite. llama.cpp sets none; its defaults are
+# top_n_sigma -1, dry_multiplier 0, dry_base 1.75.
+MAX_TOP_N_SIGMA = 100.0
+MAX_DRY = 100.0
+# A request's own deadline (the server's METRALE["REQUEST_TIMEOUT_S"] caps it anyway).
+MAX_TIMEOUT_S = 1e9
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 
 
@@ -67,24 +73,24 @@ class GenerationRequest(serializers.Serializer):
     top_p = NumberField(**opt(low=0, high=1, low_open=True))
     top_k = IntegerField(**opt(low=-1))
     min_p = NumberField(**opt(low=0, high=1))
-    top_n_sigma = NumberField(**opt(low=-1))
+    top_n_sigma = NumberField(**opt(low=-1, high=MAX_TOP_N_SIGMA))
     repetition_penalty = NumberField(**opt(low=0, high=2, low_open=True))
     presence_penalty = NumberField(**opt(low=-2, high=2))
     frequency_penalty = NumberField(**opt(low=-2, high=2))
-    dry_multiplier = NumberField(**opt(low=0))
-    dry_base = NumberField(**opt(low=1))
+    dry_multiplier = NumberField(**opt(low=0, high=MAX_DRY))
+    dry_base = NumberField(**opt(low=1, high=MAX_DRY))
     dry_allowed_length = IntegerField(**opt(low=0))
     dry_penalty_last_n = IntegerField(**opt(low=-1))
     dry_sequence_breakers = StringListField(**opt())
     logit_bias = LogitBiasField(**opt())
     min_tokens = IntegerField(**opt(low=0))
-    seed = IntegerField(**opt(low=-INT64, high=INT64 - 1))
+    seed = IntegerField(**opt())
     ignore_eos = BooleanField(required=False, default=False)
     stop = StopField(required=False, allow_null=True, default=list)
     stop_token_ids = TokenIdListField(**opt())
     include_stop_str_in_output = BooleanField(required=False, default=False)
     return_token_ids = BooleanField(required=False, default=False)
-    timeout = NumberField(**opt(low=0, low_open=True))
+    timeout = NumberField(**opt(low=0, high=MAX_TIMEOUT_S, low_open=True))
     user = StringField(**opt())
     metadata = MetadataField(**opt())
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
