@@ -1,4 +1,5 @@
-"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app.
+"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
+guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended).
 
 Starting the server (daphne imports this module) also starts loading the model in
 a background thread, so `/health` answers 503 "loading" until it is ready.
@@ -22,8 +23,9 @@ sys.setswitchinterval(0.0005)
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
+from inference.middleware import ApiAsgiGuard  # noqa: E402
 
 if settings.METRALE["LOAD_ON_START"]:
     runtime.start_loading()
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+application = ProtocolTypeRouter({"http": ApiAsgiGuard(django_asgi_app)})
