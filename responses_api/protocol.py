@@ -22,6 +22,7 @@ from inference.serving.fields import (INT64_MAX, BooleanField, IntegerField, Met
 from inference.serving.protocol import MAX_TOP_LOGPROBS, ChatCompletionRequest, opt, parse_json_body, validate
 from inference.serving.structured import check_request as check_structured_request
 from inference.serving.tool_fields import ToolChoiceField, ToolsField, check_tool_choice
+from inference.serving.tool_grammar import check_forced_tools
 
 from .models import new_id
 
@@ -266,7 +267,8 @@ class _CreateResponseFields(serializers.Serializer):
     def validate(self, attrs):
         """Nulls take OpenAI's defaults (store and parallel_tool_calls true, truncation disabled, tool_choice
         auto); previous_response_id excludes conversation; background needs store; stream_options needs
-        stream; tool_choice required or a named function needs that tool (tool_fields.check_tool_choice)."""
+        stream; tool_choice required or a named function needs that tool (tool_fields.check_tool_choice), and each forced tool's schema compiles
+        (tool_grammar.check_forced_tools)."""
         attrs["store"] = True if attrs["store"] is None else attrs["store"]
         attrs["stream"] = bool(attrs["stream"])
         attrs["background"] = bool(attrs["background"])
@@ -289,6 +291,7 @@ class _CreateResponseFields(serializers.Serializer):
             raise bad_request("'stream_options' is only allowed when 'stream' is true.",
                               "stream_options")
         check_tool_choice(attrs["tools"], attrs["tool_choice"])
+        check_forced_tools(attrs["tools"], attrs["tool_choice"], self.initial_data.get("tools"))
         return attrs
 
 

@@ -20,6 +20,7 @@ from .messages import normalize_messages
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
 from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
+from .tool_grammar import check_forced_tools
 
 log = logging.getLogger("metrale.api")
 
@@ -156,7 +157,8 @@ class ChatCompletionRequest(GenerationRequest):
     def validate(self, attrs):
         """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
         add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
-        (tool_fields.check_tool_choice); fields this server cannot honour are refused by name."""
+        (tool_fields.check_tool_choice) and, when a call is forced, each tool's schema compiles
+        (tool_grammar.check_forced_tools); fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -165,6 +167,7 @@ class ChatCompletionRequest(GenerationRequest):
                               "first continues the last message, the second starts a new one.",
                               "continue_final_message")
         check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
+        check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
         _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")
