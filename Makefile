@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test bench install migrate model
+.PHONY: serve test bench fuzz install migrate model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +31,9 @@ test: migrate model
 
 bench: migrate model
 	$(PY) manage.py bench
+
+# A long fuzz campaign against a live daphne with the real model (loopback only); prints its figures.
+FUZZ_REQUESTS ?= 20000
+FUZZ_TIME_S ?= 1800
+fuzz: migrate model
+	$(PY) -m tests.fuzz.campaign --requests $(FUZZ_REQUESTS) --time-s $(FUZZ_TIME_S)

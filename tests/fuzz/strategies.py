@@ -251,6 +251,65 @@ def field_mutation(route: Route, overrides: dict | None = None):
             lambda va: Body(dumps({**route.base, name: va[0]}, ascii=va[1]), name)))
 
 
+_GOOD_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+_words = st.text(alphabet="abcdefgh ijklm", min_size=1, max_size=12)
+# Values each field accepts (alone), by field name: the fields whose shape has rules of its own.
+VALID_BY_NAME = {
+    "model": st.just(""), "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _words}),
+                                               min_size=1, max_size=2),
+    "prompt": st.one_of(_words, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)),
+    "input": st.one_of(_words, st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _words}),
+                                        min_size=1, max_size=2)),
+    "stop": st.lists(_words, max_size=4), "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=3),
+    "logit_bias": st.dictionaries(st.integers(0, VOCAB - 1).map(str), st.floats(-100, 100), max_size=3),
+    "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    "dry_sequence_breakers": st.lists(_words, max_size=3), "modalities": st.just(["text"]),
+    "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"]),
+                                       "budget_tokens": st.integers(0, 8)}),
+    "tools": st.integers(1, 3).map(lambda n: [_tool(i, _GOOD_SCHEMA, False) for i in range(n)]),
+    "tool_choice": st.sampled_from(["auto", "none"]),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
+                                        {"type": "json_schema", "json_schema": {"name": "s", "schema": _GOOD_SCHEMA}}]),
+    "structured_outputs": st.sampled_from([{"choice": ["yes", "no"]}, {"regex": "[a-z]{1,5}"}]),
+    "text": st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}]),
+    "reasoning": st.fixed_dictionaries({"effort": st.sampled_from(["low", "medium", "high"])}),
+    "chat_template_kwargs": st.just({}), "include": st.just([]), "suffix": st.none(),
+}
+# Fields a plausible body leaves out: they need stored objects or are refused whenever set.
+NOT_PLAUSIBLE = {"prediction", "audio", "web_search_options", "previous_response_id", "conversation", "items",
+                 "stream_options", "echo", "continue_final_message", "add_generation_prompt", "top_logprobs"}
+
+
+def valid_only(name: str, field: serializers.Field):
+    """Values `field` accepts on its own: VALID_BY_NAME, else the declared range or choices."""
+    if name in VALID_BY_NAME:
+        return VALID_BY_NAME[name]
+    if isinstance(field, strict.NumberField):
+        lim = field.limits
+        low = INT64_MIN if lim["low"] is None else lim["low"]
+        high = INT64_MAX if lim["high"] is None else lim["high"]
+        if lim["integer"]:
+            return st.integers(low, high)
+        return st.floats(low, high, exclude_min=lim["low_open"])
+    return typed(field)
+
+
+def plausible_fields(route: Route, overrides: dict | None = None):
+    """A body with up to four fields set to values each accepts alone: most of them reach the engine."""
+    choices = {}
+    for name, field in route.serializer().fields.items():
+        if name in NOT_PLAUSIBLE or isinstance(field, serializers.Serializer):
+            continue
+        strategy = (overrides or {}).get(name)
+        if strategy is None:
+            strategy = valid_only(name, field)
+        if strategy is not None:
+            choices[name] = strategy
+    names = st.lists(st.sampled_from(sorted(choices)), max_size=4, unique=True)
+    return names.flatmap(lambda ns: st.fixed_dictionaries({n: choices[n] for n in ns})).map(
+        lambda extra: Body(dumps({**route.base, **extra}), None))
+
+
 def many_fields(route: Route, overrides: dict | None = None):
     """A body with several generated fields at once (cross-field rules, combinations)."""
     choices = top_level(route, overrides)
@@ -287,9 +346,14 @@ def bodies(route: Route, overrides: dict | None = None):
     return st.one_of(mutation, mutation, mutation, many_fields(route, overrides), whole_body(route))
 
 
-def routes_and_bodies(routes=ROUTES, overrides: dict | None = None):
-    """(route, Body) over the routes."""
-    return st.sampled_from(routes).flatmap(lambda r: bodies(r, overrides).map(lambda b: (r, b)))
+def routes_and_bodies(routes=ROUTES, overrides: dict | None = None, plausible: bool = False):
+    """(route, Body) over the routes; with `plausible`, half of them plausible_fields bodies."""
+    def of(route):
+        kinds = bodies(route, overrides)
+        if plausible:  # (one_of would flatten into bodies' own branches: one in six)
+            kinds = st.booleans().flatmap(lambda p: plausible_fields(route, overrides) if p else bodies(route, overrides))
+        return kinds.map(lambda b: (route, b))
+    return st.sampled_from(routes).flatmap(of)
 
 
 def covered_fields() -> dict[str, list[str]]:
