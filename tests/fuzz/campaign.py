@@ -1,7 +1,8 @@
 """`make fuzz`: a long fuzz campaign against a live daphne serving the real model, on loopback only.
 
 Bodies come from the suite's own strategies (strategies.py: every route's fields with their kinds and
-ranges, and the hostile kinds), generated in one thread and sent by a few client threads, plus the
+ranges, and the hostile kinds; half of them plausible bodies that reach the engine, with short completions),
+generated in one thread and sent by a few client threads, plus the
 transport-level kinds every so often (an over-size chunked body, multipart, a non-JSON answer's routes).
 Each answer is judged as the in-process suite judges it (checks.check_answer); a timeout counts as a
 finding (a hang). Every 2,000 requests, and at the end, a greedy request must answer as it did first.
@@ -9,12 +10,13 @@ finding (a hang). Every 2,000 requests, and at the end, a greedy request must an
 Bounded by --requests and --time-s. Prints the figures as JSON (requests sent, by status, 5xx, findings,
 wall time, the server's RSS) and writes each finding to --findings; exits 1 when there is one.
 
-    python -m tests.fuzz.campaign --requests 20000 --time-s 1800
+    python -m tests.fuzz.campaign --requests 20000 --time-s 2700
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import queue
 import sys
@@ -42,7 +44,7 @@ from .strategies import SHORT, Body, routes_and_bodies  # noqa: E402
 GREEDY = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,
           "max_tokens": 12}
 PROBE_EVERY = 2000
-TRANSPORT_EVERY = 250
+TRANSPORT_EVERY = 1000
 TIMEOUT_S = 120.0
 
 
@@ -50,7 +52,7 @@ def generate(out: queue.Queue, stop: threading.Event, batch: int = 500) -> None:
     """Put (route, Body) pairs on `out` until `stop` is set, drawing new examples each batch."""
     @settings(max_examples=batch, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(case=routes_and_bodies(ROUTES, SHORT))
+    @given(case=routes_and_bodies(ROUTES, SHORT, plausible=True))
     def draw(case):
         while not stop.is_set():
             try:
@@ -223,12 +225,13 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--time-s", type=float, default=1800.0)
+    parser.add_argument("--time-s", type=float, default=2700.0)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--workdir", type=Path, default=Path("var/fuzz"))
     parser.add_argument("--model", default=str(Path(django_settings.METRALE_HOME) / "models" /
                                                "smollm2-135m-instruct"))
     args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     figures = run(args.requests, args.time_s, args.workers, args.workdir, args.model)
     print(json.dumps(figures, indent=2))
     return 0 if figures["findings"] == 0 and figures["status_5xx"] == 0 and figures["greedy_unchanged"] else 1

@@ -36,6 +36,3 @@ def pytest_terminal_summary(terminalreporter):
             by_status[status] += n
         terminalreporter.write_line(f"fuzz: {total} requests; by status: "
                                     + ", ".join(f"{s}: {n}" for s, n in sorted(by_status.items())))
-
-
-from tests.e2e.conftest import metrale_server  # noqa: E402, F401  (the live daphne, shared with tests/e2e)
