@@ -48,8 +48,9 @@ TRANSPORT_EVERY = 1000
 TIMEOUT_S = 120.0
 
 
-def generate(out: queue.Queue, stop: threading.Event, batch: int = 500) -> None:
-    """Put (route, Body) pairs on `out` until `stop` is set, drawing new examples each batch."""
+def generate(out: queue.Queue, stop: threading.Event, errors: list, batch: int = 500) -> None:
+    """Put (route, Body) pairs on `out` until `stop` is set, drawing new examples each batch. A broken
+    strategy stops the campaign (its error in `errors`) rather than leaving the clients waiting."""
     @settings(max_examples=batch, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(case=routes_and_bodies(ROUTES, SHORT, plausible=True))
@@ -62,7 +63,11 @@ def generate(out: queue.Queue, stop: threading.Event, batch: int = 500) -> None:
                 continue
 
     while not stop.is_set():
-        draw()
+        try:
+            draw()
+        except Exception as exc:
+            errors.append(repr(exc)[:2000])
+            stop.set()
 
 
 class Campaign:
@@ -174,7 +179,8 @@ def run(requests: int, time_s: float, workers: int, workdir: Path, model: str) -
         rss_start = rss_kb(server.proc.pid)
         bodies: queue.Queue = queue.Queue(maxsize=256)
         stop = threading.Event()
-        producer = threading.Thread(target=generate, args=(bodies, stop), daemon=True)
+        errors: list[str] = []
+        producer = threading.Thread(target=generate, args=(bodies, stop, errors), daemon=True)
         producer.start()
         started = time.monotonic()
         probes: list[bool] = []
@@ -214,7 +220,7 @@ def run(requests: int, time_s: float, workers: int, workdir: Path, model: str) -
             "findings": len(campaign.findings), "by_route": dict(campaign.by_route),
             "greedy_probes": len(probes), "greedy_unchanged": all(probes), "greedy_answer": first,
             "server_rss_mb": {"start": rss_start // 1024, "end": rss_kb(server.proc.pid) // 1024},
-            "findings_file": str(findings),
+            "findings_file": str(findings), "generator_errors": errors,
         }
     finally:
         server.stop()
@@ -234,7 +240,8 @@ def main(argv=None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     figures = run(args.requests, args.time_s, args.workers, args.workdir, args.model)
     print(json.dumps(figures, indent=2))
-    return 0 if figures["findings"] == 0 and figures["status_5xx"] == 0 and figures["greedy_unchanged"] else 1
+    clean = not figures["findings"] and not figures["status_5xx"] and not figures["generator_errors"]
+    return 0 if clean and figures["greedy_unchanged"] else 1
 
 
 if __name__ == "__main__":
