@@ -4,7 +4,9 @@ Python's json module accepts what is not JSON (NaN, Infinity, numbers that overf
 inf, lone UTF-16 surrogates such as "\\ud800") and fails in ways that are not a client's
 error (RecursionError past ~1,000 levels, ValueError past 4,300 digits). Each of those is a
 400 here, naming the field (`messages[0].content`, `metadata.a`) where a value is at fault,
-so nothing downstream (tokenizers, SSE encoders, the database) ever sees one.
+so nothing downstream (tokenizers, SSE encoders, the database) ever sees one. So is U+0000
+in a string: PostgreSQL can store it neither in text nor in jsonb, and stored requests,
+responses and conversations hold the request's text.
 
 Source: RFC 8259 (JSON: no NaN or Infinity; strings are Unicode text, so an unpaired
 surrogate escape is not a character), OpenAI's API (bodies are UTF-8 JSON objects; bad input
@@ -22,8 +24,9 @@ from .errors import bad_request
 # Deeper than any request this server reads needs (a tool schema nested 50 levels is ~105); shallow
 # enough that every recursive step after parsing (serializers, templates, llguidance) has room.
 MAX_JSON_DEPTH = 128
-# An escape of a UTF-16 surrogate: valid pairs decode to one character, lone ones stay surrogates.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Escapes of a UTF-16 surrogate (valid pairs decode to one character, lone ones stay surrogates) and of
+# U+0000; JSON has no other way to put either in a string (raw control characters are invalid there).
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:[dD][89a-fA-F]|0000)")
 # After escapes are gone and all but brackets and quotes deleted, a JSON string is two quotes.
 _QUOTED = re.compile(rb'"[^"]*"')
 # bytes.translate: "[" and "{" -> 1, "]" and "}" -> -1 (as int8); other bytes are deleted first.
@@ -47,7 +50,7 @@ def parse_json_body(raw: bytes) -> dict:
     (NaN and Infinity included), nesting deeper than MAX_JSON_DEPTH and a body that is not an
     object; and a 400 whose `param` is the value's path for an integer literal longer than
     Python's int-string limit (sys.get_int_max_str_digits()), a number that overflows a double,
-    and a string or key holding a lone UTF-16 surrogate.
+    and a string or key holding a lone UTF-16 surrogate or U+0000.
     """
     try:
         text = (raw or b"").decode("utf-8")
@@ -81,7 +84,7 @@ def parse_json_body(raw: bytes) -> dict:
         body = _decode(text, parse_float=number, parse_constant=constant, parse_int=integer)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
-    if rejected or (_SURROGATE_ESCAPE.search(text) if "\\u" in text else None):
+    if rejected or (_SUSPECT_ESCAPE.search(text) if "\\u" in text else None):
         _raise_first_problem(body)
     return body
 
@@ -120,32 +123,36 @@ def _path(parent: str, key) -> str:
     return f"{parent}.{key}" if parent else str(key)
 
 
-def _is_text(s: str) -> bool:
+def _text_problem(s: str) -> str | None:
+    """Why `s` is not text this server takes (None when it is)."""
+    if "\x00" in s:
+        return "U+0000 (NUL), which this server cannot store"
     if s.isascii():
-        return True
+        return None
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return "a lone UTF-16 surrogate, which is not Unicode text"
+    return None
 
 
 def _raise_first_problem(body: dict) -> None:
-    """Raise the 400 of the first rejected value or lone surrogate in `body` (depth-first, in order)."""
+    """Raise the 400 of the first rejected value, lone surrogate or U+0000 in `body` (depth-first, in order)."""
     stack: list[tuple[str, object]] = [("", body)]
     while stack:
         path, value = stack.pop()
         if isinstance(value, _Rejected):
             raise bad_request(f"Invalid value for '{path}': {value.why}.", param=path or None)
         if isinstance(value, str):
-            if not _is_text(value):
-                raise bad_request(f"Invalid value for '{path}': the string holds a lone UTF-16 surrogate, "
-                                  "which is not Unicode text.", param=path or None)
+            problem = _text_problem(value)
+            if problem is not None:
+                raise bad_request(f"Invalid value for '{path}': the string holds {problem}.", param=path or None)
         elif isinstance(value, dict):
             for key in value:
-                if not _is_text(key):
-                    raise bad_request(f"Invalid key in '{path or 'the body'}': it holds a lone UTF-16 "
-                                      "surrogate, which is not Unicode text.", param=path or None)
+                problem = _text_problem(key)
+                if problem is not None:
+                    raise bad_request(f"Invalid key in '{path or 'the body'}': it holds {problem}.",
+                                      param=path or None)
             stack.extend((_path(path, k), v) for k, v in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend((_path(path, i), v) for i, v in reversed(list(enumerate(value))))

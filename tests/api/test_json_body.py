@@ -69,6 +69,19 @@ def test_it_names_the_field_holding_a_lone_surrogate(fake_rt, path, body, param)
     assert err["param"] == param and "surrogate" in err["message"]
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/conversations", '{"metadata": {"a": "x%sy"}}', "metadata.a"),
+    ("/v1/conversations", '{"items": [{"role": "user", "content": "%s"}]}', "items[0].content"),
+    ("/v1/responses", '{"input": "a%s"}', "input"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "%s"}], "store": true}',
+     "messages[0].content"),
+    ("/tokenize", '{"prompt": "x", "%s": 1}', None),
+])
+def test_it_names_the_field_holding_a_nul_which_postgresql_cannot_store(fake_rt, path, body, param):
+    err = error_of(path, (body % "\\u0000").encode())
+    assert err["param"] == param and "U+0000" in err["message"]
+
+
 @pytest.mark.parametrize("path", ROUTES)
 @pytest.mark.parametrize("raw", [b'{"x": "\xff"}', b'{"x": "\xed\xa0\x80"}', b'\xc3'])
 def test_it_answers_bytes_that_are_not_utf8_with_400(fake_rt, path, raw):
