@@ -1,7 +1,8 @@
 """`make fuzz`: a long fuzz campaign against a live daphne serving the real model, on loopback only.
 
 Bodies come from the suite's own strategies (strategies.py: every route's fields with their kinds and
-ranges, and the hostile kinds; half of them plausible bodies that reach the engine, with short completions),
+ranges, and the hostile kinds; --plausible of them plausible bodies that reach the engine, with short
+completions),
 generated in one thread and sent by a few client threads, plus the
 transport-level kinds every so often (an over-size chunked body, multipart, a non-JSON answer's routes).
 Each answer is judged as the in-process suite judges it (checks.check_answer); a timeout counts as a
@@ -48,12 +49,12 @@ TRANSPORT_EVERY = 1000
 TIMEOUT_S = 120.0
 
 
-def generate(out: queue.Queue, stop: threading.Event, errors: list, batch: int = 500) -> None:
+def generate(out: queue.Queue, stop: threading.Event, errors: list, plausible: float, batch: int = 500) -> None:
     """Put (route, Body) pairs on `out` until `stop` is set, drawing new examples each batch. A broken
     strategy stops the campaign (its error in `errors`) rather than leaving the clients waiting."""
     @settings(max_examples=batch, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(case=routes_and_bodies(ROUTES, SHORT, plausible=True))
+    @given(case=routes_and_bodies(ROUTES, SHORT, plausible=plausible))
     def draw(case):
         while not stop.is_set():
             try:
@@ -165,7 +166,7 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def run(requests: int, time_s: float, workers: int, workdir: Path, model: str) -> dict:
+def run(requests: int, time_s: float, workers: int, workdir: Path, model: str, plausible: float) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     findings = workdir / "findings.jsonl"
     findings.unlink(missing_ok=True)
@@ -180,7 +181,7 @@ def run(requests: int, time_s: float, workers: int, workdir: Path, model: str) -
         bodies: queue.Queue = queue.Queue(maxsize=256)
         stop = threading.Event()
         errors: list[str] = []
-        producer = threading.Thread(target=generate, args=(bodies, stop, errors), daemon=True)
+        producer = threading.Thread(target=generate, args=(bodies, stop, errors, plausible), daemon=True)
         producer.start()
         started = time.monotonic()
         probes: list[bool] = []
@@ -232,13 +233,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--time-s", type=float, default=2700.0)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--plausible", type=float, default=0.1,
+                        help="the fraction of bodies that are plausible (most reach the engine)")
     parser.add_argument("--workdir", type=Path, default=Path("var/fuzz"))
     parser.add_argument("--model", default=str(Path(django_settings.METRALE_HOME) / "models" /
                                                "smollm2-135m-instruct"))
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    figures = run(args.requests, args.time_s, args.workers, args.workdir, args.model)
+    figures = run(args.requests, args.time_s, args.workers, args.workdir, args.model, args.plausible)
     print(json.dumps(figures, indent=2))
     clean = not figures["findings"] and not figures["status_5xx"] and not figures["generator_errors"]
     return 0 if clean and figures["greedy_unchanged"] else 1

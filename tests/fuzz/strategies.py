@@ -348,12 +348,12 @@ def bodies(route: Route, overrides: dict | None = None):
     return st.one_of(mutation, mutation, mutation, many_fields(route, overrides), whole_body(route))
 
 
-def routes_and_bodies(routes=ROUTES, overrides: dict | None = None, plausible: bool = False):
-    """(route, Body) over the routes; with `plausible`, half of them plausible_fields bodies."""
+def routes_and_bodies(routes=ROUTES, overrides: dict | None = None, plausible: float = 0.0):
+    """(route, Body) over the routes; the fraction `plausible` of them plausible_fields bodies."""
     def of(route):
-        kinds = bodies(route, overrides)
-        if plausible:  # (one_of would flatten into bodies' own branches: one in six)
-            kinds = st.booleans().flatmap(lambda p: plausible_fields(route, overrides) if p else bodies(route, overrides))
+        # (one_of would flatten into bodies' own branches and weigh them all alike)
+        kinds = st.integers(0, 99).flatmap(
+            lambda k: plausible_fields(route, overrides) if k < plausible * 100 else bodies(route, overrides))
         return kinds.map(lambda b: (route, b))
     return st.sampled_from(routes).flatmap(of)
 
