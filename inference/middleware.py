@@ -113,9 +113,10 @@ class ApiAsgiGuard:
     - A body over METRALE["MAX_REQUEST_BYTES"] is a 413 before the application reads it: by its
       Content-Length when sent (an unreadable one is a 400); a chunked body is counted as its
       `http.request` messages arrive and stopped at the limit (the application is told the client
-      left, and nothing past the limit is kept). daphne itself has read the whole body into a
-      temporary file before the application starts, and queues it in 8 KiB messages; those past the
-      limit are dropped with the request.
+      left, and nothing past the limit is kept). Under daphne such a body never gets this far:
+      daphne would have spooled all of it and queued it in 8 KiB messages before the application
+      starts, so metrale_site/asgi.py's LimitedRequest drops it as it arrives; this guard is the
+      rule for any other ASGI server, and for the in-process tests.
     - On API paths (is_api_path) every error answer is JSON in OpenAI's shape: one the stack made
       in another format (Django's HTML 400/403/404/500) is replaced by the same status as JSON.
     - Every response ends: an exception from the application before its answer is a 500 in

@@ -37,8 +37,9 @@ class LimitedRequest(http_protocol.WebRequest):
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
     cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
-    OpenAI's shape once the client has sent it (a client still sending would see a reset instead);
-    then the connection closes. And twisted parses multipart and urlencoded POST bodies itself,
+    OpenAI's shape once the client has sent it (a client still sending would see a reset instead),
+    or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
+    connection closes. And twisted parses multipart and urlencoded POST bodies itself,
     answering one it cannot parse with a bare `400` and no body: the application reads bodies here.
     """
 
@@ -47,12 +48,18 @@ class LimitedRequest(http_protocol.WebRequest):
         self._parsePOSTFormSubmission = False
         self._body_bytes = 0
         self._refused = False
+        self._answered = False
 
     def gotLength(self, length):
         limit = settings.METRALE["MAX_REQUEST_BYTES"]
         if length is not None and length > limit:
             self._refused = True
             length = 0  # an empty in-memory body, not a spool file
+            if (self.requestHeaders.getRawHeaders(b"expect") or [b""])[0].lower() == b"100-continue":
+                # The client waits to be told to send: refuse now (no `100 Continue`), and it never does.
+                self.requestHeaders.removeHeader(b"expect")
+                super().gotLength(length)
+                return self._answer_too_large()
         super().gotLength(length)
 
     def handleContentChunk(self, data):
@@ -69,6 +76,12 @@ class LimitedRequest(http_protocol.WebRequest):
     def requestReceived(self, command, path, version):
         if not self._refused:
             return super().requestReceived(command, path, version)
+        self._answer_too_large()
+
+    def _answer_too_large(self):
+        if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
+            return
+        self._answered = True
         limit = settings.METRALE["MAX_REQUEST_BYTES"]
         body = json.dumps(error_body(f"The request body is more than {limit} bytes; this server accepts at most "
                                      f"{limit} bytes.", code="request_too_large")).encode()

@@ -1,6 +1,8 @@
 """The hostile kinds against a live daphne (what the in-process suite cannot see: daphne's and twisted's own
 HTTP layer): over-size bodies refused without being buffered, form bodies reaching the application, every
 answer JSON, and the request that used to hang answered at once."""
+import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -60,6 +62,19 @@ def test_a_declared_length_over_the_limit_is_a_413(metrale_server):
     answer = httpx.post(metrale_server.url + "/v1/completions", content=b" " * (LIMIT + 1),
                         headers={"content-type": "application/json"}, timeout=60)
     assert assert_openai_error(answer, 413)["code"] == "request_too_large"
+
+
+def test_a_client_expecting_100_continue_is_refused_before_it_sends_the_body(metrale_server):
+    host, port = metrale_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (LIMIT * 8))
+        answer = b""
+        while chunk := conn.recv(65536):  # the server closes once it has answered
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and b"100 Continue" not in head, answer[:300]
+    assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.parametrize("content_type, body", [
