@@ -34,6 +34,6 @@ bench: migrate model
 
 # A long fuzz campaign against a live daphne with the real model (loopback only); prints its figures.
 FUZZ_REQUESTS ?= 20000
-FUZZ_TIME_S ?= 2700
+FUZZ_TIME_S ?= 3600
 fuzz: migrate model
 	$(PY) -m tests.fuzz.campaign --requests $(FUZZ_REQUESTS) --time-s $(FUZZ_TIME_S)

@@ -11,7 +11,7 @@ finding (a hang). Every 2,000 requests, and at the end, a greedy request must an
 Bounded by --requests and --time-s. Prints the figures as JSON (requests sent, by status, 5xx, findings,
 wall time, the server's RSS) and writes each finding to --findings; exits 1 when there is one.
 
-    python -m tests.fuzz.campaign --requests 20000 --time-s 2700
+    python -m tests.fuzz.campaign --requests 20000 --time-s 3600
 """
 from __future__ import annotations
 
@@ -166,11 +166,15 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def run(requests: int, time_s: float, workers: int, workdir: Path, model: str, plausible: float) -> dict:
+def run(requests: int, time_s: float, workers: int, workdir: Path, model: str, plausible: float,
+        max_model_len: int = 1024) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     findings = workdir / "findings.jsonl"
     findings.unlink(missing_ok=True)
-    server = LiveServer({"METRALE_MODEL": model, "METRALE_KV_CACHE_BYTES": str(256 << 20)}, workdir)
+    # A 1,024-token context: a long prompt that fits is real prefill work, and hostile strings of up to
+    # 300,000 characters would otherwise make most of the campaign's time prefill.
+    server = LiveServer({"METRALE_MODEL": model, "METRALE_KV_CACHE_BYTES": str(256 << 20),
+                         "METRALE_MAX_MODEL_LEN": str(max_model_len)}, workdir)
     try:
         server.wait_ready()
         with httpx.Client(timeout=TIMEOUT_S) as client:
@@ -232,8 +236,8 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--time-s", type=float, default=2700.0)
-    parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--time-s", type=float, default=3600.0)
+    parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--plausible", type=float, default=0.1,
                         help="the fraction of bodies that are plausible (most reach the engine)")
     parser.add_argument("--workdir", type=Path, default=Path("var/fuzz"))
