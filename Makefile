@@ -8,7 +8,7 @@ PORT ?= 8000
 
 SOAK_S ?= 600
 
-.PHONY: serve test bench soak install migrate model
+.PHONY: serve test bench fuzz soak install migrate model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,3 +37,9 @@ bench: migrate model
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model
 	METRALE_SOAK_S=$(SOAK_S) $(PY) -m pytest -p no:cacheprovider -s tests/faults/test_soak.py
+
+# A long fuzz campaign against a live daphne with the real model (loopback only); prints its figures.
+FUZZ_REQUESTS ?= 20000
+FUZZ_TIME_S ?= 3600
+fuzz: migrate model
+	$(PY) -m tests.fuzz.campaign --requests $(FUZZ_REQUESTS) --time-s $(FUZZ_TIME_S)

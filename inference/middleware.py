@@ -1,49 +1,53 @@
-"""API middleware: x-request-id and openai-processing-ms on every API response, 413 for oversized bodies."""
+"""API middleware: x-request-id and openai-processing-ms on every API response (Django), and the ASGI guard
+around the whole app (request bodies over the limit refused early, every API answer JSON, every response ended)."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 import uuid
+from http import HTTPStatus
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
 
-from .serving.errors import ApiError
+from .serving.errors import ApiError, error_body
 
 log = logging.getLogger("metrale.api")
 
-API_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/health")
+# Routes outside `openai_endpoint` (which answers other methods itself) and the methods they take.
+METHODS = {"/health": ("GET", "HEAD")}
 # A client's id is echoed only when it is short, printable ASCII (it goes into logs and headers).
+# A Content-Length: up to 19 ASCII digits (int64; twisted and Django read no more).
+_DIGITS = re.compile(r"[0-9]{1,19}")
 _CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
-def request_id_for(request) -> str:
+def is_api_path(path: str) -> bool:
+    """Whether `path` is one of the API's (/v1 and below, /tokenize, /detokenize, /health): answered in
+    OpenAI's error shape, whatever fails."""
+    return path == "/v1" or path.startswith(API_PREFIXES)
+
+
+def request_id_from(client_id: str | None) -> str:
     """The client's X-Request-Id when usable, else a new `req_<32 hex>` id."""
-    client_id = request.headers.get("X-Request-Id", "")
-    return client_id if _CLIENT_ID.match(client_id) else f"req_{uuid.uuid4().hex}"
+    return client_id if client_id and _CLIENT_ID.match(client_id) else f"req_{uuid.uuid4().hex}"
 
 
-def body_too_large(request, limit_bytes: int) -> int | None:
-    """The body's size in bytes when it exceeds `limit_bytes`, else None.
-
-    Uses Content-Length when sent; a chunked body (no Content-Length) is measured.
-    """
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or -1)
-    except ValueError:
-        declared = -1
-    if declared < 0 and request.method in ("POST", "PUT", "PATCH"):
-        declared = len(request.body)
-    return declared if declared > limit_bytes else None
+def request_id_for(request) -> str:
+    """request_id_from the request's X-Request-Id header."""
+    return request_id_from(request.headers.get("X-Request-Id"))
 
 
 class ApiRequestMiddleware:
-    """For /v1/*, /tokenize and /detokenize: sets `request.request_id`, answers 413 when the body is
-    over METRALE["MAX_REQUEST_BYTES"], and adds `x-request-id` and `openai-processing-ms` (the
-    time until the response, or a stream's headers, was ready) to every response, and the same
-    time as `app;dur=<ms>` to Server-Timing (after the views' own entries, e.g. `engine`).
+    """For API paths (is_api_path): sets `request.request_id`, answers a method a route outside
+    `openai_endpoint` does not take with a 405 (METHODS), and adds `x-request-id` and
+    `openai-processing-ms` (the time until the response, or a stream's headers, was ready) to every
+    response, and the same time as `app;dur=<ms>` to Server-Timing (after the views' own entries,
+    e.g. `engine`). Bodies over the size limit never get here (ApiAsgiGuard).
 
     Source: OpenAI API reference, "Debugging requests" (x-request-id, openai-processing-ms).
     """
@@ -57,16 +61,15 @@ class ApiRequestMiddleware:
             markcoroutinefunction(self)
 
     async def __call__(self, request):
-        if not request.path.startswith(API_PREFIXES):
+        if not is_api_path(request.path):
             return await self.get_response(request)
         started = time.perf_counter()
         request.request_id = request_id_for(request)
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
-        size = body_too_large(request, limit)
-        if size is not None:
-            err = ApiError(413, f"The request body is {size} bytes; this server accepts at most {limit} bytes.",
-                           code="request_too_large")
-            response = JsonResponse(err.body(), status=413)
+        allowed = METHODS.get(request.path)
+        if allowed is not None and request.method not in allowed:
+            err = ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(allowed)}.",
+                           code="method_not_allowed", headers={"Allow": ", ".join(allowed)})
+            response = JsonResponse(err.body(), status=405, headers=err.headers)
         else:
             response = await self.get_response(request)
         elapsed_ms = (time.perf_counter() - started) * 1000
@@ -79,8 +82,169 @@ class ApiRequestMiddleware:
 
     def process_exception(self, request, exception):
         """An unexpected exception in an API view: a 500 in OpenAI's error shape (logged), not HTML."""
-        if not request.path.startswith(API_PREFIXES):
+        if not is_api_path(request.path):
             return None
         log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exception)
         err = ApiError(500, "The server had an error while processing your request.", type="server_error")
         return JsonResponse(err.body(), status=500)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _content_length(scope) -> int | None:
+    """The Content-Length header in bytes, None when absent. Raises ValueError when it is not a number."""
+    value = _header(scope, b"content-length")
+    if value is None:
+        return None
+    if not _DIGITS.fullmatch(value.strip()):
+        raise ValueError(value)
+    return int(value)
+
+
+class ApiAsgiGuard:
+    """ASGI middleware around the Django application (metrale_site/asgi.py), for what Django cannot do
+    soon enough or at all:
+
+    - A body over METRALE["MAX_REQUEST_BYTES"] is a 413 before the application reads it: by its
+      Content-Length when sent (an unreadable one is a 400); a chunked body is counted as its
+      `http.request` messages arrive and stopped at the limit (the application is told the client
+      left, and nothing past the limit is kept). Under daphne such a body never gets this far:
+      daphne would have spooled all of it and queued it in 8 KiB messages before the application
+      starts, so metrale_site/asgi.py's LimitedRequest drops it as it arrives; this guard is the
+      rule for any other ASGI server, and for the in-process tests.
+    - On API paths (is_api_path) every error answer is JSON in OpenAI's shape: one the stack made
+      in another format (Django's HTML 400/403/404/500) is replaced by the same status as JSON.
+    - Every response ends: an exception from the application before its answer is a 500 in
+      OpenAI's shape; after the headers (a stream's frames), the body is closed (the client sees
+      the stream end) instead of leaving the connection open. Either is logged.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        reply = _Reply(send, is_api_path(scope["path"]), request_id_from(_header(scope, b"x-request-id")))
+        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        try:
+            declared = _content_length(scope)
+        except ValueError as exc:
+            return await reply.error(400, f"The Content-Length header {str(exc)[:40]!r} is not a number of bytes.",
+                                     code="invalid_content_length")
+        if declared is not None and declared > limit:
+            return await reply.too_large(declared, limit)
+        body = _CountedBody(receive, limit)
+        try:
+            await self.app(scope, body.receive, reply.send)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope["path"])
+            if not body.client_gone:
+                await reply.end_after_error()
+            return
+        if body.over_limit and not reply.started:
+            return await reply.too_large(body.received, limit, at_least=True)
+        if reply.started and not reply.ended and not body.client_gone:
+            await reply.end_after_error()
+
+
+class _CountedBody:
+    """The request's `receive`, counting body bytes; past `limit_bytes` it says the client left.
+    client_gone: the client did leave (nothing more can be sent to it)."""
+
+    def __init__(self, receive, limit_bytes: int):
+        self._receive = receive
+        self.limit_bytes = limit_bytes
+        self.received = 0
+        self.over_limit = False
+        self.client_gone = False
+
+    async def receive(self):
+        if self.over_limit:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit_bytes:
+                self.over_limit = True
+                return {"type": "http.disconnect"}
+        elif message["type"] == "http.disconnect":
+            self.client_gone = True
+        return message
+
+
+class _Reply:
+    """The response side of one request: what has been sent, and answers the guard makes itself."""
+
+    def __init__(self, send, api: bool, request_id: str):
+        self._send = send
+        self.api = api
+        self.request_id = request_id
+        self.started = False
+        self.ended = False
+        self._held: dict | None = None  # a non-JSON error answer on an API path, replaced at its end
+
+    async def send(self, message):
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.api and message["status"] >= 400 and not _is_json(message.get("headers", ())):
+                self._held = message
+                return
+            self.started = True
+        elif kind == "http.response.body" and self._held is not None:
+            if not message.get("more_body", False):
+                held, self._held = self._held, None
+                await self.error(held["status"], _status_message(held["status"]),
+                                 headers=[(k, v) for k, v in held.get("headers", ())
+                                          if k.lower() not in (b"content-type", b"content-length")])
+            return
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self._send(message)
+
+    async def too_large(self, size: int, limit: int, *, at_least: bool = False):
+        what = f"more than {limit}" if at_least else str(size)
+        await self.error(413, f"The request body is {what} bytes; this server accepts at most {limit} bytes.",
+                         code="request_too_large")
+
+    async def error(self, status: int, message: str, *, code: str | None = None, headers=()):
+        """Answer `status` with OpenAI's error body (on any path: the guard's own answers are JSON)."""
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        body = json.dumps(error_body(message, type=kind, code=code)).encode()
+        own = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if not any(k.lower() == b"x-request-id" for k, _ in headers):
+            own.append((b"x-request-id", self.request_id.encode()))
+        self.started = self.ended = True
+        await self._send({"type": "http.response.start", "status": status, "headers": [*own, *headers]})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def end_after_error(self):
+        """After an application error: a 500 if nothing was sent, else the end of the body sent so far."""
+        try:
+            if not self.started:
+                await self.error(500, "The server had an error while processing your request.")
+            elif not self.ended:
+                self.ended = True
+                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the client is gone: nothing is left to end
+            log.debug("could not end the response", exc_info=True)
+
+
+def _is_json(headers) -> bool:
+    for key, value in headers:
+        if key.lower() == b"content-type":
+            return value.split(b";")[0].strip().lower() == b"application/json"
+    return False
+
+
+def _status_message(status: int) -> str:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    return f"{phrase}: the server could not serve this request as sent."

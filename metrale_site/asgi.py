@@ -1,9 +1,12 @@
-"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app.
+"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
+guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended), and the two
+rules daphne's HTTP layer needs before any application sees a request (LimitedRequest).
 
 Starting the server (daphne imports this module) also starts loading the model in
 a background thread, so `/health` answers 503 "loading" until it is ready, and under daphne
 makes SIGTERM drain the process (metrale_site/drain.py).
 """
+import json
 import os
 import sys
 
@@ -20,9 +23,78 @@ django_asgi_app = get_asgi_application()
 # streams through HTTP gave 236 tok/s vs 229 (mean of 3 interleaved runs each; SmolLM2, 2 vCPUs).
 sys.setswitchinterval(0.0005)
 
+from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
+from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
+from inference.serving.errors import error_body  # noqa: E402
+
+
+class LimitedRequest(http_protocol.WebRequest):
+    """daphne's request with the body limit applied where the body arrives, and form bodies left alone.
+
+    twisted (under daphne) spools a whole body to a temporary file before daphne hands any of it to
+    the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
+    cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
+    as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
+    OpenAI's shape once the client has sent it (a client still sending would see a reset instead),
+    or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
+    connection closes. And twisted parses multipart and urlencoded POST bodies itself,
+    answering one it cannot parse with a bare `400` and no body: the application reads bodies here.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._parsePOSTFormSubmission = False
+        self._body_bytes = 0
+        self._refused = False
+        self._answered = False
+
+    def gotLength(self, length):
+        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        if length is not None and length > limit:
+            self._refused = True
+            length = 0  # an empty in-memory body, not a spool file
+            if (self.requestHeaders.getRawHeaders(b"expect") or [b""])[0].lower() == b"100-continue":
+                # The client waits to be told to send: refuse now (no `100 Continue`), and it never does.
+                self.requestHeaders.removeHeader(b"expect")
+                super().gotLength(length)
+                return self._answer_too_large()
+        super().gotLength(length)
+
+    def handleContentChunk(self, data):
+        if self._refused:
+            return
+        self._body_bytes += len(data)
+        if self._body_bytes > settings.METRALE["MAX_REQUEST_BYTES"]:
+            self._refused = True
+            self.content.seek(0)
+            self.content.truncate()
+            return
+        super().handleContentChunk(data)
+
+    def requestReceived(self, command, path, version):
+        if not self._refused:
+            return super().requestReceived(command, path, version)
+        self._answer_too_large()
+
+    def _answer_too_large(self):
+        if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
+            return
+        self._answered = True
+        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        body = json.dumps(error_body(f"The request body is more than {limit} bytes; this server accepts at most "
+                                     f"{limit} bytes.", code="request_too_large")).encode()
+        head = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nx-request-id: %s\r\nConnection: close\r\n\r\n"
+                % (len(body), request_id_from(None).encode()))
+        self.channel.transport.write(head + body)
+        self.channel.loseConnection()
+
+
+# daphne's HTTPFactory builds each connection's requests from this module-level name.
+http_protocol.WebRequest = LimitedRequest
 
 if settings.METRALE["LOAD_ON_START"]:
     runtime.start_loading()
@@ -30,5 +102,5 @@ if settings.METRALE["LOAD_ON_START"]:
 from . import drain  # noqa: E402
 
 # SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503.
-application = drain.gate(ProtocolTypeRouter({"http": django_asgi_app}))
+application = drain.gate(ProtocolTypeRouter({"http": ApiAsgiGuard(django_asgi_app)}))
 drain.install()

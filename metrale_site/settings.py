@@ -91,7 +91,10 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(_sqlite_path),
-            "OPTIONS": {"timeout": 20},
+            # IMMEDIATE: a transaction takes the write lock when it begins, and waits up to `timeout` for
+            # it. A deferred one that reads first cannot wait when it upgrades to a write while another
+            # connection writes (SQLite fails at once: "database is locked", a 500 for concurrent writers).
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     }
 

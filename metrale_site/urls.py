@@ -1,16 +1,21 @@
 """Top-level URLs: the admin, the OpenAI-compatible API and the health check.
 
 The inference app's fallbacks (501 for OpenAI endpoints not implemented, 404 in
-OpenAI's shape for any other /v1/* path) come last, after every app's routes.
+OpenAI's shape for any other /v1/* path, /v1 itself included) come last, after every
+app's routes.
 """
 from django.contrib import admin
 from django.urls import include, path
 
 from inference.urls import fallback_urlpatterns
+from inference.views import unknown_route
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
     path("", include("responses_api.urls")),
     *fallback_urlpatterns,
+    # `v1/<path:rest>` needs a non-empty rest; the API's root answers in OpenAI's shape too (no redirect).
+    path("v1", unknown_route),
+    path("v1/", unknown_route),
 ]

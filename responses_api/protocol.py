@@ -5,24 +5,24 @@ conversation", "Create items" (field names, types, limits: metadata 16 pairs wit
 64 and values up to 512 characters, at most 20 items per call, list `limit` 1-100 default 20,
 `order` default desc); ../shared/reference/openai-contract.md section 2; the original server's
 behaviour (../shared/reference/metrale-behaviour.md section 3, "Responses request").
-The sampling extensions (top_k, min_p, seed, stop, ...) are the chat request's own fields.
+Fields Responses shares with chat (temperature, top_p, user, service_tier and the sampling
+extensions top_k, min_p, seed, stop, ...) are the chat request's own, and every other field is one
+of serving.fields' strict fields: one validator, one set of types and ranges for every route.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 
 from rest_framework import serializers
 
 from inference.serving.errors import bad_request
-from inference.serving.fields import BooleanField as StrictBooleanField
-from inference.serving.protocol import (
-    ChatCompletionRequest,
-    parse_json_body,
-    validate,
-)
+from inference.serving.fields import (INT64_MAX, BooleanField, IntegerField, MetadataField, StrictField,
+                                      StringField)
+from inference.serving.protocol import MAX_TOP_LOGPROBS, ChatCompletionRequest, opt, parse_json_body, validate
 from inference.serving.structured import check_request as check_structured_request
+from inference.serving.tool_fields import ToolChoiceField, ToolsField, check_tool_choice
+from inference.serving.tool_grammar import check_forced_tools
 
 from .models import new_id
 
@@ -33,15 +33,16 @@ INCLUDABLE = (
     "message.input_image.image_url", "computer_call_output.output.image_url",
     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs",
 )
-# The chat request's fields that Responses accepts too, with the chat surface's validation.
-SAMPLING_EXTENSIONS = (
+# The chat request's fields that Responses has too, with the same meaning: taken from the chat request
+# (one validator for both), with their validate_<name> hooks.
+SHARED_FIELDS = (
+    "temperature", "top_p", "user", "service_tier",
     "top_k", "min_p", "top_n_sigma", "seed", "stop", "ignore_eos", "include_stop_str_in_output",
     "min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
     "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     # Thinking controls (inference.serving.thinking), with `reasoning.effort` below them.
     "thinking", "thinking_token_budget", "max_thinking_tokens", "thinking_budget",
 )
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
                    "reasoning": "rs"}
 
@@ -104,7 +105,7 @@ def normalize_item(raw, param: str) -> dict:
     item_id = raw.get("id")
     if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 100):
         raise bad_request(f"'{param}.id' must be a string of 1 to 100 characters.", f"{param}.id")
-    if kind not in _ITEM_ID_PREFIX:
+    if not isinstance(kind, str) or kind not in _ITEM_ID_PREFIX:
         what = "missing" if kind is None else f"{kind!r}, which is not supported here"
         raise bad_request(
             f"The type of '{param}' is {what}: input items may be message, function_call, "
@@ -151,7 +152,7 @@ def normalize_items(value, param: str, *, max_items: int | None = None) -> list[
     return [normalize_item(raw, f"{param}[{i}]") for i, raw in enumerate(value)]
 
 
-class InputField(serializers.Field):
+class InputField(StrictField):
     """`input`: a string (one user message) or an array of input items."""
 
     def to_internal_value(self, data):
@@ -159,107 +160,11 @@ class InputField(serializers.Field):
             return [normalize_item({"role": "user", "content": data}, "input")]
         return normalize_items(data, "input")
 
-    def to_representation(self, value):
-        return value
-
-
-# --- tools -----------------------------------------------------------------------------------
-
-
-class ToolsField(serializers.Field):
-    """`tools`: function tools only, flat ({type, name, parameters, ...}) or chat-style
-    ({type, function: {...}}); a built-in tool type is a 400 naming it."""
-
-    def to_internal_value(self, data):
-        if data is None:
-            return []
-        if not isinstance(data, list):
-            raise bad_request("'tools' must be an array of tools.", "tools")
-        tools, names = [], set()
-        for i, raw in enumerate(data):
-            p = f"tools[{i}]"
-            raw = _object(raw, p)
-            kind = raw.get("type")
-            if kind != "function":
-                raise bad_request(f"Tool type {kind!r} is not supported: this server runs function "
-                                  "tools only.", f"{p}.type", code="unsupported_tool_type")
-            fn = _object(raw["function"], f"{p}.function") if "function" in raw else raw
-            name = fn.get("name")
-            if not isinstance(name, str) or not _TOOL_NAME.match(name):
-                raise bad_request(f"'{p}.name' must be 1 to 64 letters, digits, '_' or '-'.",
-                                  f"{p}.name")
-            if name in names:
-                raise bad_request(f"Tool name {name!r} is used twice.", f"{p}.name")
-            names.add(name)
-            params = fn.get("parameters")
-            if params is not None and not isinstance(params, dict):
-                raise bad_request(f"'{p}.parameters' must be a JSON Schema object.",
-                                  f"{p}.parameters")
-            strict = fn.get("strict")
-            if strict is not None and not isinstance(strict, bool):
-                raise bad_request(f"'{p}.strict' must be a boolean.", f"{p}.strict")
-            tools.append({"type": "function", "name": name,
-                          "description": _string(fn.get("description"), f"{p}.description",
-                                                 required=False),
-                          "parameters": params, "strict": strict})
-        return tools
-
-    def to_representation(self, value):
-        return value
-
-
-class ToolChoiceField(serializers.Field):
-    """`tool_choice`: none, auto, required, or a function: {type: function, name} (the flat
-    Responses form) or {type: function, function: {name}} (the chat form)."""
-
-    def to_internal_value(self, data):
-        if data is None:
-            return "auto"
-        if data in ("none", "auto", "required"):
-            return data
-        if isinstance(data, dict) and data.get("type") == "function":
-            name = data["function"].get("name") if isinstance(data.get("function"), dict) \
-                else data.get("name")
-            if isinstance(name, str) and name:
-                return {"type": "function", "name": name}
-        raise bad_request("'tool_choice' must be none, auto, required or "
-                          "{\"type\": \"function\", \"name\": ...}.", "tool_choice")
-
-    def to_representation(self, value):
-        return value
-
 
 # --- other structured fields -----------------------------------------------------------------
 
 
-class MetadataField(serializers.Field):
-    """`metadata`: up to 16 string pairs, keys up to 64 characters, values up to 512."""
-
-    def to_internal_value(self, data):
-        return validate_metadata(data)
-
-    def to_representation(self, value):
-        return value
-
-
-def validate_metadata(data, param: str = "metadata") -> dict:
-    """A metadata object (None -> {}). Raises ApiError 400 past OpenAI's limits."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise bad_request(f"'{param}' must be an object of string keys and values.", param)
-    if len(data) > 16:
-        raise bad_request(f"'{param}' may hold at most 16 pairs; got {len(data)}.", param)
-    for key, value in data.items():
-        if len(key) > 64:
-            raise bad_request(f"Metadata keys are at most 64 characters: {key[:20]!r}...", param)
-        if not isinstance(value, str) or len(value) > 512:
-            raise bad_request(f"Metadata value for {key!r} must be a string of at most 512 "
-                              "characters.", f"{param}.{key}")
-    return dict(data)
-
-
-class ReasoningField(serializers.Field):
+class ReasoningField(StrictField):
     """`reasoning`: {effort, summary}; effort one of REASONING_EFFORTS."""
 
     def to_internal_value(self, data):
@@ -276,11 +181,8 @@ class ReasoningField(serializers.Field):
                               "reasoning.summary")
         return {"effort": effort, "summary": summary}
 
-    def to_representation(self, value):
-        return value
 
-
-class TextConfigField(serializers.Field):
+class TextConfigField(StrictField):
     """`text`: {format, verbosity}. format: text, json_object, or json_schema {name, schema,
     strict, description} (OpenAI's structured outputs; checked by serving.structured and
     compiled by the view before anything runs)."""
@@ -304,11 +206,8 @@ class TextConfigField(serializers.Field):
             out["verbosity"] = verbosity
         return out
 
-    def to_representation(self, value):
-        return value
 
-
-class ConversationRefField(serializers.Field):
+class ConversationRefField(StrictField):
     """`conversation`: an id string or {id}."""
 
     def to_internal_value(self, data):
@@ -319,11 +218,8 @@ class ConversationRefField(serializers.Field):
                               "conversation")
         return data
 
-    def to_representation(self, value):
-        return value
 
-
-class IncludeField(serializers.Field):
+class IncludeField(StrictField):
     """`include`: OpenAI's includable values (accepted; this server has none of that data)."""
 
     def to_internal_value(self, data):
@@ -337,59 +233,42 @@ class IncludeField(serializers.Field):
                                   f"got {value!r}.", f"include[{i}]")
         return list(data)
 
-    def to_representation(self, value):
-        return value
-
 
 class StreamOptionsSerializer(serializers.Serializer):
-    include_obfuscation = StrictBooleanField(required=False, allow_null=True, default=None)
+    """`stream_options`: include_obfuscation."""
+
+    include_obfuscation = BooleanField(**opt())
 
 
 class _CreateResponseFields(serializers.Serializer):
-    model = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
+    model = StringField(**opt())
     input = InputField(required=False, default=list)
-    instructions = serializers.CharField(required=False, allow_null=True, allow_blank=True,
-                                         trim_whitespace=False, default=None)
-    max_output_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                                 default=None)
-    max_tool_calls = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                              default=None)
-    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0,
-                                         max_value=2.0, default=None)
-    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0,
-                                   default=None)
-    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0,
-                                            max_value=20, default=None)
-    tools = ToolsField(required=False, default=list)
-    tool_choice = ToolChoiceField(required=False, default="auto")
-    parallel_tool_calls = StrictBooleanField(required=False, allow_null=True, default=None)
-    reasoning = ReasoningField(required=False, default=None)
-    text = TextConfigField(required=False, default=None)
-    metadata = MetadataField(required=False, default=dict)
-    store = StrictBooleanField(required=False, allow_null=True, default=None)
-    previous_response_id = serializers.CharField(required=False, allow_null=True, default=None)
-    conversation = ConversationRefField(required=False, allow_null=True, default=None)
-    stream = StrictBooleanField(required=False, allow_null=True, default=None)
-    stream_options = StreamOptionsSerializer(required=False, allow_null=True, default=None)
-    background = StrictBooleanField(required=False, allow_null=True, default=None)
-    truncation = serializers.ChoiceField(["auto", "disabled"], required=False, allow_null=True,
-                                         default=None)
-    include = IncludeField(required=False, default=list)
-    user = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
-    safety_identifier = serializers.CharField(required=False, allow_null=True, allow_blank=True,
-                                              default=None)
-    prompt_cache_key = serializers.CharField(required=False, allow_null=True, allow_blank=True,
-                                             default=None)
-    service_tier = serializers.ChoiceField(["auto", "default", "flex", "scale", "priority"],
-                                           required=False, allow_null=True, default=None)
-
-    def validate_top_p(self, value):
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("Must be greater than 0.")
-        return value
+    instructions = StringField(**opt())
+    max_output_tokens = IntegerField(**opt(low=1))
+    max_tool_calls = IntegerField(**opt(low=1))
+    top_logprobs = IntegerField(**opt(low=0, high=MAX_TOP_LOGPROBS))
+    tools = ToolsField(flat=True, **opt())
+    tool_choice = ToolChoiceField(flat=True, **opt())
+    parallel_tool_calls = BooleanField(**opt())
+    reasoning = ReasoningField(**opt())
+    text = TextConfigField(**opt())
+    metadata = MetadataField(**opt())
+    store = BooleanField(**opt())
+    previous_response_id = StringField(**opt())
+    conversation = ConversationRefField(**opt())
+    stream = BooleanField(**opt())
+    stream_options = StreamOptionsSerializer(**opt())
+    background = BooleanField(**opt())
+    truncation = StringField(**opt(choices=("auto", "disabled")))
+    include = IncludeField(**opt())
+    safety_identifier = StringField(**opt())
+    prompt_cache_key = StringField(**opt())
 
     def validate(self, attrs):
-        # Nullable booleans take OpenAI's defaults.
+        """Nulls take OpenAI's defaults (store and parallel_tool_calls true, truncation disabled, tool_choice
+        auto); previous_response_id excludes conversation; background needs store; stream_options needs
+        stream; tool_choice required or a named function needs that tool (tool_fields.check_tool_choice), and each forced tool's schema compiles
+        (tool_grammar.check_forced_tools)."""
         attrs["store"] = True if attrs["store"] is None else attrs["store"]
         attrs["stream"] = bool(attrs["stream"])
         attrs["background"] = bool(attrs["background"])
@@ -398,6 +277,10 @@ class _CreateResponseFields(serializers.Serializer):
         attrs["truncation"] = attrs["truncation"] or "disabled"
         attrs["text"] = attrs["text"] or {"format": {"type": "text"}}
         attrs["model"] = attrs["model"] or ""
+        attrs["tools"] = attrs["tools"] or []
+        attrs["tool_choice"] = attrs["tool_choice"] or "auto"
+        attrs["metadata"] = attrs["metadata"] or {}
+        attrs["include"] = attrs["include"] or []
         if attrs["previous_response_id"] is not None and attrs["conversation"] is not None:
             raise bad_request("'previous_response_id' cannot be used together with "
                               "'conversation'.", "conversation")
@@ -407,32 +290,27 @@ class _CreateResponseFields(serializers.Serializer):
         if attrs["stream_options"] is not None and not attrs["stream"]:
             raise bad_request("'stream_options' is only allowed when 'stream' is true.",
                               "stream_options")
-        choice, names = attrs["tool_choice"], {t["name"] for t in attrs["tools"]}
-        if choice == "required" and not names:
-            raise bad_request("tool_choice 'required' needs at least one tool.", "tool_choice")
-        if isinstance(choice, dict) and choice["name"] not in names:
-            raise bad_request(f"tool_choice names {choice['name']!r}, which is not in 'tools'.",
-                              "tool_choice")
+        check_tool_choice(attrs["tools"], attrs["tool_choice"])
+        check_forced_tools(attrs["tools"], attrs["tool_choice"], self.initial_data.get("tools"))
         return attrs
 
 
-def _sampling_extension_attrs() -> dict:
-    """Copies of the chat request's sampling-extension fields and their validate_<name> hooks."""
+def _shared_field_attrs() -> dict:
+    """Copies of the chat request's SHARED_FIELDS and their validate_<name> hooks."""
     declared = ChatCompletionRequest._declared_fields
     attrs = {}
-    for name in SAMPLING_EXTENSIONS:
-        if name in declared:
-            attrs[name] = copy.deepcopy(declared[name])
-            hook = getattr(ChatCompletionRequest, f"validate_{name}", None)
-            if hook is not None:
-                attrs[f"validate_{name}"] = hook
+    for name in SHARED_FIELDS:
+        attrs[name] = copy.deepcopy(declared[name])
+        hook = getattr(ChatCompletionRequest, f"validate_{name}", None)
+        if hook is not None:
+            attrs[f"validate_{name}"] = hook
     return attrs
 
 
 CreateResponseRequest = serializers.SerializerMetaclass(
     "CreateResponseRequest", (_CreateResponseFields,),
     {"__module__": __name__, "__doc__": "POST /v1/responses. Unknown fields are ignored.",
-     **_sampling_extension_attrs()})
+     **_shared_field_attrs()})
 
 
 def parse_create(raw_body: bytes) -> dict:
@@ -443,32 +321,53 @@ def parse_create(raw_body: bytes) -> dict:
 # --- conversations and lists ---------------------------------------------------------------
 
 
-def _body_or_empty(raw_body: bytes) -> dict:
-    return parse_json_body(raw_body) if raw_body.strip() else {}
+class ItemsField(StrictField):
+    """`items` of a conversation call: an array of input items (see normalize_item), at most
+    MAX_ITEMS_PER_CALL, and not empty unless `allow_empty`."""
+
+    def __init__(self, *, allow_empty: bool = True, **kw):
+        super().__init__(**kw)
+        self.allow_empty = allow_empty
+
+    def to_internal_value(self, data):
+        if not data and not self.allow_empty and isinstance(data, list):
+            raise bad_request("'items' must not be empty.", "items")
+        return normalize_items(data, "items", max_items=MAX_ITEMS_PER_CALL)
+
+
+class ConversationCreateRequest(serializers.Serializer):
+    """POST /v1/conversations: up to 20 items and metadata, both optional."""
+
+    items = ItemsField(**opt())
+    metadata = MetadataField(**opt())
+
+
+class ConversationUpdateRequest(serializers.Serializer):
+    """POST /v1/conversations/{id}: the new metadata (required; null clears it)."""
+
+    metadata = MetadataField(required=True, allow_null=True)
+
+
+class ConversationItemsRequest(serializers.Serializer):
+    """POST /v1/conversations/{id}/items: 1 to 20 items."""
+
+    items = ItemsField(allow_empty=False)
 
 
 def parse_conversation_create(raw_body: bytes) -> tuple[list[dict], dict]:
     """(items, metadata) of POST /v1/conversations; an empty body is an empty conversation."""
-    body = _body_or_empty(raw_body)
-    items = body.get("items")
-    items = [] if items is None else normalize_items(items, "items", max_items=MAX_ITEMS_PER_CALL)
-    return items, validate_metadata(body.get("metadata"))
+    req = validate(ConversationCreateRequest, parse_json_body(raw_body) if raw_body.strip() else {})
+    return req["items"] or [], req["metadata"] or {}
 
 
 def parse_conversation_update(raw_body: bytes) -> dict:
     """The new metadata of POST /v1/conversations/{id} (`metadata` is required, may be null)."""
-    body = parse_json_body(raw_body)
-    if "metadata" not in body:
-        raise bad_request("'metadata' is required.", "metadata")
-    return validate_metadata(body["metadata"])
+    return validate(ConversationUpdateRequest, parse_json_body(raw_body))["metadata"] or {}
 
 
 def parse_items_create(raw_body: bytes) -> list[dict]:
     """The items of POST /v1/conversations/{id}/items: 1 to 20 input items."""
-    body = parse_json_body(raw_body)
-    if not body.get("items"):
-        raise bad_request("'items' is required and must not be empty.", "items")
-    return normalize_items(body["items"], "items", max_items=MAX_ITEMS_PER_CALL)
+    return validate(ConversationItemsRequest, parse_json_body(raw_body))["items"]
 
 
 def parse_list_query(query) -> tuple[int, str, str | None]:
@@ -499,14 +398,15 @@ def parse_stream_query(query) -> tuple[bool, int | None]:
         starting_after = int(raw)
     except ValueError:
         raise bad_request("'starting_after' must be an integer.", "starting_after") from None
-    if starting_after < -1:
-        raise bad_request("'starting_after' must be -1 or more.", "starting_after")
+    if not -1 <= starting_after <= INT64_MAX:
+        raise bad_request(f"'starting_after' must be from -1 to {INT64_MAX}.", "starting_after")
     if stream != "true":
         raise bad_request("'starting_after' is only allowed when 'stream' is true.",
                           "starting_after")
     return True, starting_after
 
 
-__all__ = ["CreateResponseRequest", "normalize_item", "normalize_items",
-           "parse_conversation_create", "parse_conversation_update", "parse_create",
-           "parse_items_create", "parse_list_query", "parse_stream_query", "validate_metadata"]
+__all__ = ["ConversationCreateRequest", "ConversationItemsRequest", "ConversationUpdateRequest",
+           "CreateResponseRequest", "normalize_item", "normalize_items", "parse_conversation_create",
+           "parse_conversation_update", "parse_create", "parse_items_create", "parse_list_query",
+           "parse_stream_query"]

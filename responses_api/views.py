@@ -57,11 +57,22 @@ def sse_frame(event: dict) -> bytes:
 
 
 async def _frames(events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    """The events as SSE frames. An exception while producing one (from the events or their encoding)
+    ends the stream with an `error` event, logged, so the client always sees an end."""
+    next_sequence = 0
     # Closing the frames (the client went away) closes the events at once, so a run records
     # that it was cancelled now rather than whenever the generator is collected.
     async with contextlib.aclosing(events):
-        async for event in events:
-            yield sse_frame(event)
+        try:
+            async for event in events:
+                frame = sse_frame(event)
+                next_sequence = event.get("sequence_number", next_sequence) + 1
+                yield frame
+        except Exception:
+            log.exception("a Responses stream failed while producing its events")
+            yield sse_frame({"type": "error", "sequence_number": next_sequence, "code": "server_error",
+                             "message": "The server had an error while streaming this response.",
+                             "param": None})
 
 
 # --- /v1/responses -----------------------------------------------------------------------------

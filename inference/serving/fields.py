@@ -10,6 +10,8 @@ import re
 
 from rest_framework import serializers
 
+from .errors import bad_request
+
 
 class StrictField(serializers.Field):
     """A field whose value is returned as validated (to_representation is the identity)."""
@@ -45,12 +47,24 @@ class StringField(StrictField):
         return data
 
 
-def check_number(data, *, integer: bool = False, low=None, high=None, low_open: bool = False):
-    """`data` as an int or float within [low, high] ((low, high] with low_open).
+# Integers the engine keeps (seeds, token ids, counts) are int64 there; no integer field goes past it.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
-    Integral floats pass as integers (5.0 -> 5), as pydantic's lax mode does for vLLM.
+
+def check_number(data, *, integer: bool = False, low=None, high=None, low_open: bool = False):
+    """`data` as an int (integer) or a float within [low, high] ((low, high] with low_open).
+
+    Integers default to int64's range; a float range must be given (every float reaches a tensor
+    or a timer, where only finite, bounded values make sense). Integral floats pass as integers
+    (5.0 -> 5), as pydantic's lax mode does for vLLM; a JSON integer in a float field becomes a
+    float once it is in range (torch cannot take a Python int past int64 where it wants a float).
     Raises ValidationError for bools, strings, NaN, infinities and out-of-range values.
     """
+    if integer:
+        low = INT64_MIN if low is None else low
+        high = INT64_MAX if high is None else high
+    elif low is None or high is None:
+        raise TypeError("a float field needs both bounds")
     if isinstance(data, bool) or not isinstance(data, (int, float)):
         raise serializers.ValidationError("must be an integer." if integer else "must be a number.")
     if isinstance(data, float) and not math.isfinite(data):
@@ -59,18 +73,21 @@ def check_number(data, *, integer: bool = False, low=None, high=None, low_open: 
         if isinstance(data, float) and not data.is_integer():
             raise serializers.ValidationError("must be an integer.")
         data = int(data)
-    if low is not None and (data <= low if low_open else data < low):
+    if data <= low if low_open else data < low:
         raise serializers.ValidationError(f"must be {'greater than' if low_open else 'at least'} {low}.")
-    if high is not None and data > high:
+    if data > high:
         raise serializers.ValidationError(f"must be at most {high}.")
-    return data
+    return data if integer else float(data)
 
 
 class NumberField(StrictField):
-    """A JSON number in [low, high] ((low, high] with low_open); `integer` for whole numbers."""
+    """A JSON number in [low, high] ((low, high] with low_open); `integer` for whole numbers (int64's
+    range unless narrower). A float field must give both bounds."""
 
     def __init__(self, *, integer: bool = False, low=None, high=None, low_open: bool = False, **kw):
         super().__init__(**kw)
+        if not integer and (low is None or high is None):
+            raise TypeError("a float field needs both bounds")
         self.limits = {"integer": integer, "low": low, "high": high, "low_open": low_open}
 
     def to_internal_value(self, data):
@@ -78,7 +95,7 @@ class NumberField(StrictField):
 
 
 def IntegerField(**kw) -> NumberField:  # noqa: N802 - reads like a field class at the call site
-    """A JSON whole number in [low, high]."""
+    """A JSON whole number in [low, high] (int64's range where a bound is not given)."""
     return NumberField(integer=True, **kw)
 
 
@@ -148,20 +165,27 @@ class LogitBiasField(StrictField):
         return out
 
 
+def validate_metadata(data, param: str = "metadata") -> dict:
+    """A metadata object: at most 16 pairs of string keys up to 64 and string values up to 512
+    characters (OpenAI's limits). Raises ApiError 400 naming `param`."""
+    if not isinstance(data, dict):
+        raise bad_request(f"'{param}' must be an object of string keys and values.", param)
+    if len(data) > 16:
+        raise bad_request(f"'{param}' may hold at most 16 pairs; got {len(data)}.", param)
+    for key, value in data.items():
+        if len(key) > 64:
+            raise bad_request(f"'{param}' keys are at most 64 characters: {key[:20]!r}... is longer.", param)
+        if not isinstance(value, str) or len(value) > 512:
+            raise bad_request(f"'{param}': the value of {key!r} must be a string of at most 512 characters.",
+                              param)
+    return dict(data)
+
+
 class MetadataField(StrictField):
-    """`metadata`: at most 16 string pairs, keys up to 64 and values up to 512 characters (OpenAI's limits)."""
+    """`metadata`: see validate_metadata."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise serializers.ValidationError("must be an object of string keys and values.")
-        if len(data) > 16:
-            raise serializers.ValidationError("accepts at most 16 keys.")
-        for key, value in data.items():
-            if len(key) > 64:
-                raise serializers.ValidationError(f"key {key[:20]!r}... is longer than 64 characters.")
-            if not isinstance(value, str) or len(value) > 512:
-                raise serializers.ValidationError(f"the value of {key!r} must be a string of at most 512 characters.")
-        return data
+        return validate_metadata(data)
 
 
 class ObjectField(StrictField):

@@ -8,7 +8,6 @@ debug), as OpenAI does.
 """
 from __future__ import annotations
 
-import json
 import logging
 
 from rest_framework import serializers
@@ -16,28 +15,25 @@ from rest_framework import serializers
 from .errors import ApiError, bad_request
 from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
+from .json_body import parse_json_body
 from .messages import normalize_messages
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
 from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
+from .tool_grammar import check_forced_tools
 
 log = logging.getLogger("metrale.api")
 
-INT64 = 2**63
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+# Past these the control does nothing more (top-n-sigma keeps every token; a DRY penalty already bans),
+# and a bound keeps the values the sampler multiplies finite. llama.cpp sets none; its defaults are
+# top_n_sigma -1, dry_multiplier 0, dry_base 1.75.
+MAX_TOP_N_SIGMA = 100.0
+MAX_DRY = 100.0
+# A request's own deadline (the server's METRALE["REQUEST_TIMEOUT_S"] caps it anyway).
+MAX_TIMEOUT_S = 1e9
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
-
-
-def parse_json_body(raw: bytes) -> dict:
-    """The request body as a JSON object. Raises ApiError 400 for invalid JSON or a non-object."""
-    try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_json")
-    return body
 
 
 def opt(**kw) -> dict:
@@ -78,24 +74,24 @@ class GenerationRequest(serializers.Serializer):
     top_p = NumberField(**opt(low=0, high=1, low_open=True))
     top_k = IntegerField(**opt(low=-1))
     min_p = NumberField(**opt(low=0, high=1))
-    top_n_sigma = NumberField(**opt(low=-1))
+    top_n_sigma = NumberField(**opt(low=-1, high=MAX_TOP_N_SIGMA))
     repetition_penalty = NumberField(**opt(low=0, high=2, low_open=True))
     presence_penalty = NumberField(**opt(low=-2, high=2))
     frequency_penalty = NumberField(**opt(low=-2, high=2))
-    dry_multiplier = NumberField(**opt(low=0))
-    dry_base = NumberField(**opt(low=1))
+    dry_multiplier = NumberField(**opt(low=0, high=MAX_DRY))
+    dry_base = NumberField(**opt(low=1, high=MAX_DRY))
     dry_allowed_length = IntegerField(**opt(low=0))
     dry_penalty_last_n = IntegerField(**opt(low=-1))
     dry_sequence_breakers = StringListField(**opt())
     logit_bias = LogitBiasField(**opt())
     min_tokens = IntegerField(**opt(low=0))
-    seed = IntegerField(**opt(low=-INT64, high=INT64 - 1))
+    seed = IntegerField(**opt())
     ignore_eos = BooleanField(required=False, default=False)
     stop = StopField(required=False, allow_null=True, default=list)
     stop_token_ids = TokenIdListField(**opt())
     include_stop_str_in_output = BooleanField(required=False, default=False)
     return_token_ids = BooleanField(required=False, default=False)
-    timeout = NumberField(**opt(low=0, low_open=True))
+    timeout = NumberField(**opt(low=0, high=MAX_TIMEOUT_S, low_open=True))
     user = StringField(**opt())
     metadata = MetadataField(**opt())
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
@@ -161,7 +157,8 @@ class ChatCompletionRequest(GenerationRequest):
     def validate(self, attrs):
         """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
         add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
-        (tool_fields.check_tool_choice); fields this server cannot honour are refused by name."""
+        (tool_fields.check_tool_choice) and, when a call is forced, each tool's schema compiles
+        (tool_grammar.check_forced_tools); fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -170,6 +167,7 @@ class ChatCompletionRequest(GenerationRequest):
                               "first continues the last message, the second starts a new one.",
                               "continue_final_message")
         check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
+        check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
         _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")

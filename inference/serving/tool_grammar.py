@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 
-from inference.engine.grammar import JSON_OPTIONS
+from inference.engine.grammar import JSON_OPTIONS, GrammarError, check_json_schema
 
+from .errors import bad_request
 from .tool_parsers.schema import ToolSchemas
 
 
@@ -78,6 +79,33 @@ def forced_tool_names(tools: list[dict] | None, tool_choice) -> tuple[str, ...] 
     if tool_choice == "required":
         return schemas.names
     raise ToolGrammarError("tool_choice must be none, auto, required, or a named function.")
+
+
+def check_forced_tools(tools: list[dict] | None, tool_choice, sent: list | None = None) -> None:
+    """When tool_choice forces a call ("required" or a named function), check that the call schema of
+    each tool it may call compiles (validated tools, chat's or Responses' shape; `sent`: the tools as
+    the client wrote them, when the shape changed). Raises ApiError 400 naming that tool's parameters
+    as sent (`tools[i].function.parameters`, or `tools[i].parameters` for a flat Responses tool) with
+    llguidance's reason. The grammar of all of them together is compiled later,
+    with the tokenizer (structured.constrain; a failure there names `tools`)."""
+    try:
+        names = forced_tool_names(tools, tool_choice)
+    except ToolGrammarError:
+        return  # tool_fields.check_tool_choice answers these
+    if not names:
+        return
+    schemas = ToolSchemas(tools)
+    for i, tool in enumerate(tools or []):
+        name = tool["function"]["name"] if "function" in tool else tool["name"]
+        if name not in names:
+            continue
+        try:
+            check_json_schema(_call_schema(schemas, (name,), "arguments"))
+        except GrammarError as exc:
+            as_sent = sent[i] if sent is not None and i < len(sent) else tool
+            param = f"tools[{i}].function.parameters" if "function" in as_sent else f"tools[{i}].parameters"
+            raise bad_request(f"The parameters schema of tool {name!r} cannot be enforced for a forced tool call: "
+                              f"{exc}", param, code="invalid_tool_schema") from None
 
 
 def tool_call_grammar(tool_format: str, tools: list[dict] | None, names: tuple[str, ...],

@@ -1,4 +1,5 @@
-"""A hand-driven ASGI request against Django's handler: read a stream chunk by chunk, and
+"""A hand-driven ASGI request against Django's handler inside the API's ASGI guard (as metrale_site/asgi.py
+serves it): read a stream chunk by chunk, and
 disconnect in the middle, as a client that goes away does."""
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 from urllib.parse import urlsplit
 
 from django.core.handlers.asgi import ASGIHandler
+
+from inference.middleware import ApiAsgiGuard
 
 
 class AsgiRequest:
@@ -32,7 +35,7 @@ class AsgiRequest:
     async def start(self, timeout_s: float = 10.0) -> "AsgiRequest":
         """Send the request and wait for the response's status and headers."""
         await self.inbox.put({"type": "http.request", "body": self.body, "more_body": False})
-        self.task = asyncio.create_task(ASGIHandler()(self.scope, self.inbox.get, self.outbox.put))
+        self.task = asyncio.create_task(ApiAsgiGuard(ASGIHandler())(self.scope, self.inbox.get, self.outbox.put))
         message = await asyncio.wait_for(self.outbox.get(), timeout_s)
         assert message["type"] == "http.response.start", message
         self.status = message["status"]

@@ -99,7 +99,7 @@ def test_a_bad_tool_parameters_schema_is_a_400(fake_rt):
     r = chat(tools=tools, tool_choice="required")
     assert r.status == 400
     err = r.json()["error"]
-    assert err["param"] == "tools" and "uniqueItems" in err["message"]
+    assert err["param"] == "tools[0].function.parameters" and "uniqueItems" in err["message"]  # names the tool
 
 
 def test_the_error_names_the_field_and_the_problem(fake_rt):

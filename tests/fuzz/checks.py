@@ -1,0 +1,79 @@
+"""What every answer to a generated body must be: never a 5xx, JSON (or a well-formed SSE stream), every
+error in OpenAI's shape, and a 400 for a body whose one mutated field is at fault naming that field."""
+from __future__ import annotations
+
+import json
+import re
+
+from .routes import Route
+from .strategies import Body
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+# Where a 400 about the prompt's size points, per route: the prompt's own field.
+PROMPT_FIELD = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/responses": "input",
+                "/tokenize": "prompt"}
+# Cross-field rules name the field that needs the other one (stream_options needs stream, ...): with
+# only one field mutated, the named field is still the mutated one or one of the route's base fields.
+
+
+def root(param: str) -> str:
+    return re.split(r"[.\[]", param, maxsplit=1)[0]
+
+
+def check_error(err: dict, where: str) -> None:
+    assert set(err) == ERROR_KEYS, (where, err)
+    assert isinstance(err["message"], str) and err["message"], (where, err)
+    assert isinstance(err["type"], str) and err["type"], (where, err)
+    assert err["param"] is None or isinstance(err["param"], str), (where, err)
+    assert err["code"] is None or isinstance(err["code"], str), (where, err)
+
+
+def sse_payloads(body: bytes) -> list:
+    payloads = []
+    for frame in body.decode("utf-8").split("\n\n"):
+        for line in frame.splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
+
+
+def check_stream(route: Route, body: bytes, where: str) -> None:
+    payloads = sse_payloads(body)
+    assert payloads, where
+    for p in payloads:
+        if isinstance(p, dict) and "error" in p:
+            check_error(p["error"], where)
+    if route.path == "/v1/responses":
+        kinds = [p["type"] for p in payloads]
+        assert kinds[0] == "response.created", (where, kinds[:3])
+        seq = [p["sequence_number"] for p in payloads]
+        assert seq == list(range(len(seq))), (where, seq)
+        assert kinds[-1] in ("response.completed", "response.incomplete", "response.failed", "error"), (where, kinds)
+    else:
+        assert payloads[-1] == "[DONE]", (where, payloads[-2:])
+
+
+def check_answer(route: Route, body: Body, status: int, headers: dict[str, str], content: bytes) -> dict | None:
+    """Assert the rules above for one answer; returns the error object of a 4xx (None otherwise)."""
+    where = f"{route.path} {body.raw[:300]!r} -> {status} {content[:300]!r}"
+    assert status < 500, where
+    content_type = headers.get("content-type", "")
+    if content_type.startswith("text/event-stream"):
+        assert status == 200, where
+        check_stream(route, content, where)
+        return None
+    assert content_type == "application/json", where
+    answer = json.loads(content)
+    if status < 400:
+        assert isinstance(answer, dict), where
+        return None
+    check_error(answer["error"], where)
+    err = answer["error"]
+    if status == 400 and body.mutated is not None and err["code"] != "invalid_json":
+        assert err["param"] is not None, where
+        allowed = {body.mutated, *route.base}
+        if err["code"] == "context_length_exceeded":
+            allowed.add(PROMPT_FIELD.get(route.path, body.mutated))
+        assert root(err["param"]) in allowed, where
+    return err

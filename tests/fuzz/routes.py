@@ -1,0 +1,74 @@
+"""Every JSON route and its own validation, read from its serializer: the fields, their kinds and ranges.
+
+The fuzz strategies and the range tests are built from this, so a field added to a serializer is
+covered without touching the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rest_framework import serializers
+
+from inference.serving import fields as strict
+from inference.serving.protocol import ChatCompletionRequest, CompletionRequest
+from inference.serving.tokenize import DetokenizeRequest, TokenizeRequest
+from responses_api.protocol import (ConversationCreateRequest, ConversationItemsRequest, ConversationUpdateRequest,
+                                    CreateResponseRequest)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A JSON route: its path, its serializer, and the smallest body it serves (the required fields)."""
+
+    path: str
+    serializer: type[serializers.Serializer]
+    base: dict
+    generates: bool = False
+
+
+ROUTES = (
+    Route("/v1/chat/completions", ChatCompletionRequest, {"messages": USER, "max_tokens": 4}, generates=True),
+    Route("/v1/completions", CompletionRequest, {"prompt": "hi", "max_tokens": 4}, generates=True),
+    Route("/v1/responses", CreateResponseRequest, {"input": "hi", "max_output_tokens": 4}, generates=True),
+    Route("/tokenize", TokenizeRequest, {"prompt": "hi"}),
+    Route("/detokenize", DetokenizeRequest, {"tokens": [1, 2]}),
+    Route("/v1/conversations", ConversationCreateRequest, {}),
+    Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
+    Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
+)
+
+
+def declared_fields(serializer_cls, prefix: str = "") -> dict[str, serializers.Field]:
+    """{dotted name: field} of a serializer, nested serializers flattened (stream_options.include_usage)."""
+    out = {}
+    for name, field in serializer_cls().fields.items():
+        path = f"{prefix}{name}"
+        if isinstance(field, serializers.Serializer):
+            out.update(declared_fields(type(field), f"{path}."))
+        else:
+            out[path] = field
+    return out
+
+
+def numeric_fields(serializer_cls) -> dict[str, dict]:
+    """{dotted name: limits} of a serializer's numeric fields (NumberField.limits: integer, low, high, low_open)."""
+    return {name: dict(field.limits) for name, field in declared_fields(serializer_cls).items()
+            if isinstance(field, strict.NumberField)}
+
+
+def nested(name: str, value) -> dict:
+    """{"a": {"b": value}} for "a.b"."""
+    head, _, rest = name.partition(".")
+    return {head: nested(rest, value) if rest else value}
+
+
+def context_for(name: str, route: Route) -> dict:
+    """Fields a value of `name` needs beside it to be judged on its own (top_logprobs needs logprobs,
+    stream_options needs stream)."""
+    if name.startswith("stream_options."):
+        return {"stream": True}
+    if name == "top_logprobs" and route.serializer is ChatCompletionRequest:
+        return {"logprobs": True}
+    return {}
