@@ -1,4 +1,4 @@
-# The README's two commands (serve, test), the benchmark and the long soak. Every step is idempotent.
+# The README's two commands (serve, test), the benchmark, the fuzz campaign and the long soak. Every step is idempotent.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
