@@ -10,7 +10,6 @@ from inference.middleware import ApiAsgiGuard
 
 from .asgi_client import AsgiRequest
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 

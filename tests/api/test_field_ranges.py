@@ -8,7 +8,6 @@ from inference.serving.fields import INT64_MAX, INT64_MIN
 from tests.fuzz.routes import ROUTES, context_for, declared_fields, nested, numeric_fields
 
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 NUMERIC = [(route, name, limits) for route in ROUTES for name, limits in numeric_fields(route.serializer).items()]
 

@@ -8,7 +8,6 @@ from inference.serving.json_body import MAX_JSON_DEPTH, parse_json_body
 from inference.serving.errors import ApiError
 
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/conversations",
           "/v1/conversations/conv_x", "/v1/conversations/conv_x/items", "/tokenize", "/detokenize"]

@@ -3,7 +3,6 @@ each is a 400 naming the tool's parameters, on chat and on Responses, whatever t
 import pytest
 
 from .fake_engine import call
-from .surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 GOOD = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 # Kinds llguidance refuses: unknown keywords and formats, unsatisfiable, unresolvable references, a regex

@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.api.conftest import fresh_locmem, no_model_loading, raw_asgi_requests  # noqa: F401
+from tests.api.conftest import (fake_rt, fresh_locmem, no_model_loading, raw_asgi_requests,  # noqa: F401
+                                smollm2_tokenizer)
 from tests.api.fake_engine import call
-from tests.api.surface_fixtures import fake_rt, smollm2_tokenizer  # noqa: F401
 
 # Examples per route in the normal test run (the in-process suite); `make fuzz` runs the long campaign.
 EXAMPLES = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "250"))

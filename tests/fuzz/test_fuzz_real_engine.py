@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from inference import runtime
 from inference.runtime import Runtime
 from tests.api.fake_engine import call
-from tests.api.test_reasoning_budget_smollm2 import smollm2_engine  # noqa: F401
+from tests.api.conftest import smollm2_engine  # noqa: F401
 
 from .checks import check_answer
 from .conftest import FIGURES
