@@ -11,6 +11,12 @@ os.environ.setdefault("KMP_BLOCKTIME", "0")
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
+
+# The test database is SQLite in memory with a shared cache, where BEGIN IMMEDIATE meets the test's
+# own open transaction as a table lock that no busy timeout waits out ("database table is locked").
+# Servers (and the live servers of tests/e2e) keep IMMEDIATE on their database files.
+django_settings.DATABASES["default"].get("OPTIONS", {}).pop("transaction_mode", None)
 
 SMOLLM2 = "smollm2-135m-instruct"
 
