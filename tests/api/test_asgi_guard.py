@@ -77,7 +77,7 @@ def test_an_unreadable_content_length_is_a_400(fake_rt, value):
 @pytest.mark.parametrize("method, path, status", [
     ("GET", "/v1/", 404), ("GET", "/v1", 404), ("POST", "/v1/", 404), ("GET", "/tokenize/", 404),
     ("GET", "/health/", 404), ("POST", "/health", 405), ("DELETE", "/health", 405), ("PUT", "/health", 405),
-    ("GET", "/v1/chat/completions?x=%ff", 405), ("GET", "/v1/models?q=%FF", 200),
+    ("GET", "/v1/completions?x=%ff", 405), ("GET", "/v1/models?q=%FF", 200),
 ])
 def test_every_api_answer_is_json(fake_rt, method, path, status):
     answer = call(method, path)
