@@ -143,7 +143,7 @@ async def retrieve_model(request, model_id: str):
 async def chat_completions(request):
     """POST /v1/chat/completions, blocking or streamed (SSE)."""
     started = time.perf_counter()
-    req = chat.parse(request.body)
+    req = await cpu_work(chat.parse, request.body)
     rt = ready_runtime()
     prepared = await prepare(chat.generation_request(req), rt, **_ids(request))
     wire = chat.ChatWire(req, prepared, save=functools.partial(save_chat_completion, tenant_of(request)))
@@ -155,7 +155,7 @@ async def chat_completions(request):
 async def completions(request):
     """POST /v1/completions (legacy), blocking or streamed (SSE)."""
     started = time.perf_counter()
-    req = legacy_completions.parse(request.body)
+    req = await cpu_work(legacy_completions.parse, request.body)
     rt = ready_runtime()
     prepared = await prepare(legacy_completions.generation_request(req), rt, **_ids(request))
     wire = legacy_completions.CompletionWire(req, prepared, rt.tokenizer)

@@ -18,6 +18,7 @@ from inference.api import admit, openai_endpoint
 from inference.serving.errors import ApiError, bad_request
 from inference.stored_objects import tenant_of
 from inference.engine.outputs import EngineOverloaded, RequestRejected
+from inference.serving.prepare import cpu_work
 from inference.views import cache_salt_of, engine_refusal, sse_response
 from inference.views import ready_runtime as _ready_runtime
 
@@ -87,7 +88,7 @@ async def create_response(request):
     task, to which the lease is handed off, when it ends (holding the concurrency slot while
     it runs).
     """
-    req = protocol.parse_create(request.body)
+    req = await cpu_work(protocol.parse_create, request.body)
     rt = _ready_runtime()
     tenant = tenant_of(request)
     context = await db(service.load_context, tenant, req)
@@ -208,7 +209,7 @@ async def list_input_items(request, response_id: str):
 
 async def create_conversation(request):
     """Create a conversation with up to 20 items and metadata."""
-    items, metadata = protocol.parse_conversation_create(request.body)
+    items, metadata = await cpu_work(protocol.parse_conversation_create, request.body)
     conv = await db(store.create_conversation, tenant_of(request), items, metadata)
     return JsonResponse(conv.to_dict())
 
@@ -234,7 +235,7 @@ async def delete_conversation(request, conversation_id: str):
 
 async def create_items(request, conversation_id: str):
     """Append up to 20 items; answers the list of them."""
-    items = protocol.parse_items_create(request.body)
+    items = await cpu_work(protocol.parse_items_create, request.body)
     added = await db(store.add_conversation_items, tenant_of(request), conversation_id,
                      items)
     return JsonResponse({"object": "list", "data": added, "first_id": added[0]["id"],

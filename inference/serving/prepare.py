@@ -45,8 +45,8 @@ _pool: ThreadPoolExecutor | None = None
 
 
 async def cpu_work(fn: Callable, *args):
-    """Run `fn(*args)` (templating, tokenizing: CPU work of one request) on the bounded prepare pool
-    (METRALE["PREPARE_THREADS"] threads), so the event loop keeps serving streams meanwhile.
+    """Run `fn(*args)` (parsing a body, templating, tokenizing: CPU work of one request) on the bounded
+    prepare pool (METRALE["PREPARE_THREADS"] threads), so the event loop keeps serving streams meanwhile.
     Returns fn's result; raises what fn raises."""
     global _pool
     if _pool is None:

@@ -94,3 +94,24 @@ def test_tokenize_routes_run_on_the_pool_and_answer_as_before(fake_rt, monkeypat
         assert answer.json()["tokens"] == real_encode(fake_rt.tokenizer, "Hello world", add_special_tokens=True)
     else:
         assert answer.json()["prompt"] == real_decode(fake_rt.tokenizer, [19556, 905], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("path, payload", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "store": False}),
+])
+def test_request_bodies_are_parsed_on_the_pool(fake_rt, monkeypatch, path, payload):
+    from inference.serving import json_body
+
+    seen: set[str] = set()
+    real_decoder = json_body.json.JSONDecoder
+
+    class Decoder(real_decoder):
+        def decode(self, *args, **kw):
+            seen.add(threading.current_thread().name)
+            return super().decode(*args, **kw)
+
+    monkeypatch.setattr(json_body.json, "JSONDecoder", Decoder)
+    assert call("POST", path, payload).status == 200
+    assert seen and all(name.startswith("metrale-prepare") for name in seen)
