@@ -15,12 +15,11 @@ from django.conf import settings
 from django.http import JsonResponse
 
 from inference.api import admit, openai_endpoint
-from inference.serving.errors import ApiError, bad_request
-from inference.stored_objects import tenant_of
 from inference.engine.outputs import EngineOverloaded, RequestRejected
+from inference.serving.errors import ApiError, bad_request
 from inference.serving.prepare import cpu_work
-from inference.views import cache_salt_of, engine_refusal, sse_response
-from inference.views import ready_runtime as _ready_runtime
+from inference.stored_objects import tenant_of
+from inference.views import cache_salt_of, engine_refusal, ready_runtime, sse_response
 
 from . import live, protocol, service, store
 
@@ -89,7 +88,7 @@ async def create_response(request):
     it runs).
     """
     req = await cpu_work(protocol.parse_create, request.body)
-    rt = _ready_runtime()
+    rt = ready_runtime()
     tenant = tenant_of(request)
     context = await db(service.load_context, tenant, req)
     p = await service.prepare(req, rt, tenant, context, cache_salt=cache_salt_of(request))
