@@ -14,6 +14,9 @@ background task takes the lease over with `hand_off()` and settles it when it en
 
 Responses that end before an identity is known (401) carry no x-ratelimit-* headers: there is
 no budget to describe.
+
+`by_method(GET=view, POST=view, ...)` gives one URL a view per HTTP method, each of them an
+openai_endpoint view, and answers other methods with a 405 (and Allow) in OpenAI's shape.
 """
 from __future__ import annotations
 
@@ -170,3 +173,28 @@ class _SettledStream:
             except RuntimeError:  # already being closed (by cancellation)
                 pass
         await self._owner.settle()
+
+
+def by_method(**views):
+    """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view;
+    another method is a 405 in OpenAI's error shape with an Allow header.
+
+    Each view must itself be an openai_endpoint view (auth, rate limits, errors), and so is the 405:
+    the dispatcher is marked `openai_endpoint` (what system check metrale.W002 reads) only when every
+    view it dispatches to is, so a method view that skips the wrapper is still caught.
+    """
+    allowed = ", ".join(views)
+
+    @openai_endpoint
+    async def not_allowed(request, *args, **kwargs):
+        raise ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(views)}.",
+                       code="method_not_allowed", headers={"Allow": allowed})
+
+    async def dispatch(request, *args, **kwargs):
+        return await views.get(request.method, not_allowed)(request, *args, **kwargs)
+
+    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) for v in views.values())
+    dispatch.csrf_exempt = all(getattr(v, "csrf_exempt", False) for v in views.values())
+    dispatch.method_views = views
+    dispatch.__doc__ = " ".join(f"{method}: {v.__doc__}" for method, v in views.items())
+    return dispatch

@@ -1,5 +1,5 @@
-"""Views of stored chat completions (list, get, update, messages, delete), scoped to the caller's tenant,
-and `by_method`, which gives one URL a view per HTTP method, each through openai_endpoint.
+"""Views of stored chat completions (list, get, update, messages, delete), scoped to the caller's tenant
+(their URLs hand each HTTP method to its view with api.by_method).
 
 Source: OpenAI API reference, "List Chat Completions", "Get chat completion", "Update chat completion",
 "Get chat messages", "Delete chat completion". Another tenant's id is a 404 (inference.stored_objects).
@@ -13,37 +13,11 @@ from rest_framework import serializers
 
 from . import stored_completions as stored
 from .api import openai_endpoint
-from .serving.errors import ApiError
 from .serving.fields import MetadataField
 from .serving.protocol import parse_json_body, validate
 from .stored_objects import tenant_of
 
 METADATA_FILTER = re.compile(r"metadata\[(.*)\]")
-
-
-def by_method(**views):
-    """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view;
-    another method is a 405 in OpenAI's error shape with an Allow header.
-
-    Each view must itself be an openai_endpoint view (auth, rate limits, errors), and so is the 405:
-    the dispatcher is marked `openai_endpoint` (what system check metrale.W002 reads) only when every
-    view it dispatches to is, so a method view that skips the wrapper is still caught.
-    """
-    allowed = ", ".join(views)
-
-    @openai_endpoint
-    async def not_allowed(request, *args, **kwargs):
-        raise ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(views)}.",
-                       code="method_not_allowed", headers={"Allow": allowed})
-
-    async def dispatch(request, *args, **kwargs):
-        return await views.get(request.method, not_allowed)(request, *args, **kwargs)
-
-    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) for v in views.values())
-    dispatch.csrf_exempt = all(getattr(v, "csrf_exempt", False) for v in views.values())
-    dispatch.method_views = views
-    dispatch.__doc__ = " ".join(f"{method}: {v.__doc__}" for method, v in views.items())
-    return dispatch
 
 
 class PageQuery(serializers.Serializer):

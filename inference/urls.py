@@ -3,7 +3,7 @@ models, tokenize and health."""
 from django.urls import path
 
 from . import stored_views, views
-from .stored_views import by_method
+from .api import by_method
 
 urlpatterns = [
     path("health", views.health),

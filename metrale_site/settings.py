@@ -4,7 +4,6 @@ Defaults need no external service: SQLite, the local-memory cache and in-process
 Celery tasks. `DATABASE_URL`, `REDIS_URL` and `CELERY_BROKER_URL` switch to
 PostgreSQL, Redis and a real broker.
 """
-import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 

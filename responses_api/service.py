@@ -26,7 +26,6 @@ from inference.models import Tenant
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.choices import Choices
-from inference.serving.pipeline import GenerationInput
 from inference.serving.prepare import GenerationRequest, Prepared
 from inference.serving.prepare import prepare as prepare_generation
 from inference.serving.structured import requested_grammar
@@ -60,11 +59,6 @@ class PreparedResponse:
     input_items: list[dict]
     prepared: Prepared
     body: dict
-
-    @property
-    def gen(self) -> GenerationInput:
-        """The one engine input (Responses have one choice)."""
-        return self.prepared.inputs[0]
 
     @property
     def reserve_tokens(self) -> int:

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import JsonResponse
 
-from inference.api import admit, openai_endpoint
+from inference.api import admit, by_method, openai_endpoint
 from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.prepare import cpu_work
@@ -32,22 +32,6 @@ REPLAY_POLL_S = 0.25
 def db(fn, *args, **kwargs):
     """Run a store function on Django's thread for synchronous ORM work."""
     return sync_to_async(fn)(*args, **kwargs)
-
-
-def endpoint(*, generates: bool = False, **handlers):
-    """One URL's async view, through inference.api.openai_endpoint (auth, rate limits, ApiError
-    as OpenAI's error JSON): dispatch on the HTTP method to `handlers` (GET=..., POST=...); an
-    unknown method is a 405 in OpenAI's error shape. generates: the handlers admit themselves."""
-
-    async def view(request, **kwargs):
-        handler = handlers.get(request.method)
-        if handler is None:
-            raise ApiError(405, f"{request.method} is not allowed on {request.path}.",
-                           code="method_not_allowed")
-        return await handler(request, **kwargs)
-
-    view.__doc__ = " ".join(f"{method}: {h.__doc__}" for method, h in handlers.items())
-    return openai_endpoint(view, generates=generates)
 
 
 def sse_frame(event: dict) -> bytes:
@@ -93,7 +77,7 @@ async def create_response(request):
     context = await db(service.load_context, tenant, req)
     p = await service.prepare(req, rt, tenant, context, cache_salt=cache_salt_of(request))
     run = None
-    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.gen.timeout_s,
+    lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.prepared.timeout_s,
                         used_tokens=lambda: run.used_tokens if run is not None else p.prepared.prompt_tokens)
     if not req["background"]:  # submitted first: a request the engine refuses is stored nowhere
         run = service.ResponseRun(p, rt, record_events=req["stream"])
@@ -260,12 +244,13 @@ async def delete_item(request, conversation_id: str, item_id: str):
                                  conversation_id, item_id))
 
 
-responses = endpoint(POST=create_response)
-response_detail = endpoint(GET=retrieve_response, DELETE=delete_response)
-response_cancel = endpoint(POST=cancel_response)
-response_input_items = endpoint(GET=list_input_items)
-conversations = endpoint(POST=create_conversation)
-conversation_detail = endpoint(GET=retrieve_conversation, POST=update_conversation,
-                               DELETE=delete_conversation)
-conversation_items = endpoint(GET=list_items, POST=create_items)
-conversation_item = endpoint(GET=retrieve_item, DELETE=delete_item)
+# One view per URL, each HTTP method through openai_endpoint (api.by_method: others are a 405).
+responses = by_method(POST=openai_endpoint(create_response, generates=True))
+response_detail = by_method(GET=openai_endpoint(retrieve_response), DELETE=openai_endpoint(delete_response))
+response_cancel = by_method(POST=openai_endpoint(cancel_response))
+response_input_items = by_method(GET=openai_endpoint(list_input_items))
+conversations = by_method(POST=openai_endpoint(create_conversation))
+conversation_detail = by_method(GET=openai_endpoint(retrieve_conversation), POST=openai_endpoint(update_conversation),
+                                DELETE=openai_endpoint(delete_conversation))
+conversation_items = by_method(GET=openai_endpoint(list_items), POST=openai_endpoint(create_items))
+conversation_item = by_method(GET=openai_endpoint(retrieve_item), DELETE=openai_endpoint(delete_item))

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.request import EngineRequest
-from inference.engine.sampling_params import SamplingParams
 
 from .assembly import resolve_finish_reason
 from .deltas import Content, Error, Finish, Reasoning, StreamDelta, TokenLogprob, Usage
@@ -33,17 +32,13 @@ from .text_pipeline import TextPipeline, TextSpec
 
 @dataclass(slots=True)
 class GenerationInput:
-    """Everything the pipeline needs for one choice. timeout_s in seconds (None: no deadline)."""
+    """Everything the pipeline needs for one choice: the engine request it submits, and what is
+    done with the text (stop strings, and how it is parsed into reasoning, content and tool calls;
+    text None: all content)."""
 
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    request: EngineRequest
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
-    timeout_s: float | None = None
-    request_id: str | None = None
-    # Prefix-cache blocks are shared only between requests with the same salt (the tenant).
-    cache_salt: str = ""
-    # How the text is parsed into reasoning, content and tool calls (None: all content).
     text: TextSpec | None = None
 
 
@@ -56,8 +51,7 @@ class Generation:
         self.tokenizer = tokenizer
         self.submitted_at = time.perf_counter()
         self.finished_at: float | None = None
-        self.handle = engine.submit(EngineRequest(gen.prompt_token_ids, gen.params, gen.request_id,
-                                                  gen.timeout_s, gen.cache_salt))
+        self.handle = engine.submit(gen.request)
 
     def abort(self, reason: str = "cancelled") -> None:
         """Drop the engine request (no-op once it has ended)."""
@@ -66,8 +60,8 @@ class Generation:
     async def deltas(self) -> AsyncIterator[StreamDelta]:
         """Reasoning, Content and tool-call deltas as text becomes safe to send, then exactly one
         Finish or Error."""
-        gen, params = self.gen, self.gen.params
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=gen.prompt_token_ids, skip_special_tokens=True)
+        gen, params, prompt_ids = self.gen, self.gen.request.params, self.gen.request.prompt_token_ids
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids, skip_special_tokens=True)
         stops = StopStringMatcher(gen.stop, gen.include_stop_str_in_output)
         spell = spelling_for(self.tokenizer) if params.logprobs is not None else None
         parse = gen.text.pipeline() if gen.text is not None and gen.text.active else None
@@ -94,7 +88,7 @@ class Generation:
                         yield delta
                     if stop_now:
                         yield Finish(_finish_reason("stop", parse),
-                                     Usage(len(gen.prompt_token_ids), completion_tokens,
+                                     Usage(len(prompt_ids), completion_tokens,
                                            reasoning_tokens=parse.reasoning_tokens if parse else 0))
                         return
                 elif isinstance(event, Finished):
@@ -107,7 +101,7 @@ class Generation:
                     base = "stop" if matched and event.reason != "timeout" else event.reason
                     prompt_lps = None
                     if params.prompt_logprobs is not None:
-                        prompt_lps = prompt_logprobs(spelling_for(self.tokenizer), gen.prompt_token_ids,
+                        prompt_lps = prompt_logprobs(spelling_for(self.tokenizer), prompt_ids,
                                                      event.prompt_logprobs)
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,

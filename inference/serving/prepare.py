@@ -30,6 +30,8 @@ from django.conf import settings
 from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
+from inference.engine.request import EngineRequest
+
 from .errors import ApiError
 from .logprobs import spelling_for
 from .model_names import check_model
@@ -135,12 +137,12 @@ class Prepared:
     @property
     def reserve_tokens(self) -> int:
         """Tokens to reserve against the rate limit: every prompt + every choice's max_tokens."""
-        return self.prompt_tokens + sum(g.params.max_tokens for g in self.inputs)
+        return self.prompt_tokens + sum(g.request.params.max_tokens for g in self.inputs)
 
     @property
     def timeout_s(self) -> float | None:
         """The request's deadline in seconds."""
-        return self.inputs[0].timeout_s
+        return self.inputs[0].request.timeout_s
 
 
 def _timeout(greq: GenerationRequest) -> float:
@@ -258,11 +260,10 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
-            inputs.append(GenerationInput(ids, params, stop=greq.stop,
+            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt)
+            inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
-                                          timeout_s=timeout_s,
-                                          request_id=f"{request_id}-{j}" if request_id else None,
-                                          cache_salt=cache_salt, text=text_spec))
+                                          text=text_spec))
     return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
 
 

@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from inference.checks import check_guarded_routes
 from inference.models import StoredChatCompletion
-from inference.stored_views import by_method, retrieve
+from inference.api import by_method
+from inference.stored_views import retrieve
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 LIST = "/v1/chat/completions"

@@ -8,7 +8,7 @@ import torch
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine
-from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
+from inference.engine.outputs import Finished, RequestRejected, TokenEvent
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.request import EngineRequest
 
