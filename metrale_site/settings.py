@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "inference",
     "responses_api",
+    "anthropic_api",
 ]
 
 MIDDLEWARE = [
@@ -215,6 +216,9 @@ METRALE = {
     # On SIGTERM, running requests and background responses get this long to finish before
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
+    # An Anthropic Messages stream sends a `ping` event after this many seconds without another
+    # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
+    "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
 }
 
 # With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
