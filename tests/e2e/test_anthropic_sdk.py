@@ -51,7 +51,7 @@ def test_create_and_the_stream_give_the_same_message(client):
 def test_a_forced_tool_call_validates_against_its_schema(client):
     kwargs = {"model": "m", "max_tokens": 64, "tools": [WEATHER],
               "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-              "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
+              "messages": [{"role": "user", "content": "What is the weather in Paris?"}], "extra_body": GREEDY}
     created = client.messages.create(**kwargs)
     with client.messages.stream(**kwargs) as stream:
         streamed = stream.get_final_message()
@@ -67,7 +67,7 @@ def test_a_forced_tool_call_validates_against_its_schema(client):
 def test_a_tool_result_round_trip(client):
     first = client.messages.create(model="m", max_tokens=64, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-                                   messages=[{"role": "user", "content": "Weather in Oslo?"}])
+                                   messages=[{"role": "user", "content": "Weather in Oslo?"}], extra_body=GREEDY)
     call = next(b for b in first.content if b.type == "tool_use")
     history = [{"role": "user", "content": "Weather in Oslo?"},
                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
@@ -149,7 +149,7 @@ def test_x_api_key_and_bearer_authenticate(auth_server):
 def test_the_raw_stream_frames_every_event(metrale_server):
     body = {"model": "m", "max_tokens": 64, "stream": True, "tools": [WEATHER],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-            "messages": [{"role": "user", "content": "Weather in Rome?"}]}
+            "messages": [{"role": "user", "content": "Weather in Rome?"}], **GREEDY}
     answer = httpx.post(metrale_server.url + "/v1/messages", json=body, timeout=120,
                         headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
