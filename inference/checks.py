@@ -41,7 +41,7 @@ def check_guarded_routes(app_configs, **kwargs):
         Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
                 "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002")
         for route, view in guarded_routes()
-        if not getattr(view, "openai_endpoint", False)
+        if not (getattr(view, "openai_endpoint", False) or getattr(view, "operator_endpoint", False))
     ]
 
 
