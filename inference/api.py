@@ -16,6 +16,10 @@ background task takes the lease over with `hand_off()` and settles it when it en
 Responses that end before an identity is known (401) carry no x-ratelimit-* headers: there is
 no budget to describe.
 
+`operator_endpoint` is the wrapper of operator routes (/metrics when METRALE_METRICS_AUTH is on,
+adapter loading, model swap): only an admin key or a staff session (auth.authenticate_operator),
+no rate limit, errors in OpenAI's shape; the view finds its caller in `request.operator`.
+
 `by_method(GET=view, POST=view, ...)` gives one URL a view per HTTP method, each of them an
 openai_endpoint view, and answers other methods with a 405 (and Allow) in their error shape.
 """
@@ -28,7 +32,7 @@ from collections.abc import Callable
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from .auth import authenticate
+from .auth import authenticate, authenticate_operator
 from .ratelimit import Lease, acquire, current_headers, debit_request
 from .serving.errors import OPENAI, ApiError, ErrorShape
 
@@ -181,6 +185,27 @@ class _SettledStream:
         await self._owner.settle()
 
 
+def operator_endpoint(view):
+    """Wrap an async view as an operator route (see the module docstring): the caller must be an
+    admin key or a staff user's session (auth.authenticate_operator: 401 without either, 403 for
+    a key that is not an admin key or a session call failing CSRF); `request.operator` is the
+    auth.Operator; an ApiError raised by the view is answered in OpenAI's error shape. Marked
+    `operator_endpoint` (system check metrale.W002 accepts it under /v1)."""
+
+    @functools.wraps(view)
+    async def wrapper(request, *args, **kwargs):
+        try:
+            request.operator = await authenticate_operator(request)
+            return await view(request, *args, **kwargs)
+        except ApiError as error:
+            return error_response(error)
+
+    # Bearer calls carry no cookie to forge; session calls are CSRF-checked by authenticate_operator.
+    wrapper.csrf_exempt = True
+    wrapper.operator_endpoint = True
+    return wrapper
+
+
 def by_method(**views):
     """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view;
     another method is a 405 in the views' error shape with an Allow header.
@@ -201,7 +226,8 @@ def by_method(**views):
     async def dispatch(request, *args, **kwargs):
         return await views.get(request.method, not_allowed)(request, *args, **kwargs)
 
-    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) for v in views.values())
+    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) or getattr(v, "operator_endpoint", False)
+                                   for v in views.values())
     dispatch.csrf_exempt = all(getattr(v, "csrf_exempt", False) for v in views.values())
     dispatch.error_shape = shape
     dispatch.method_views = views

@@ -21,7 +21,7 @@ log = logging.getLogger("metrale.api")
 
 API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/health")
 # Routes outside `openai_endpoint` (which answers other methods itself) and the methods they take.
-METHODS = {"/health": ("GET", "HEAD")}
+METHODS = {"/health": ("GET", "HEAD"), "/health/live": ("GET", "HEAD")}
 # A client's id is echoed only when it is short, printable ASCII (it goes into logs and headers).
 # A Content-Length: up to 19 ASCII digits (int64; twisted and Django read no more).
 _DIGITS = re.compile(r"[0-9]{1,19}")

@@ -57,7 +57,7 @@ def gate(app):
     async def gated(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        if draining():
+        if draining() and scope["path"] != "/health/live":  # liveness: the process still answers
             return await _refuse(scope, send)
         task = asyncio.current_task()
         _inflight.add(task)
