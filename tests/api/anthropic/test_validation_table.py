@@ -52,6 +52,10 @@ CASES = [
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": 5})}, "messages[0].content[0].content"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]})}, "'image'"),
+    ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "tool_use", "id": "x", "name": "f", "input": {}}]})}, "a tool_result's content cannot"),
+    ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text"}]})},
+     "messages[0].content[0].content[0].text"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": "1", "is_error": "yes"})},
      "is_error"),
     ({"messages": assistant({"type": "tool_use", "id": "t", "name": "f", "input": {"x": 1}})}, OK),
@@ -59,7 +63,7 @@ CASES = [
     ({"messages": assistant({"type": "tool_use", "id": "t", "name": "bad name", "input": {}})},
      "messages[1].content[0].name"),
     ({"messages": assistant({"type": "tool_use", "id": "", "name": "f", "input": {}})}, "messages[1].content[0].id"),
-    ({"messages": assistant({"type": "tool_result", "tool_use_id": "t"})}, "assistant message cannot"),
+    ({"messages": assistant({"type": "tool_result", "tool_use_id": "t"})}, "an assistant message cannot"),
     ({"messages": assistant({"type": "thinking", "thinking": "hm", "signature": signatures.sign("hm")},
                             {"type": "text", "text": "4"})}, OK),
     ({"messages": assistant({"type": "thinking", "thinking": "hm", "signature": "forged"})}, "signature"),
