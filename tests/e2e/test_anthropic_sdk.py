@@ -73,7 +73,7 @@ def test_a_tool_result_round_trip(client):
                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": "It is 4 degrees C and snowing in Oslo."}]}]
-    answer = client.messages.create(model="m", max_tokens=32, tools=[WEATHER], messages=history, extra_body=GREEDY)
+    answer = client.messages.create(model="m", max_tokens=8, tools=[WEATHER], messages=history, extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     with_result = client.messages.count_tokens(model="m", tools=[WEATHER], messages=history).input_tokens
     without = client.messages.count_tokens(model="m", tools=[WEATHER], messages=history[:2]).input_tokens
