@@ -1,12 +1,14 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize and health."""
+models, tokenize, health and /metrics."""
 from django.urls import path
 
 from . import stored_views, views
+from .metrics_view import metrics_view
 from .api import by_method
 
 urlpatterns = [
     path("health", views.health),
+    path("metrics", metrics_view),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
     path("v1/chat/completions", by_method(GET=stored_views.list_completions, POST=views.chat_completions)),

@@ -50,3 +50,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def not_found(message: str, code: str | None = None, param: str | None = None) -> ApiError:
     """A 404 invalid_request_error (OpenAI answers unknown models and ids this way)."""
     return ApiError(404, message, param=param, code=code)
+
+
+def engine_error(error) -> ApiError:
+    """A blocking request's answer when its generation ended with `error` (a deltas.Error): a 500
+    carrying its message and code; a cancelled one (code `cancelled`) also says `x-should-retry:
+    false`, so the SDKs do not send again what an operator ended."""
+    headers = {"x-should-retry": "false"} if error.code == "cancelled" else None
+    return ApiError(500, error.message, type="server_error", code=error.code, headers=headers)
