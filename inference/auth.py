@@ -1,8 +1,9 @@
-"""Who is calling: `Authorization: Bearer <key>` -> ApiKey -> Tenant, as a Principal.
+"""Who is calling: `Authorization: Bearer <key>` (or `x-api-key: <key>`) -> ApiKey -> Tenant, as a Principal.
 
 Rules (section 2.2 of reference/metrale-behaviour.md, with tenants per issue 8): with
 METRALE["REQUIRE_AUTH"] off every request runs as the built-in default tenant; with it on, no
-`Bearer <token>` is 401 `missing_api_key`, and a token that matches no usable key (unknown,
+`Bearer <token>` and no `x-api-key` (Anthropic's header; its SDK sends either) is 401
+`missing_api_key`, and a token that matches no usable key (unknown,
 revoked, expired, or of an inactive tenant) is 401 `invalid_api_key`. OpenAI sends both as
 type `invalid_request_error`.
 
@@ -60,10 +61,10 @@ async def authenticate(request) -> Principal:
         tenant, _ = await Tenant.objects.aget_or_create(name=Tenant.DEFAULT_NAME)
         return Principal(tenant, None, tenant.prefix_cache_salt)
 
-    token = bearer_token(request.headers.get("Authorization"))
-    if token is None:
+    token = bearer_token(request.headers.get("Authorization")) or request.headers.get("x-api-key", "").strip()
+    if not token:
         raise _unauthorized(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY' or 'x-api-key: YOUR_KEY'.",
             "missing_api_key")
 
     key = await usable_key(token)

@@ -1,5 +1,5 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize, health and /metrics."""
+models, tokenize, health (readiness), health/live (liveness) and /metrics."""
 from django.urls import path
 
 from . import stored_views, views
@@ -9,6 +9,7 @@ from .api import by_method
 urlpatterns = [
     path("health", views.health),
     path("metrics", metrics_view),
+    path("health/live", views.health_live),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
     path("v1/chat/completions", by_method(GET=stored_views.list_completions, POST=views.chat_completions)),
