@@ -6,8 +6,8 @@ and writes it into the scope's `x-request-id` header, so every layer below
 (ApiAsgiGuard, ApiRequestMiddleware, the x-request-id response header) names the same id;
 sets the request-id context variable that every log line carries (request_context); counts
 metrale:http_requests_total{route, method, status} when the response ends; and for API
-paths keeps a RequestRecord (request_context.current_record; `live_records` while it runs,
-for the dashboard's tenant and route) whose line goes to the request log's writer once the
+paths keeps a RequestRecord (request_context.current_record; request_log.live_records while
+it runs, for the dashboard and cancels) whose line goes to the request log's writer once the
 response ends, however it ends, when the request log is on (request_log.enabled). /metrics scrapes are never recorded in the request log (nor in daphne's
 access log: QuietScrapesAccessLog).
 """
@@ -28,9 +28,6 @@ from .request_log import RequestRecord
 log = logging.getLogger("metrale")
 
 METRICS_PATH = "/metrics"
-
-# The API requests in flight in this process, by request id (the dashboard reads their tenant and route).
-live_records: dict[str, RequestRecord] = {}
 
 
 def route_of(path: str) -> str:
@@ -70,7 +67,7 @@ class ObservedRequests:
         if is_api_path(path) and path != "/health":
             record = RequestRecord(rid, scope.get("method", ""), path, time.time(), route=route,
                                    bodies=request_log.enabled() and settings.METRALE["REQUEST_LOG_BODIES"])
-            live_records[rid] = record
+            request_log.live_records[rid] = record
         token_id = request_context.request_id.set(rid)
         token_record = request_context.current_record.set(record)
         status = {"code": None}
@@ -99,8 +96,7 @@ class ObservedRequests:
             code = status["code"] or 500
             HTTP_REQUESTS.labels(route, scope.get("method", ""), str(code)).inc()
             if record is not None:
-                if live_records.get(rid) is record:
-                    del live_records[rid]
+                record.retire()
                 record.status = code
                 if request_log.enabled():
                     _submit(record)

@@ -19,7 +19,8 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import heartbeat, observe, runtime
+from . import heartbeat, runtime
+from .request_log import live_records
 
 log = logging.getLogger("metrale")
 
@@ -71,9 +72,8 @@ async def replicas() -> list[str]:
 def _with_requests(views: list[dict]) -> list[dict]:
     """Each engine request's HTTP request (its id, tenant and route) from the requests in flight."""
     for view in views:
-        http_id = view["request_id"].rpartition("-")[0] or view["request_id"]
-        record = observe.live_records.get(http_id)
-        view["http_request_id"] = http_id if record is not None else None
+        record = live_records.get(view["request_id"])
+        view["http_request_id"] = record.request_id if record is not None else None
         view["tenant"] = record.tenant if record is not None else None
         view["route"] = record.route if record is not None else None
     return views
@@ -104,11 +104,19 @@ async def snapshot() -> dict:
 
 
 async def cancel(request_id: str) -> int:
-    """End the request(s) named `request_id` in this process's engine; how many ended."""
+    """End the request(s) named `request_id` in this process's engine: an engine request id, or
+    the x-request-id of an API request in flight here (all its engine requests, whatever their ids,
+    e.g. a Response's `resp_...-0`). How many engine requests ended."""
     rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
     if rt is None or not hasattr(rt.engine, "cancel"):
         return 0
-    return await asyncio.wrap_future(rt.engine.cancel(request_id))
+    record = live_records.get(request_id)
+    names = record.engine_ids if record is not None and record.request_id == request_id and record.engine_ids \
+        else [request_id]
+    ended = 0
+    for name in names:
+        ended += await asyncio.wrap_future(rt.engine.cancel(name))
+    return ended
 
 
 class ReplicaAgent:

@@ -72,6 +72,11 @@ class RequestLogEntry(models.Model):
         return f"{self.request_id} {self.route} {self.status}"
 
 
+# The API requests in flight in this process, by x-request-id and by the id of each engine request
+# they submitted (the dashboard reads their tenant and route; a cancel finds their engine requests).
+live_records: dict[str, "RequestRecord"] = {}
+
+
 @dataclass(eq=False)
 class RequestRecord:
     """What one request did, filled in while it runs (see the module docstring)."""
@@ -92,12 +97,24 @@ class RequestRecord:
     response_body: bytearray = field(default_factory=bytearray)
     response_is_json: bool = False
     choices: dict = field(default_factory=dict)  # index -> summary (bodies on)
+    engine_ids: list = field(default_factory=list)  # the engine requests it submitted
 
     # --- filled by serving (Choices) ---
 
     def attach(self, run) -> None:
-        """The request's generation (serving.choices.Choices) starts."""
+        """The request's generation (serving.choices.Choices) starts; while it is in flight the
+        record is also found by its engine requests' ids (`live_records`)."""
         self.run = run
+        self.engine_ids = [gen.request.request_id for gen in run.prepared.inputs if gen.request.request_id]
+        if live_records.get(self.request_id) is self:
+            for engine_id in self.engine_ids:
+                live_records[engine_id] = self
+
+    def retire(self) -> None:
+        """The request ended: it leaves `live_records`."""
+        for key in (self.request_id, *self.engine_ids):
+            if live_records.get(key) is self:
+                del live_records[key]
 
     def on_delta(self, index: int, delta) -> None:
         """One StreamDelta of choice `index` (serving.deltas): notes the first token's time, an
