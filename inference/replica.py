@@ -79,12 +79,13 @@ def _with_requests(views: list[dict]) -> list[dict]:
     return views
 
 
-async def snapshot() -> dict:
-    """This replica's dashboard snapshot (type "snapshot"; schema in ARCHITECTURE.md). Raises
-    nothing: a model still loading, or an engine that does not answer, gives empty lists."""
+async def snapshot(replica: str | None = None) -> dict:
+    """This replica's dashboard snapshot (type "snapshot"; schema in ARCHITECTURE.md), named
+    `replica` (default replica_id()). Raises nothing: a model still loading, or an engine that
+    does not answer, gives empty lists."""
     state, error = runtime.status()
     metrale = settings.METRALE
-    out = {"type": "snapshot", "replica": replica_id(), "replicas": await replicas(), "time": time.time(),
+    out = {"type": "snapshot", "replica": replica or replica_id(), "replicas": await replicas(), "time": time.time(),
            "model": {"id": runtime.served_model_name(), "state": state, "error": error,
                      "path": str(metrale["MODEL"]), "max_model_len": None},
            "engine": {}, "kv": {}, "running": [], "waiting": [], "series": {}}
@@ -151,7 +152,7 @@ class ReplicaAgent:
             self.watched_until = time.monotonic() + WATCH_TTL_S
             if message.get("reply_to"):  # a new watcher gets a snapshot at once
                 await self.layer.send(message["reply_to"], {"type": "dashboard.snapshot",
-                                                             "snapshot": await snapshot()})
+                                                             "snapshot": await snapshot(self.replica)})
         elif kind == "replica.cancel":
             request_id = str(message.get("request_id", ""))
             count = await cancel(request_id)
@@ -168,7 +169,7 @@ class ReplicaAgent:
             if time.monotonic() < self.watched_until:
                 try:
                     await self.layer.group_send(snapshot_group(self.replica),
-                                                {"type": "dashboard.snapshot", "snapshot": await snapshot()})
+                                                {"type": "dashboard.snapshot", "snapshot": await snapshot(self.replica)})
                 except Exception:
                     log.exception("publishing the dashboard snapshot failed")
 
