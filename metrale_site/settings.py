@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "inference",
     "responses_api",
     "anthropic_api",
+    "console",
 ]
 
 MIDDLEWARE = [
