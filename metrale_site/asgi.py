@@ -27,7 +27,7 @@ from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
-from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
+from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
 from inference.serving.errors import error_body  # noqa: E402
 
 
@@ -36,7 +36,7 @@ class LimitedRequest(http_protocol.WebRequest):
 
     twisted (under daphne) spools a whole body to a temporary file before daphne hands any of it to
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
-    cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
+    cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
     OpenAI's shape once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
@@ -47,12 +47,15 @@ class LimitedRequest(http_protocol.WebRequest):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
+        self._limit = settings.METRALE["MAX_REQUEST_BYTES"]
         self._body_bytes = 0
         self._refused = False
         self._answered = False
 
     def gotLength(self, length):
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        # The request line is parsed (the channel's) but not yet this request's own fields.
+        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
+        self._limit = limit = body_limit_bytes(path.decode("latin-1"))
         if length is not None and length > limit:
             self._refused = True
             length = 0  # an empty in-memory body, not a spool file
@@ -67,7 +70,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._refused:
             return
         self._body_bytes += len(data)
-        if self._body_bytes > settings.METRALE["MAX_REQUEST_BYTES"]:
+        if self._body_bytes > self._limit:
             self._refused = True
             self.content.seek(0)
             self.content.truncate()
@@ -83,7 +86,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
             return
         self._answered = True
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        limit = self._limit
         body = json.dumps(error_body(f"The request body is more than {limit} bytes; this server accepts at most "
                                      f"{limit} bytes.", code="request_too_large")).encode()
         head = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
