@@ -18,8 +18,12 @@ from inference.serving.errors import ApiError
 from inference.serving.prepare import cpu_work
 from inference.surfaces import SURFACES
 from inference.views import engine_refusal
+from responses_api import protocol as responses_protocol
+from responses_api.service import responses_call
 
 MAX_LINES = 50_000
+# endpoint -> (parse its raw body, prepare it -> a call with `param` and `blocking_run(rt)`)
+ENDPOINTS = {**SURFACES, "/v1/responses": (responses_protocol.parse_create, responses_call)}
 REQUIRED = ("custom_id", "method", "url", "body")
 
 
@@ -109,7 +113,7 @@ async def run_line(endpoint: str, line: Line, rt, *, tenant, cache_salt: str):
     endpoint's 4xx/5xx ApiError becomes (status, ..., OpenAI's error body, None). Raises
     EngineOverloaded when the engine's waiting queue is full (the caller retries the line) and
     CancelledError when cancelled."""
-    parse, prepare_call = SURFACES[endpoint]
+    parse, prepare_call = ENDPOINTS[endpoint]
     request_id = f"req_{secrets.token_hex(16)}"
     try:
         raw = json.dumps(line.body).encode()

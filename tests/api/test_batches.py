@@ -81,6 +81,24 @@ def test_completions_lines_equal_the_endpoints_body(fake_rt, as_tenant):
     assert row["response"]["body"]["object"] == "text_completion"
 
 
+def test_responses_lines_equal_the_endpoints_body_and_are_stored(fake_rt, as_tenant):
+    tc = as_tenant()
+    body = {"model": "smollm2-135m-instruct", "input": "Hi", "max_output_tokens": 8}
+    rows = [{"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": body},
+            {"custom_id": "bg", "method": "POST", "url": "/v1/responses", "body": {**body, "background": True}}]
+    batch = batch_of(tc, jsonl(*rows), endpoint="/v1/responses")
+    assert run_batch(fake_rt, batch["id"]) == "completed"
+    done = tc.get(f"/v1/batches/{batch['id']}").json()
+    row = lines_of(tc, done["output_file_id"])[0]["response"]["body"]
+    direct = tc.post("/v1/responses", body).json()
+    assert row["object"] == "response" and row["status"] == "completed"
+    assert row["output"][0]["content"][0]["text"] == direct["output"][0]["content"][0]["text"]
+    assert row["usage"] == direct["usage"]
+    assert tc.get(f"/v1/responses/{row['id']}").json()["id"] == row["id"]  # stored, as the endpoint stores it
+    bad = lines_of(tc, done["error_file_id"])[0]["response"]
+    assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "background"
+
+
 def test_all_lines_failing_still_completes_with_a_null_output_file(fake_rt, as_tenant):
     tc = as_tenant()
     batch = batch_of(tc, jsonl(chat_line("a", temperature=9), chat_line("b", n=0)))
