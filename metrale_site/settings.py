@@ -143,14 +143,6 @@ REST_FRAMEWORK = {
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL")
 # Without a broker, tasks run in-process (eagerly) so the default needs no service.
 CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
-# Batch tasks (batches/tasks.py) are acknowledged when they end, and a task whose worker died is
-# given to another worker; with Redis as the broker an unacknowledged task is redelivered after
-# this many seconds (METRALE_BATCH_VISIBILITY_TIMEOUT, default 1 h).
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envduration_s("METRALE_BATCH_VISIBILITY_TIMEOUT", 3600)}
-CELERY_TASK_ROUTES = {"batches.tasks.*": {"queue": "batches"}}
 
 # Uploaded files (POST /v1/files) and batch output files: any Django storage backend
 # (METRALE_FILES_STORAGE, a dotted class path; default the local folder METRALE_FILES_DIR).
@@ -261,6 +253,8 @@ METRALE = {
     "BATCH_TOKENS_PER_DAY": envint("METRALE_BATCH_TOKENS_PER_DAY", 0),
     # How often a running batch looks for cancel and expiry (seconds).
     "BATCH_POLL_S": envfloat("METRALE_BATCH_POLL_S", 0.5),
+    # The Celery queue batch tasks go to and `manage.py batch_worker` reads.
+    "BATCH_QUEUE": envstr("METRALE_BATCH_QUEUE", "batches"),
     # An Anthropic Messages stream sends a `ping` event after this many seconds without another
     # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
     "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
@@ -286,6 +280,16 @@ CORS_EXPOSE_HEADERS = ("x-request-id", "request-id", "openai-processing-ms", "re
                        "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
                        "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
 CORS_PREFLIGHT_MAX_AGE = 600
+
+# Batch tasks (batches/tasks.py) are acknowledged when they end, and a task whose worker died is
+# given to another worker; with Redis as the broker an unacknowledged task is redelivered after
+# this many seconds (METRALE_BATCH_VISIBILITY_TIMEOUT, default 1 h; RabbitMQ redelivers as soon
+# as the worker's connection drops).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envduration_s("METRALE_BATCH_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_ROUTES = {"batches.tasks.*": {"queue": METRALE["BATCH_QUEUE"]}}
 
 # With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
 CELERY_BEAT_SCHEDULE = {

@@ -1,4 +1,4 @@
-"""manage.py batch_worker: a Celery worker that loads the engine once and runs batches (queue `batches`)."""
+"""manage.py batch_worker: a Celery worker that loads the engine once and runs batches (METRALE["BATCH_QUEUE"])."""
 from __future__ import annotations
 
 import os
@@ -30,7 +30,7 @@ class Command(BaseCommand):
                 raise CommandError(f"the model could not be loaded: {runtime.status()[1]}")
             from metrale_site.celery import app
 
-            app.worker_main(["worker", "--queues", "batches", "--pool", pool,
+            app.worker_main(["worker", "--queues", settings.METRALE["BATCH_QUEUE"], "--pool", pool,
                              "--concurrency", str(concurrency if pool == "threads" else 1),
                              "--loglevel", loglevel, "--without-gossip", "--without-mingle",
                              "--hostname", f"batches-{os.getpid()}@{socket.gethostname()}"])
