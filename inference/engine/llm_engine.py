@@ -158,7 +158,10 @@ class LLMEngine:
         """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
-            self.stats.record_finished(seq)
+            try:
+                self.stats.record_finished(seq)
+            except Exception:  # metrics never fail an abort
+                log.exception("recording the end of %s failed", seq.request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -177,8 +180,15 @@ class LLMEngine:
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
         outputs += self.scheduler.postprocess(batch, result)
         self._time_step(t1 - t0, time.perf_counter() - t2)
-        self.stats.record_step(batch, outputs)
+        self._record_stats(batch, outputs)
         return outputs
+
+    def _record_stats(self, batch: ScheduledBatch, outputs: StepOutputs) -> None:
+        # Metrics never end a step: a bug in them is logged, the requests go on.
+        try:
+            self.stats.record_step(batch, outputs)
+        except Exception:
+            log.exception("recording engine step %d's stats failed", self.num_steps)
 
     def _run(self, batch: ScheduledBatch) -> tuple[RunResult, list[tuple[Sequence, Exception]]]:
         """Run the batch; if that raises, find the items that make it raise and run the others.
