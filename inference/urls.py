@@ -23,8 +23,7 @@ urlpatterns = [
 
 # OpenAI endpoints this server does not implement (yet): 501. metrale_site/urls.py lists these
 # after every app's own routes, so an app that implements one takes precedence.
-NOT_IMPLEMENTED = ["v1/embeddings", "v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>",
-                   "v1/batches", "v1/batches/<path:rest>", "v1/files", "v1/files/<path:rest>"]
+NOT_IMPLEMENTED = ["v1/embeddings", "v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>"]
 fallback_urlpatterns = [
     *[path(route, views.not_implemented) for route in NOT_IMPLEMENTED],
     path("v1/<path:rest>", views.unknown_route),

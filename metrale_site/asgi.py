@@ -29,7 +29,7 @@ from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
-from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
+from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
 from inference.error_shapes import shape_for_path  # noqa: E402
 
 
@@ -38,7 +38,7 @@ class LimitedRequest(http_protocol.WebRequest):
 
     twisted (under daphne) spools a whole body to a temporary file before daphne hands any of it to
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
-    cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
+    cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
     the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
@@ -49,12 +49,15 @@ class LimitedRequest(http_protocol.WebRequest):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
+        self._limit = settings.METRALE["MAX_REQUEST_BYTES"]
         self._body_bytes = 0
         self._refused = False
         self._answered = False
 
     def gotLength(self, length):
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        # The request line is parsed (the channel's) but not yet this request's own fields.
+        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
+        self._limit = limit = body_limit_bytes(path.decode("latin-1"))
         if length is not None and length > limit:
             self._refused = True
             length = 0  # an empty in-memory body, not a spool file
@@ -70,7 +73,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._refused:
             return
         self._body_bytes += len(data)
-        if self._body_bytes > settings.METRALE["MAX_REQUEST_BYTES"]:
+        if self._body_bytes > self._limit:
             self._refused = True
             self.content.seek(0)
             self.content.truncate()
@@ -86,7 +89,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
             return
         self._answered = True
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        limit = self._limit
         request_id = request_id_from(None)
         body = json.dumps(shape_for_path(path.split(b"?")[0].decode("latin-1")).body(
             413, f"The request body is more than {limit} bytes; this server accepts at most {limit} bytes.",

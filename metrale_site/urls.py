@@ -16,6 +16,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
     path("", include("responses_api.urls")),
+    path("", include("batches.urls")),
     path("", include("anthropic_api.urls")),
     *fallback_urlpatterns,
     # `v1/<path:rest>` needs a non-empty rest; the API's root answers in OpenAI's shape too (no redirect).

@@ -120,6 +120,8 @@ class EngineConfig:
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
     EngineOverloaded (0: unbounded).
+    batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
+    batch_prefill_chunk: the most prompt tokens one of them prefills per step.
     """
 
     model_path: str
@@ -142,6 +144,8 @@ class EngineConfig:
     num_threads: int | None = None
     step_log: bool = False
     max_waiting_requests: int = 0
+    batch_max_num_seqs: int = 4
+    batch_prefill_chunk: int = 64
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -158,5 +162,7 @@ class EngineConfig:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
+            raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")

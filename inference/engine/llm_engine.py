@@ -80,7 +80,9 @@ class LLMEngine:
         num_blocks = max(1, budget // block_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.eos_token_ids, self.max_model_len)
+                                   self.eos_token_ids, self.max_model_len,
+                                   batch_max_num_seqs=config.batch_max_num_seqs,
+                                   batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
@@ -140,7 +142,7 @@ class LLMEngine:
         vocab_size = self.model_config.vocab_size
         params = request.params.for_engine(vocab_size)
         seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
-                       cache_salt=request.cache_salt)
+                       cache_salt=request.cache_salt, priority=request.priority)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         device = self.runner.device

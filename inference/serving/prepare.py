@@ -81,7 +81,7 @@ class GenerationRequest:
     max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
-    METRALE["REQUEST_TIMEOUT_S"]).
+    METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
     """
 
     param: str
@@ -108,6 +108,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -273,7 +274,8 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
-            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt)
+            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
+                                    greq.priority)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))
