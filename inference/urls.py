@@ -1,12 +1,14 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize, and health (readiness) and health/live (liveness)."""
+models, tokenize, health (readiness), health/live (liveness) and /metrics."""
 from django.urls import path
 
 from . import stored_views, views
+from .metrics_view import metrics_view
 from .api import by_method
 
 urlpatterns = [
     path("health", views.health),
+    path("metrics", metrics_view),
     path("health/live", views.health_live),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),

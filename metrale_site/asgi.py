@@ -1,6 +1,8 @@
 """ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
-guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended), and the two
-rules daphne's HTTP layer needs before any application sees a request (LimitedRequest).
+guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
+inference.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
+live dashboard (inference/routing.py), and the two rules daphne's HTTP layer needs before any
+application sees a request (LimitedRequest).
 
 Starting the server (daphne imports this module) also starts loading the model in
 a background thread, so `/health` answers 503 "loading" until it is ready, and under daphne
@@ -107,6 +109,23 @@ if settings.METRALE["LOAD_ON_START"]:
 
 from . import drain  # noqa: E402
 
-# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503.
-application = drain.gate(ProtocolTypeRouter({"http": ApiAsgiGuard(django_asgi_app)}))
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from daphne import cli as daphne_cli  # noqa: E402
+
+from inference import replica  # noqa: E402
+from inference.observe import ObservedRequests, QuietScrapesAccessLog  # noqa: E402
+from inference.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne builds its access log from this name after loading the application: /metrics scrapes stay out.
+daphne_cli.AccessLogGenerator = QuietScrapesAccessLog
+
+# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503. Every HTTP
+# request gets its id, log record and metrics (ObservedRequests); websockets (the dashboard) need
+# a staff session from this site's own origin; the first request starts this replica's agent.
+application = drain.gate(replica.started(ProtocolTypeRouter({
+    "http": ObservedRequests(ApiAsgiGuard(django_asgi_app)),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})))
 drain.install()

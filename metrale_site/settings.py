@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "responses_api",
     "batches",
     "anthropic_api",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -110,6 +111,16 @@ if _redis_url:
                           "KEY_PREFIX": envstr("METRALE_CACHE_KEY_PREFIX", "metrale")}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
+
+# The channel layer: the dashboard's websocket and operator commands between replicas
+# (inference/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
+# replica's dashboard reaches every other replica.
+if _redis_url:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [_redis_url],
+                                             "prefix": envstr("METRALE_CACHE_KEY_PREFIX", "metrale") + ":asgi"}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -240,6 +251,19 @@ METRALE = {
     # On SIGTERM, running requests and background responses get this long to finish before
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
+    # GET /metrics requires an admin key (or a staff session) when on; off: open to anyone who
+    # reaches the port (as vLLM's).
+    "METRICS_AUTH": envbool("METRALE_METRICS_AUTH", False),
+    # A file that gets one JSON line per API request (README, "Request log"); unset: no file.
+    # `manage.py serve --request-log PATH` sets it.
+    "REQUEST_LOG": envstr("METRALE_REQUEST_LOG"),
+    # Include request and response bodies in the file's lines (prompts and outputs: opt in).
+    "REQUEST_LOG_BODIES": envbool("METRALE_REQUEST_LOG_BODIES", False),
+    # Also write every request (without bodies) to the database table the admin shows
+    # (inference.request_log.RequestLogEntry, all replicas); on by default when REQUEST_LOG is set.
+    "REQUEST_LOG_DB": envbool("METRALE_REQUEST_LOG_DB", bool(envstr("METRALE_REQUEST_LOG"))),
+    # Rows of the request log table older than this are deleted (seconds or "7d"). Default 7 days.
+    "REQUEST_LOG_DB_TTL_S": envduration_s("METRALE_REQUEST_LOG_DB_TTL", 7 * 86400),
     # The Files and Batch APIs (batches/). An upload to POST /v1/files may be this many bytes
     # (a 413 over it); it streams to disk, in place of MAX_REQUEST_BYTES.
     "MAX_FILE_BYTES": envint("METRALE_MAX_FILE_BYTES", 200_000_000),
@@ -302,11 +326,14 @@ CELERY_BEAT_SCHEDULE = {
 # Django refuses larger bodies itself; the API middleware answers 413 first, in OpenAI's shape.
 DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 
+# Every line names the request it belongs to ("-" outside one): inference.request_context.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }

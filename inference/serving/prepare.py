@@ -31,6 +31,7 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
 from inference.engine.request import EngineRequest
+from inference.request_context import in_request_context
 
 from .errors import ApiError
 from .logprobs import spelling_for
@@ -54,7 +55,8 @@ async def cpu_work(fn: Callable, *args):
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=settings.METRALE["PREPARE_THREADS"],
                                    thread_name_prefix="metrale-prepare")
-    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+    # The request's context goes along: its log lines there name its request id too.
+    return await asyncio.get_running_loop().run_in_executor(_pool, in_request_context(fn), *args)
 
 
 @lru_cache(maxsize=4)
