@@ -15,6 +15,8 @@ class EngineRequest:
     timeout_s: seconds from submission after which it ends with finish reason "timeout"
     (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
     the same salt (the tenant's), so one tenant's cached prompt never serves another.
+    prediction_token_ids: a Predicted Output's token ids (OpenAI's `prediction`): the engine
+    drafts from them (speculative.py); the output is what it would be without them.
     """
 
     prompt_token_ids: list[int]
@@ -22,6 +24,7 @@ class EngineRequest:
     request_id: str | None = None
     timeout_s: float | None = None
     cache_salt: str = ""
+    prediction_token_ids: list[int] | None = None
 
     @property
     def num_tokens_needed(self) -> int:

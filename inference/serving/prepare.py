@@ -79,7 +79,7 @@ class GenerationRequest:
     max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
-    METRALE["REQUEST_TIMEOUT_S"]).
+    METRALE["REQUEST_TIMEOUT_S"]). prediction: a Predicted Output's text (serving/prediction.py).
     """
 
     param: str
@@ -106,6 +106,8 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
+    # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
+    prediction: str | None = None
 
 
 @dataclass(slots=True)
@@ -248,6 +250,9 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     found = grammar_spec(greq.structured, text_spec)
     compiled = await compile_spec(tok, *found) if found is not None else None
     timeout_s = _timeout(greq)
+    # Past the context's characters a prediction's tail could never be drafted.
+    prediction_ids = (await cpu_work(tok.encode, greq.prediction[:limit * chars_per_token_bound(tok)])
+                      if greq.prediction else None)
     inputs: list[GenerationInput] = []
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
@@ -260,7 +265,8 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
-            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt)
+            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
+                                    prediction_token_ids=prediction_ids)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))
