@@ -31,7 +31,8 @@ def test_the_text_is_the_same_with_any_prediction_and_an_echo_accepts_its_tokens
     assert plain.usage.completion_tokens_details.rejected_prediction_tokens == 0
     text = plain.choices[0].message.content
     exact = chat(openai_client, prediction={"type": "content", "content": "```python\n" + CODE + "```"})
-    junk = chat(openai_client, prediction={"type": "content", "content": "SELECT name FROM users WHERE id = 7; " * 8})
+    # Junk that still shares tokens with the output (so drafts are made, and refused): the code's words reversed.
+    junk = chat(openai_client, prediction={"type": "content", "content": " ".join(reversed(CODE.split()))})
     partial = chat(openai_client, prediction={"type": "content", "content": [
         {"type": "text", "text": "```python\n" + CODE[:80]}, {"type": "text", "text": "# an edit\n" + CODE[80:]}]})
     for answer in (exact, junk, partial):
