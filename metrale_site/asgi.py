@@ -1,6 +1,8 @@
 """ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
-guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended), and the two
-rules daphne's HTTP layer needs before any application sees a request (LimitedRequest).
+guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
+inference.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
+live dashboard (inference/routing.py), and the two rules daphne's HTTP layer needs before any
+application sees a request (LimitedRequest).
 
 Starting the server (daphne imports this module) also starts loading the model in
 a background thread, so `/health` answers 503 "loading" until it is ready, and under daphne
@@ -27,8 +29,8 @@ from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
-from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
-from inference.serving.errors import error_body  # noqa: E402
+from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
+from inference.error_shapes import shape_for_path  # noqa: E402
 
 
 class LimitedRequest(http_protocol.WebRequest):
@@ -36,9 +38,9 @@ class LimitedRequest(http_protocol.WebRequest):
 
     twisted (under daphne) spools a whole body to a temporary file before daphne hands any of it to
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
-    cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
+    cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
-    OpenAI's shape once the client has sent it (a client still sending would see a reset instead),
+    the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
     connection closes. And twisted parses multipart and urlencoded POST bodies itself,
     answering one it cannot parse with a bare `400` and no body: the application reads bodies here.
@@ -47,12 +49,15 @@ class LimitedRequest(http_protocol.WebRequest):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
+        self._limit = settings.METRALE["MAX_REQUEST_BYTES"]
         self._body_bytes = 0
         self._refused = False
         self._answered = False
 
     def gotLength(self, length):
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        # The request line is parsed (the channel's) but not yet this request's own fields.
+        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
+        self._limit = limit = body_limit_bytes(path.decode("latin-1"))
         if length is not None and length > limit:
             self._refused = True
             length = 0  # an empty in-memory body, not a spool file
@@ -60,14 +65,15 @@ class LimitedRequest(http_protocol.WebRequest):
                 # The client waits to be told to send: refuse now (no `100 Continue`), and it never does.
                 self.requestHeaders.removeHeader(b"expect")
                 super().gotLength(length)
-                return self._answer_too_large()
+                # The request line is parsed before the headers: its path is the channel's until the body is in.
+                return self._answer_too_large(getattr(self.channel, "_path", b""))
         super().gotLength(length)
 
     def handleContentChunk(self, data):
         if self._refused:
             return
         self._body_bytes += len(data)
-        if self._body_bytes > settings.METRALE["MAX_REQUEST_BYTES"]:
+        if self._body_bytes > self._limit:
             self._refused = True
             self.content.seek(0)
             self.content.truncate()
@@ -77,18 +83,20 @@ class LimitedRequest(http_protocol.WebRequest):
     def requestReceived(self, command, path, version):
         if not self._refused:
             return super().requestReceived(command, path, version)
-        self._answer_too_large()
+        self._answer_too_large(path)
 
-    def _answer_too_large(self):
+    def _answer_too_large(self, path: bytes):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
             return
         self._answered = True
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
-        body = json.dumps(error_body(f"The request body is more than {limit} bytes; this server accepts at most "
-                                     f"{limit} bytes.", code="request_too_large")).encode()
+        limit = self._limit
+        request_id = request_id_from(None)
+        body = json.dumps(shape_for_path(path.split(b"?")[0].decode("latin-1")).body(
+            413, f"The request body is more than {limit} bytes; this server accepts at most {limit} bytes.",
+            code="request_too_large", request_id=request_id)).encode()
         head = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nx-request-id: %s\r\nConnection: close\r\n\r\n"
-                % (len(body), request_id_from(None).encode()))
+                b"Content-Length: %d\r\nx-request-id: %s\r\nrequest-id: %s\r\nConnection: close\r\n\r\n"
+                % (len(body), request_id.encode(), request_id.encode()))
         self.channel.transport.write(head + body)
         self.channel.loseConnection()
 
@@ -101,6 +109,23 @@ if settings.METRALE["LOAD_ON_START"]:
 
 from . import drain  # noqa: E402
 
-# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503.
-application = drain.gate(ProtocolTypeRouter({"http": ApiAsgiGuard(django_asgi_app)}))
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from daphne import cli as daphne_cli  # noqa: E402
+
+from inference import replica  # noqa: E402
+from inference.observe import ObservedRequests, QuietScrapesAccessLog  # noqa: E402
+from inference.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne builds its access log from this name after loading the application: /metrics scrapes stay out.
+daphne_cli.AccessLogGenerator = QuietScrapesAccessLog
+
+# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503. Every HTTP
+# request gets its id, log record and metrics (ObservedRequests); websockets (the dashboard) need
+# a staff session from this site's own origin; the first request starts this replica's agent.
+application = drain.gate(replica.started(ProtocolTypeRouter({
+    "http": ObservedRequests(ApiAsgiGuard(django_asgi_app)),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})))
 drain.install()

@@ -125,6 +125,8 @@ class EngineConfig:
     per sequence and step; speculative_ngram_max / _min: the n-gram sizes prompt lookup matches;
     speculative_max_batch: in auto, no drafts while more sequences decode; speculative_min_acceptance:
     in auto, a sequence whose drafts are accepted less often pauses drafting.
+    batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
+    batch_prefill_chunk: the most prompt tokens one of them prefills per step.
     """
 
     model_path: str
@@ -161,6 +163,8 @@ class EngineConfig:
         return SpeculativeConfig(self.speculative, self.speculative_draft_tokens, self.speculative_ngram_max,
                                  self.speculative_ngram_min, self.speculative_max_batch,
                                  self.speculative_min_acceptance)
+    batch_max_num_seqs: int = 4
+    batch_prefill_chunk: int = 64
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -177,6 +181,8 @@ class EngineConfig:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
+            raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")
         try:

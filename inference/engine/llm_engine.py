@@ -23,6 +23,7 @@ from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
 from .speculative import Speculator
 from .verify import verify_drafts
+from .stats import EngineStats
 
 log = logging.getLogger("metrale.engine")
 
@@ -81,7 +82,9 @@ class LLMEngine:
         num_blocks = max(1, budget // block_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.eos_token_ids, self.max_model_len)
+                                   self.eos_token_ids, self.max_model_len,
+                                   batch_max_num_seqs=config.batch_max_num_seqs,
+                                   batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
@@ -91,6 +94,10 @@ class LLMEngine:
         # Where step time goes, in seconds summed over all steps (see bench's per-step report).
         self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
         self.num_steps = 0
+        # What the engine did, for /metrics and the dashboard (written here only, read anywhere).
+        self.stats = EngineStats(self.max_model_len, config.enable_prefix_caching)
+        self.stats.spec_decode_enabled = self.speculator.enabled
+        self.speculator.observe = self.stats.record_spec_decode
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
 
@@ -115,13 +122,15 @@ class LLMEngine:
             raise RequestRejected(f"the request needs {need} tokens of KV cache; the pool holds {pool_tokens}")
 
     def add_request(self, request: EngineRequest, deadline: float | None = None,
-                    request_id: str | None = None) -> Sequence:
+                    request_id: str | None = None, arrival_time: float | None = None) -> Sequence:
         """Queue a request (its id: request_id, else request.request_id), with its parameters
         converted to what every step uses (SamplingParams.for_engine, SamplingState, its
         generator, penalty counts, reasoning tracker and grammar state), so that a value no step
         could use fails here, for this request alone.
 
         deadline: a time.monotonic() instant after which the request ends with "timeout".
+        arrival_time: the time.monotonic() instant it was submitted (default: now); TTFT, queue
+        and e2e times count from it.
         Raises RequestRejected when it can never fit (check_fits) or a parameter cannot be used.
         """
         self.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
@@ -130,6 +139,9 @@ class LLMEngine:
             seq = self._admit(request, rid, deadline)
         except Exception as exc:
             raise RequestRejected(f"the request's parameters cannot be used: {exc}") from exc
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.stats.record_arrival(seq, seq.arrival_time)
         self.scheduler.add(seq)
         return seq
 
@@ -137,7 +149,7 @@ class LLMEngine:
         vocab_size = self.model_config.vocab_size
         params = request.params.for_engine(vocab_size)
         seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
-                       cache_salt=request.cache_salt)
+                       cache_salt=request.cache_salt, priority=request.priority)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         device = self.runner.device
@@ -154,6 +166,7 @@ class LLMEngine:
         """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
+            self.stats.record_finished(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -173,6 +186,7 @@ class LLMEngine:
         outputs += self.scheduler.postprocess(batch, result)
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         self._time_step(t1 - t0, time.perf_counter() - t2)
+        self.stats.record_step(batch, outputs)
         return outputs
 
     def _run(self, batch: ScheduledBatch) -> tuple[RunResult, list[tuple[Sequence, Exception]]]:

@@ -189,6 +189,8 @@ class Speculator:
         self.num_drafted_tokens = 0
         self.num_accepted_tokens = 0
         self.num_verifies = 0
+        # Called with (drafted, accepted) after each verify (LLMEngine: stats.EngineStats.record_spec_decode).
+        self.observe = None
 
     def state_for(self, prediction: list[int] | None) -> SpecState | None:
         """A new sequence's SpecState (None when speculation is off for this engine)."""
@@ -220,3 +222,5 @@ class Speculator:
         self.num_accepted_tokens += num_accepted
         self.num_verifies += 1
         seq.spec.record(self.cfg, num_drafted, num_accepted)
+        if self.observe is not None:
+            self.observe(num_drafted, num_accepted)

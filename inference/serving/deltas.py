@@ -103,12 +103,14 @@ class Finish:
     """reason: stop, length, tool_calls, content_filter, cancelled or timeout.
 
     prompt_logprobs: when prompt logprobs were asked for, one TokenLogprob per prompt token
-    (logprob None where the engine gave none), else None.
+    (logprob None where the engine gave none), else None. stop_string: the stop string that
+    ended the generation, when one did (Anthropic's stop_sequence), else None.
     """
 
     reason: str
     usage: Usage = field(default_factory=Usage)
     prompt_logprobs: list[TokenLogprob] | None = None
+    stop_string: str | None = None
 
 
 @dataclass(slots=True)
@@ -119,3 +121,14 @@ class Error:
 
 
 StreamDelta = Reasoning | Content | Refusal | ToolCallStart | ToolCallArgs | Finish | Error
+
+
+def cancelled_as_error(delta: StreamDelta) -> StreamDelta:
+    """How chat and legacy completions tell a client its request was cancelled (by an operator,
+    AsyncEngine.cancel): Finish("cancelled") becomes Error code `cancelled`, sent as an in-band
+    error frame then [DONE] on a stream, a 500 with that code for a blocking request. Every
+    other delta is returned as it is. (Responses show status "cancelled"; Messages an
+    `event: error`: each encoder reads the same Finish.)"""
+    if isinstance(delta, Finish) and delta.reason == "cancelled":
+        return Error("The request was cancelled by an operator.", type="server_error", code="cancelled")
+    return delta

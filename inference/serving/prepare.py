@@ -31,6 +31,7 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
 from inference.engine.request import EngineRequest
+from inference.request_context import in_request_context
 
 from .errors import ApiError
 from .logprobs import spelling_for
@@ -54,7 +55,8 @@ async def cpu_work(fn: Callable, *args):
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=settings.METRALE["PREPARE_THREADS"],
                                    thread_name_prefix="metrale-prepare")
-    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+    # The request's context goes along: its log lines there name its request id too.
+    return await asyncio.get_running_loop().run_in_executor(_pool, in_request_context(fn), *args)
 
 
 @lru_cache(maxsize=4)
@@ -79,7 +81,8 @@ class GenerationRequest:
     max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
-    METRALE["REQUEST_TIMEOUT_S"]). prediction: a Predicted Output's text (serving/prediction.py).
+    METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
+    prediction: a Predicted Output's text (serving/prediction.py).
     """
 
     param: str
@@ -106,6 +109,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
+    priority: int = 0
     # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
     prediction: str | None = None
 
@@ -223,6 +227,17 @@ def _completion_prompts(rt, greq: GenerationRequest, limit: int) -> tuple[list[l
     return ids_list, texts
 
 
+async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
+    """The token ids of the prompt `prepare` would run for a chat-style `greq` (messages set): the
+    model name checked, rendered and tokenized on the prepare pool exactly as `prepare` does (no
+    truncation), for counting (Anthropic's count_tokens). Raises ApiError as `prepare` does for the
+    model name and the template, and 400 for a prompt longer in characters than the context could
+    hold."""
+    check_model(greq.model, rt.model_id)
+    _, _, ids = await cpu_work(_render_and_tokenize, rt, greq, rt.engine.max_request_tokens, 1)
+    return ids
+
+
 async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
     """Everything between a validated request and the engine (steps in the module doc).
 
@@ -266,11 +281,11 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
             request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
-                                    prediction_token_ids=prediction_ids)
+                                    priority=greq.priority, prediction_token_ids=prediction_ids)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))
     return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
 
 
-__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare"]
+__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare", "prompt_ids"]

@@ -60,3 +60,4 @@ def test_a_scripted_loop_stops_with_stop_and_keeps_its_repeats(tiny_folder):
     assert len(out) < 40 and reference(out, rule) and not reference(out[:-1], rule)
     assert out == free.output_token_ids[:len(out)] and free.finish_reason == "length"
     assert seq.finished_output().repetition
+    assert engine.stats.request_success["repetition"] == 1 and engine.stats.request_success["length"] == 1

@@ -69,6 +69,10 @@ def test_greedy_output_is_identical_with_speculation_on_and_off_over_a_corpus(ti
     assert engine.speculator.num_accepted_tokens > 0  # drafts were verified and some accepted
     assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens  # and some rejected
     assert_pool_whole(engine)
+    # The metrics' counters (vLLM's spec_decode_* names) are the speculator's.
+    assert engine.stats.spec_decode_num_draft_tokens == engine.speculator.num_drafted_tokens
+    assert engine.stats.spec_decode_num_accepted_tokens == engine.speculator.num_accepted_tokens
+    assert engine.stats.generation_tokens == sum(len(r[0]) for r in on)
 
 
 def mixed_requests(corpus_prompts, greedy_out):
