@@ -209,6 +209,20 @@ METRALE = {
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
+    # Speculative decoding from prompt lookup and Predicted Outputs (README, "Speculative decoding"):
+    # "auto" (unset) drafts while it pays, "on" whenever a draft exists, "off" never. The output is
+    # the same either way.
+    "SPECULATIVE": envstr("METRALE_SPECULATIVE"),
+    # The most draft tokens per sequence and step (unset: 8).
+    "SPECULATIVE_DRAFT_TOKENS": envint("METRALE_SPECULATIVE_DRAFT_TOKENS", None),
+    # The n-gram sizes prompt lookup matches (unset: 4 down to 2).
+    "SPECULATIVE_NGRAM_MAX": envint("METRALE_SPECULATIVE_NGRAM_MAX", None),
+    "SPECULATIVE_NGRAM_MIN": envint("METRALE_SPECULATIVE_NGRAM_MIN", None),
+    # In "auto", no drafts while more sequences than this decode (unset: 8).
+    "SPECULATIVE_MAX_BATCH": envint("METRALE_SPECULATIVE_MAX_BATCH", None),
+    # Repetition detection for requests that set none (vLLM's repetition_detection object, as JSON:
+    # {"max_pattern_size": 32, "min_pattern_size": 1, "min_count": 8}); unset: off.
+    "REPETITION_DETECTION": envjson("METRALE_REPETITION_DETECTION", None),
     # Load the model when the ASGI application starts (else on first use).
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
     # Seconds a request may run when it sets no `timeout`.

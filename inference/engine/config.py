@@ -120,6 +120,11 @@ class EngineConfig:
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
     EngineOverloaded (0: unbounded).
+    speculative: auto | on | off, speculative decoding from prompt lookup and Predicted Outputs
+    (speculative.py: "auto" drafts while it pays); speculative_draft_tokens: the most draft tokens
+    per sequence and step; speculative_ngram_max / _min: the n-gram sizes prompt lookup matches;
+    speculative_max_batch: in auto, no drafts while more sequences decode; speculative_min_acceptance:
+    in auto, a sequence whose drafts are accepted less often pauses drafting.
     batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
     batch_prefill_chunk: the most prompt tokens one of them prefills per step.
     """
@@ -144,6 +149,20 @@ class EngineConfig:
     num_threads: int | None = None
     step_log: bool = False
     max_waiting_requests: int = 0
+    speculative: str = "auto"
+    speculative_draft_tokens: int = 8
+    speculative_ngram_max: int = 4
+    speculative_ngram_min: int = 2
+    speculative_max_batch: int = 8
+    speculative_min_acceptance: float = 0.3
+
+    def speculative_config(self):
+        """The speculation knobs as a speculative.SpeculativeConfig. Raises ValueError on a bad value."""
+        from .speculative import SpeculativeConfig
+
+        return SpeculativeConfig(self.speculative, self.speculative_draft_tokens, self.speculative_ngram_max,
+                                 self.speculative_ngram_min, self.speculative_max_batch,
+                                 self.speculative_min_acceptance)
     batch_max_num_seqs: int = 4
     batch_prefill_chunk: int = 64
 
@@ -166,3 +185,7 @@ class EngineConfig:
             raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")
+        try:
+            self.speculative_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc

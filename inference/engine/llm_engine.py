@@ -21,6 +21,8 @@ from .request import EngineRequest
 from .sampling_state import SamplingState
 from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
+from .speculative import Speculator
+from .verify import verify_drafts
 from .stats import EngineStats
 
 log = logging.getLogger("metrale.engine")
@@ -85,12 +87,17 @@ class LLMEngine:
                                    batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
+        # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
+        self.speculator = Speculator(config.speculative_config(), exact=self.runner.fused is not None)
+        self.scheduler.speculator = self.speculator
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         # Where step time goes, in seconds summed over all steps (see bench's per-step report).
         self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
         self.num_steps = 0
         # What the engine did, for /metrics and the dashboard (written here only, read anywhere).
         self.stats = EngineStats(self.max_model_len, config.enable_prefix_caching)
+        self.stats.spec_decode_enabled = self.speculator.enabled
+        self.speculator.observe = self.stats.record_spec_decode
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
 
@@ -152,6 +159,7 @@ class LLMEngine:
         if params.reasoning is not None:
             seq.reasoning = ReasoningTracker(params.reasoning)
         seq.grammar = grammar_state_for(params, rid, seq.reasoning)
+        seq.spec = self.speculator.state_for(request.prediction_token_ids)
         return seq
 
     def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
@@ -179,6 +187,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
         outputs += self.scheduler.postprocess(batch, result)
+        verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)
         return outputs
@@ -227,6 +236,10 @@ class LLMEngine:
                 merged.token_ids[i] = part.token_ids[j]
                 merged.logprobs[i] = part.logprobs[j]
                 merged.prompt_logprobs[i] = part.prompt_logprobs[j]
+                for mine, theirs in ((merged.draft_logits, part.draft_logits),
+                                     (merged.draft_samples, part.draft_samples)):
+                    if j in theirs:
+                        mine[i] = theirs[j]
         return merged, failed
 
     @staticmethod
