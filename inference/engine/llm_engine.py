@@ -71,9 +71,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = folder.eos_token_ids
-        model = load_model(path, self.model_config, self.dtype, self.device,
-                           int8_decode=config.decode_weights == "int8",
-                           int8_prefill=config.prefill_weights == "int8")
+        model = load_model(path, self.model_config, self.dtype, self.device, weights=config.weights,
+                           prefill=config.prefill_weights)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
         budget = config.kv_cache_bytes or min(
@@ -98,8 +97,11 @@ class LLMEngine:
         self.stats = EngineStats(self.max_model_len, config.enable_prefix_caching)
         self.stats.spec_decode_enabled = self.speculator.enabled
         self.speculator.observe = self.stats.record_spec_decode
-        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
-                 str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
+        self.weight_bytes = model.weight_bytes()
+        log.info("engine ready: %s on %s in %s, weights %s (%s; %.1f MB resident), %d KV blocks of %d tokens in %s "
+                 "(%.0f MiB)", path.name, self.device, str(self.dtype).removeprefix("torch."), config.weights,
+                 ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()), self.weight_bytes / 1e6,
+                 num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."), num_blocks * block_bytes / 2**20)
 
     @property
     def max_request_tokens(self) -> int:
