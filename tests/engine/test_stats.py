@@ -20,7 +20,7 @@ from .tiny_models import make_tiny_model
 def engine(tmp_path_factory):
     folder = make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
     ae = AsyncEngine(LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20,
-                                            decode_weights="model", prefill_weights="model")))
+                                            weights="model")))
     yield ae
     ae.stop()
 
