@@ -6,6 +6,9 @@ the context's end, in one place), and returns each request's events. Decodes go 
 budget, so a long prompt never stalls running streams for more than one chunk.
 When KV blocks run out, the newest running sequence is preempted (its blocks are
 freed and it is re-queued at the front, to be recomputed later), never an error.
+Low-priority (batch) sequences wait behind every interactive one, at most
+`batch_max_num_seqs` of them run at once, and each prefills at most `batch_prefill_chunk`
+tokens a step, so batch work never starves interactive requests.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .block_manager import BlockManager
 from .outputs import Failed, Finished, TokenEvent
+from .repetition import repeats
 from .sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -42,6 +46,8 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     # items[first_admitted:] were admitted from the waiting queue this step (the newest work).
     first_admitted: int = 0
+    # Decode item index -> its draft tokens (speculative.py), verified after the step (verify.py).
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -55,14 +61,16 @@ class ScheduledBatch:
         return ScheduledBatch(items=[self.items[i] for i in indices],
                               num_decodes=sum(1 for i in indices if i < self.num_decodes),
                               samples=[self.samples[i] for i in indices],
-                              first_admitted=sum(1 for i in indices if i < self.first_admitted))
+                              first_admitted=sum(1 for i in indices if i < self.first_admitted),
+                              drafts={j: self.drafts[i] for j, i in enumerate(indices) if i in self.drafts})
 
 
 class Scheduler:
     """Owns the waiting queue and the running list; `schedule()` plans one step."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 eos_token_ids: list[int] | tuple[int, ...] = (), max_model_len: int | None = None):
+                 eos_token_ids: list[int] | tuple[int, ...] = (), max_model_len: int | None = None,
+                 batch_max_num_seqs: int | None = None, batch_prefill_chunk: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,9 +79,22 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # speculative.Speculator: drafts for the decodes (None: no speculation).
+        self.speculator = None
+        self.batch_max_num_seqs = batch_max_num_seqs or max_num_seqs
+        self.batch_prefill_chunk = batch_prefill_chunk or max_num_batched_tokens
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue `seq`: an interactive one ahead of every queued low-priority one."""
+        if seq.priority == 0 and self.waiting and self.waiting[-1].priority > 0:
+            self.waiting.insert(next(i for i, s in enumerate(self.waiting) if s.priority > 0), seq)
+        else:
+            self.waiting.append(seq)
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Prompt tokens `seq` may compute this step within `budget`."""
+        chunk = min(seq.num_uncomputed_tokens, budget)
+        return min(chunk, self.batch_prefill_chunk) if seq.priority and chunk > 1 else chunk
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -128,9 +149,9 @@ class Scheduler:
             if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
                 seq.prompt_logprobs.extend(chunk)
         token = result.token_ids[i]
-        return None if token is None else self._append(seq, token, result.logprobs[i], now)
+        return None if token is None else self.append_token(seq, token, result.logprobs[i], now)
 
-    def _append(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
+    def append_token(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
         """The one place a sampled token joins a sequence, and where the sequence's end is decided."""
         if seq.grammar is not None and not seq.grammar.accept(token, seq.output_token_ids):
             self.finish(seq, "stop")  # a dead end: end without the refused token
@@ -153,6 +174,10 @@ class Scheduler:
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
             if token in p.stop_token_ids:
+                return "stop"
+            if p.repetition_detection is not None and repeats(seq.token_ids, seq.num_output_tokens,
+                                                              p.repetition_detection):
+                seq.stopped_by_repetition = True
                 return "stop"
         if seq.num_output_tokens >= p.max_tokens or (
                 self.max_model_len is not None and len(seq.token_ids) >= self.max_model_len):
@@ -191,12 +216,20 @@ class Scheduler:
             batch.samples.append(True)
             budget -= 1
         batch.num_decodes = len(batch.items)
+        if self.speculator is not None and self.speculator.enabled:
+            budget = self._schedule_drafts(batch, budget)
 
-        # Running sequences part-way through a chunked prefill.
+        # Running sequences part-way through a chunked prefill; batch ones after the admission of
+        # waiting interactive requests, which must not wait behind them.
+        interactive_waiting = bool(self.waiting) and self.waiting[0].priority == 0
+        deferred = []
         for seq in list(self.running):
             if budget <= 0:
                 break
             if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens > 1:
+                if seq.priority and interactive_waiting:
+                    deferred.append(seq)
+                    continue
                 budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
 
         # Admit waiting sequences while there is room, reusing cached prefix blocks. A sequence
@@ -205,6 +238,8 @@ class Scheduler:
         pending = self._pending_hashes(batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.priority and sum(1 for s in self.running if s.priority) >= self.batch_max_num_seqs:
+                break  # only low-priority work waits (interactive work is queued ahead of it)
             if not seq.block_table:
                 h = bm.next_uncached_hash(seq)
                 if h is not None and h in pending:
@@ -212,7 +247,7 @@ class Scheduler:
                 reused = bm.match_prefix(seq)
                 if seq.num_preemptions == 0:
                     seq.num_cached_tokens = reused
-            chunk = min(seq.num_uncomputed_tokens, budget)
+            chunk = self._chunk(seq, budget)
             if not bm.can_allocate(seq, seq.num_computed_tokens + chunk):
                 bm.free(seq)
                 break
@@ -221,7 +256,26 @@ class Scheduler:
             self.running.append(seq)
             budget = self._schedule_prefill(seq, budget, batch)
             pending |= self._pending_hashes(ScheduledBatch(items=[batch.items[-1]], num_decodes=0))
+        for seq in deferred:
+            if budget <= 0:
+                break
+            budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
         return batch
+
+    def _schedule_drafts(self, batch: ScheduledBatch, budget: int) -> int:
+        """Draft tokens for the step's decodes (speculative.Speculator.plan), each within the token
+        budget and the free blocks (a draft never preempts). Returns the budget left."""
+        bm = self.block_manager
+        for i, (seq, _) in enumerate(batch.items):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            draft = self.speculator.plan(seq, batch.num_decodes, budget, self.max_model_len)
+            need = len(seq.token_ids) + len(draft)
+            if draft and bm.can_allocate(seq, need):
+                bm.allocate(seq, need)
+                batch.drafts[i] = draft
+                budget -= len(draft)
+        return budget
 
     def _pending_hashes(self, batch: ScheduledBatch) -> set[int]:
         """Hashes of the first full block each prefill in `batch` completes (for deferral)."""
@@ -237,7 +291,7 @@ class Scheduler:
 
     def _schedule_prefill(self, seq: Sequence, budget: int, batch: ScheduledBatch,
                           may_preempt: bool = False) -> int:
-        chunk = min(seq.num_uncomputed_tokens, budget)
+        chunk = self._chunk(seq, budget)
         target = seq.num_computed_tokens + chunk
         bm = self.block_manager
         scheduled = {id(s) for s, _ in batch.items}

@@ -17,6 +17,7 @@ class Usage:
     cached_prompt_tokens: int = 0
     reasoning_tokens: int = 0
     accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -32,6 +33,7 @@ class Usage:
             "completion_tokens_details": {
                 "reasoning_tokens": self.reasoning_tokens,
                 "accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens,
             },
         }
 
@@ -119,3 +121,14 @@ class Error:
 
 
 StreamDelta = Reasoning | Content | Refusal | ToolCallStart | ToolCallArgs | Finish | Error
+
+
+def cancelled_as_error(delta: StreamDelta) -> StreamDelta:
+    """How chat and legacy completions tell a client its request was cancelled (by an operator,
+    AsyncEngine.cancel): Finish("cancelled") becomes Error code `cancelled`, sent as an in-band
+    error frame then [DONE] on a stream, a 500 with that code for a blocking request. Every
+    other delta is returned as it is. (Responses show status "cancelled"; Messages an
+    `event: error`: each encoder reads the same Finish.)"""
+    if isinstance(delta, Finish) and delta.reason == "cancelled":
+        return Error("The request was cancelled by an operator.", type="server_error", code="cancelled")
+    return delta

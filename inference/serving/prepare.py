@@ -31,6 +31,7 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
 from inference.engine.request import EngineRequest
+from inference.request_context import in_request_context
 
 from .errors import ApiError
 from .logprobs import spelling_for
@@ -54,7 +55,8 @@ async def cpu_work(fn: Callable, *args):
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=settings.METRALE["PREPARE_THREADS"],
                                    thread_name_prefix="metrale-prepare")
-    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+    # The request's context goes along: its log lines there name its request id too.
+    return await asyncio.get_running_loop().run_in_executor(_pool, in_request_context(fn), *args)
 
 
 @lru_cache(maxsize=4)
@@ -79,7 +81,8 @@ class GenerationRequest:
     max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
-    METRALE["REQUEST_TIMEOUT_S"]).
+    METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
+    prediction: a Predicted Output's text (serving/prediction.py).
     """
 
     param: str
@@ -106,6 +109,9 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
+    priority: int = 0
+    # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
+    prediction: str | None = None
 
 
 @dataclass(slots=True)
@@ -259,6 +265,9 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     found = grammar_spec(greq.structured, text_spec)
     compiled = await compile_spec(tok, *found) if found is not None else None
     timeout_s = _timeout(greq)
+    # Past the context's characters a prediction's tail could never be drafted.
+    prediction_ids = (await cpu_work(tok.encode, greq.prediction[:limit * chars_per_token_bound(tok)])
+                      if greq.prediction else None)
     inputs: list[GenerationInput] = []
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
@@ -271,7 +280,8 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      logprobs=greq.logprobs, prompt_logprobs=greq.prompt_logprobs,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
-            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt)
+            request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
+                                    priority=greq.priority, prediction_token_ids=prediction_ids)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))

@@ -32,6 +32,15 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(runtime, "start_loading", lambda: None)
 
 
+@pytest.fixture(autouse=True)
+def no_batch_thread(monkeypatch):
+    """In-process tests run a batch where they say (batch_support.run_batch), not on the server's
+    batch thread, which would outlive the test's database."""
+    from batches import execution
+
+    monkeypatch.setattr(execution.embedded, "submit", lambda batch_id: None)
+
+
 def redis_reachable() -> bool:
     try:
         import redis
@@ -62,6 +71,13 @@ def use_redis(settings):
         if keys:
             client.delete(*keys)
     return cleanup
+
+
+@pytest.fixture(autouse=True)
+def files_in_tmp(settings, tmp_path):
+    """Uploaded and batch output files (STORAGES["files"]) go to the test's temporary folder."""
+    settings.STORAGES = {**settings.STORAGES, "files": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                                                       "OPTIONS": {"location": str(tmp_path / "files")}}}
 
 
 @pytest.fixture(autouse=True)
@@ -168,8 +184,7 @@ def smollm2_engine(smollm2_dir):
     from inference.engine.llm_engine import LLMEngine
 
     engine = AsyncEngine(LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=32 << 20,
-                                                max_model_len=1024, decode_weights="model",
-                                                prefill_weights="model")))
+                                                max_model_len=1024, weights="model")))
     yield engine
     engine.stop()
     engine._thread.join(timeout=10)  # not mid-step when the interpreter exits
