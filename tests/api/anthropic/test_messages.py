@@ -272,3 +272,14 @@ def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(fake_rt, sett
     asyncio.run(run())
     assert fake_rt.engine.submissions[-1].handle.aborted == "cancelled"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_output_config_format_constrains_the_answer_to_its_schema(fake_rt):
+    fake_rt.engine.script = reply(fake_rt.tokenizer, '{"city": "Paris"}')
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    body = messages(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}).json()
+    assert json.loads(body["content"][0]["text"]) == {"city": "Paris"}
+    grammar = fake_rt.engine.submissions[-1].params.structured.grammar
+    assert grammar.spec.kind == "json_schema"
+    messages(output_config={"effort": "high"})
+    assert fake_rt.engine.submissions[-1].params.structured is None
