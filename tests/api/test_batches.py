@@ -314,3 +314,24 @@ def test_the_purge_deletes_expired_files_with_their_content_and_ended_batches(fa
     assert purge_expired() == {"files": len(paths), "batches": 1}
     assert not StoredFile.objects.exists() and not any(os.path.exists(p) for p in paths)
     assert list(Batch.objects.values_list("id", flat=True)) == [live["id"]]
+
+
+def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant, monkeypatch):
+    from batches import execution, runner
+    from inference import runtime
+
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))
+    monkeypatch.setattr(runtime, "get_runtime", lambda wait=True: fake_rt)
+    monkeypatch.setattr(execution.heartbeat, "start", lambda: None)
+
+    async def broken(batch_id, rt):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(runner, "run_batch", broken)
+    with pytest.raises(RuntimeError):
+        execution.run_here(batch["id"])
+    assert Batch.objects.get(pk=batch["id"]).worker is None
+    handed = []
+    monkeypatch.setattr(execution.embedded, "submit", handed.append)
+    assert execution.hand_on_orphans() == 1 and handed == [batch["id"]]
