@@ -201,11 +201,11 @@ METRALE = {
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
     # Requests that may wait for the engine; past it a 503 with Retry-After at once (unset: 0, unbounded).
     "MAX_WAITING_REQUESTS": envint("METRALE_MAX_WAITING_REQUESTS", None),
-    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only, the default) or the
-    # model's weights ("model": exact float, slower at small batches).
-    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS"),
-    # The same for prefill rows: "int8" (int16 activations x int8 weights summed exactly in
-    # int32 by the compiled kernels, about twice float32's speed on AVX2 CPUs) or "model".
+    # The linears' weight format: auto (the folder's GGUF blocks as shipped; a float folder: int8),
+    # q4, q8 (GGUF blocks; a float checkpoint quantised at load), int8 (per-channel), model (the
+    # folder's values exactly, float32 activations). README "Weights".
+    "WEIGHTS": envstr("METRALE_WEIGHTS"),
+    # Which weights prompt rows use: same (WEIGHTS', the default) or model (exact, a second copy).
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),

@@ -62,13 +62,14 @@ class ModelRunner:
         ]
         self.sampler = Sampler(eos_token_ids, seed)
         # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
-        # model has int8 decode weights, decode rows run through whole compiled layers.
+        # model's decode weights are kernel weights, decode rows run through whole compiled layers.
         self.decode_kernel = (device.type == "cpu" and next(model.parameters()).dtype == torch.float32
                               and kernels.supports_kv_dtype(kv_dtype) and kernels.available())
         self.fused = FusedDecoder(model, self.kv_caches) if self.decode_kernel and FusedDecoder.supports(
             model, kv_dtype) else None
-        # With int8 prefill weights, prompt rows take the compiled layers too (see prepare()).
-        self.fused_prefill = self.fused is not None and getattr(model, "int8_prefill", False)
+        # When prompt rows use the decode rows' weights, they take the compiled layers too (see prepare()).
+        self.fused_prefill = self.fused is not None and getattr(model, "compact_prefill", False) == getattr(
+            model, "compact_decode", False)
         self.item_rows: list[int] = []
         self.draft_rows: dict[int, list[int]] = {}
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
@@ -169,13 +170,13 @@ class ModelRunner:
         result = RunResult([None] * n, [None] * n, self._prompt_logprobs(batch, hidden))
         if sample_rows:
             items = [i for i, s in enumerate(batch.samples) if s]
-            # Decode rows, then the drafts' verify rows (decode rows too: the int8 head), then prefill rows.
+            # Decode rows, then the drafts' verify rows (decode rows too: the compact head), then prefill rows.
             nd = sum(1 for i in items if i < batch.num_decodes)
             drafted = [i for i in items if i in self.draft_rows]
             verify_rows = [r for i in drafted for r in self.draft_rows[i]]
             rows = sample_rows[:nd] + verify_rows + sample_rows[nd:]
-            int8 = self.model.int8_rows(nd + len(verify_rows), len(rows))
-            logits = self.model.compute_logits(hidden[rows], int8)
+            compact = self.model.compact_rows(nd + len(verify_rows), len(rows))
+            logits = self.model.compute_logits(hidden[rows], compact)
             t2 = time.perf_counter()
             main = torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
             seqs = [batch.items[i][0] for i in items]
@@ -229,4 +230,4 @@ class ModelRunner:
         input_ids, positions, meta, _ = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
         order = [r for (_, n), start in zip(batch.items, self.item_rows) for r in range(start, start + n)]
-        return self.model.compute_logits(hidden[order], self.model.int8_rows(batch.num_decodes, hidden.shape[0]))
+        return self.model.compute_logits(hidden[order], self.model.compact_rows(batch.num_decodes, hidden.shape[0]))

@@ -22,7 +22,7 @@ def tiny_folder(tmp_path_factory):
 
 def spec_engine(folder, mode, **kw):
     """int8 decode weights: the compiled decode layers, where drafts are verified bitwise."""
-    return make_engine(folder, decode_weights="int8", speculative=mode, **kw)
+    return make_engine(folder, weights="int8", speculative=mode, **kw)
 
 
 def drive(engine, requests, abort_after: dict | None = None):
