@@ -21,7 +21,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def spec_engine(folder, mode, **kw):
-    """int8 decode weights: the compiled decode layers, where drafts are verified bitwise."""
+    """int8 weights: the compiled decode layers, where drafts are verified bitwise."""
     return make_engine(folder, weights="int8", speculative=mode, **kw)
 
 
@@ -231,7 +231,7 @@ def test_a_request_finishes_inside_its_drafts_at_max_tokens_and_at_eos(tiny_fold
 
 
 def test_grammar_penalties_and_min_tokens_keep_their_state_through_verified_drafts_on_smollm2(smollm2_dir):
-    """SmolLM2 (int8 decode), a JSON-schema grammar, penalties and min_tokens, each with the unconstrained
+    """SmolLM2 (compact weights), a JSON-schema grammar, penalties and min_tokens, each with the unconstrained
     greedy output as its prediction: identical with drafting and without, and drafts were accepted."""
     from inference.engine.config import EngineConfig
     from inference.engine.grammar import GrammarCompiler, GrammarSpec
