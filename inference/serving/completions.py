@@ -43,7 +43,7 @@ def generation_request(req: dict) -> GenerationRequest:
         sampling=req, logprobs=logprobs,
         prompt_logprobs=logprobs if req["echo"] and logprobs is not None else None,
         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
-        structured=requested_grammar(req), timeout_s=req.get("timeout"))
+        structured=requested_grammar(req), timeout_s=req.get("timeout"), beam=req.get("beam"))
 
 
 class CompletionWire:

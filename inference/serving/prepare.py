@@ -112,6 +112,8 @@ class GenerationRequest:
     priority: int = 0
     # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
     prediction: str | None = None
+    # beam_search.BeamSpec: the choices come from one beam search (blocking requests only).
+    beam: object = None
 
 
 @dataclass(slots=True)
@@ -130,6 +132,8 @@ class Prepared:
     prompt_texts: list[str]
     inputs: list[GenerationInput]
     messages: list[dict] | None = None
+    # beam_search.BeamSpec when the choices are a beam search's best beams (None: each choice its own request).
+    beam: object = None
 
     def prompt_of(self, choice: int) -> int:
         """The index of the prompt choice `choice` continues."""
@@ -285,7 +289,7 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))
-    return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
+    return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages, beam=greq.beam)
 
 
 __all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare", "prompt_ids"]
