@@ -14,6 +14,7 @@ so the process can exit and be restarted.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -149,6 +150,19 @@ class AsyncEngine:
             self._wake.set()
         return handle
 
+    def call(self, fn: Callable[[LLMEngine], object]) -> concurrent.futures.Future:
+        """Run fn(engine) on the engine thread between two steps (engine/lora_control.py loads and
+        unloads adapters this way); the future gets its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            fatal = self._fatal
+            if fatal is None:
+                self._commands.append(("call", future, fn))
+        if fatal is not None:
+            future.set_exception(RuntimeError(fatal))
+        self._wake.set()
+        return future
+
     def fail_all(self, message: str) -> None:
         """End every request in flight with Failed(message) at the next step boundary, freeing
         their KV blocks (a server shutting down past its grace period ends them in-band this
@@ -206,6 +220,11 @@ class AsyncEngine:
             if seq is not None and not seq.is_finished:
                 self.engine.abort(seq, arg)
                 self._retire(seq)
+        elif kind == "call":
+            try:
+                handle.set_result(arg(self.engine))
+            except Exception as exc:  # the caller's to handle
+                handle.set_exception(exc)
         elif kind == "fail_all":
             for live in self._handles.values():
                 self.engine.abort(live.seq, "error")
@@ -258,7 +277,10 @@ class AsyncEngine:
         with self._lock:
             self._fatal = message
             queued = [handle for kind, handle, _ in self._commands if kind == "add"]
+            calls = [future for kind, future, _ in self._commands if kind == "call"]
             self._commands.clear()
+        for future in calls:
+            future.set_exception(RuntimeError(message))
         doomed = [*self._handles.values(), *queued]
         self._handles.clear()
         self._push_all([(handle, [Failed(message)]) for handle in doomed])

@@ -64,6 +64,8 @@ class ModelRunner:
         # With int8 prefill weights, prompt rows take the compiled layers too (see prepare()).
         self.fused_prefill = self.fused is not None and getattr(model, "int8_prefill", False)
         self.item_rows: list[int] = []
+        # layers/lora.LoraSlots once the engine installs adapter slots (each step's row groups).
+        self.lora = None
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
         self.last_phase_s: dict[str, float] = {}
 
@@ -136,6 +138,8 @@ class ModelRunner:
                                               computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        if self.lora is not None:
+            self.lora.begin_step(batch.items, item_rows, len(ids), meta.num_decodes if self.fused is not None else 0)
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()

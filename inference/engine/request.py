@@ -15,6 +15,7 @@ class EngineRequest:
     timeout_s: seconds from submission after which it ends with finish reason "timeout"
     (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
     the same salt (the tenant's), so one tenant's cached prompt never serves another.
+    lora_name: the resident LoRA adapter to run with (None: the base model).
     """
 
     prompt_token_ids: list[int]
@@ -22,6 +23,7 @@ class EngineRequest:
     request_id: str | None = None
     timeout_s: float | None = None
     cache_salt: str = ""
+    lora_name: str | None = None
 
     @property
     def num_tokens_needed(self) -> int:

@@ -56,6 +56,8 @@ class Sequence:
     prompt_logprobs: list | None = None
     # reasoning.ReasoningTracker while params.reasoning is set: the budget and the grammar read this one.
     reasoning: object = None
+    # lora.LoraAdapter the sequence runs with (resident in a slot), or None for the base model.
+    lora: object = None
 
     def __post_init__(self):
         if not self.token_ids:
