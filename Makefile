@@ -8,7 +8,7 @@ PORT ?= 8000
 
 SOAK_S ?= 600
 
-.PHONY: serve test bench fuzz soak install migrate model
+.PHONY: serve test bench fuzz soak install migrate model static browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,26 @@ migrate: install
 model: install
 	$(PY) manage.py pull_model smollm2-135m-instruct
 
-serve: migrate model
+# The admin's and the console's CSS and JavaScript, gathered into STATIC_ROOT for WhiteNoise.
+static: install
+	$(PY) manage.py collectstatic --noinput -v 0
+
+# The browser tests (tests/browser) drive Debian's chromium through Playwright; nothing downloads a
+# browser. Installed once (apt-get as root, or through sudo); the package lists are refreshed only
+# when the install fails without it.
+CHROMIUM := /usr/bin/chromium
+APT_GET := $(if $(filter 0,$(shell id -u)),,sudo )apt-get
+CHROMIUM_PACKAGES := chromium chromium-driver
+$(CHROMIUM):
+	DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y --no-install-recommends $(CHROMIUM_PACKAGES) || \
+	  { $(APT_GET) update && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y --no-install-recommends $(CHROMIUM_PACKAGES); }
+
+browser: $(CHROMIUM)
+
+serve: migrate model static
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-test: migrate model
+test: migrate model static browser
 	$(PY) -m pytest -p no:cacheprovider
 
 bench: migrate model

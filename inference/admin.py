@@ -62,7 +62,7 @@ def _announce_new_key(request, key: ApiKey) -> None:
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
-    fields = ("name", "prefix", "created", "last_used", "expires_at", "revoked")
+    fields = ("name", "prefix", "created", "last_used", "expires_at", "is_admin", "revoked")
     readonly_fields = ("prefix", "created", "last_used")
     extra = 0
     show_change_link = True
@@ -103,11 +103,11 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "name", "tenant", "created", "last_used", "expires_at", "revoked")
-    list_filter = ("revoked", "tenant", "created", "expires_at")
+    list_display = ("prefix", "name", "tenant", "is_admin", "created", "last_used", "expires_at", "revoked")
+    list_filter = ("revoked", "is_admin", "tenant", "created", "expires_at")
     search_fields = ("prefix", "name", "tenant__name")
     readonly_fields = ("prefix", "created", "last_used", "revoked_at")
-    fields = ("tenant", "name", "prefix", "expires_at", "revoked", "revoked_at", "created",
+    fields = ("tenant", "name", "prefix", "is_admin", "expires_at", "revoked", "revoked_at", "created",
               "last_used")
     actions = ["revoke"]
 

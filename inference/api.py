@@ -1,7 +1,8 @@
 """`openai_endpoint`: the one wrapper every /v1/* (and /tokenize, /detokenize) view goes through.
 
 It authenticates (request.principal), admits the request through the rate limiter, turns any
-ApiError into OpenAI's error JSON, adds the x-ratelimit-* headers, and exempts the view from
+ApiError into the route's error JSON (`error_shape`: OpenAI's by default, Anthropic's for the
+Messages routes; serving/errors.ErrorShape), adds the x-ratelimit-* headers, and exempts the view from
 CSRF (callers authenticate with a bearer key, not a cookie).
 
 Non-generating views get one request debited before they run. Generating views
@@ -15,8 +16,12 @@ background task takes the lease over with `hand_off()` and settles it when it en
 Responses that end before an identity is known (401) carry no x-ratelimit-* headers: there is
 no budget to describe.
 
+`operator_endpoint` is the wrapper of operator routes (/metrics when METRALE_METRICS_AUTH is on,
+adapter loading, model swap): only an admin key or a staff session (auth.authenticate_operator),
+no rate limit, errors in OpenAI's shape; the view finds its caller in `request.operator`.
+
 `by_method(GET=view, POST=view, ...)` gives one URL a view per HTTP method, each of them an
-openai_endpoint view, and answers other methods with a 405 (and Allow) in OpenAI's shape.
+openai_endpoint view, and answers other methods with a 405 (and Allow) in their error shape.
 """
 from __future__ import annotations
 
@@ -27,16 +32,18 @@ from collections.abc import Callable
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from .auth import authenticate
+from .auth import authenticate, authenticate_operator
 from .ratelimit import Lease, acquire, current_headers, debit_request
-from .serving.errors import ApiError
+from .serving.errors import OPENAI, ApiError, ErrorShape
 
 logger = logging.getLogger(__name__)
 
 
-def error_response(error: ApiError) -> JsonResponse:
-    """An ApiError as an HTTP response: OpenAI's error body, its status and its headers."""
-    return JsonResponse(error.body(), status=error.status, headers=error.headers)
+def error_response(error: ApiError, shape: ErrorShape = OPENAI, request_id: str | None = None) -> JsonResponse:
+    """An ApiError as an HTTP response in `shape` (OpenAI's error body by default): its status
+    (as the shape sends it) and its headers."""
+    status, body = shape.of(error, request_id)
+    return JsonResponse(body, status=status, headers=error.headers)
 
 
 class GenerationLease:
@@ -83,13 +90,15 @@ async def admit(request, *, reserve_tokens: int, used_tokens: Callable[[], int],
     return request.generation_lease
 
 
-def openai_endpoint(view=None, *, generates: bool = False):
-    """Wrap an async view as an OpenAI endpoint (see the module docstring).
+def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorShape = OPENAI):
+    """Wrap an async view as an API endpoint (see the module docstring).
 
     generates=False: one request is debited before the view runs (models, tokenize, stored
-    objects). generates=True: the view calls `admit` itself."""
+    objects). generates=True: the view calls `admit` itself. error_shape: how the route words
+    its errors (serving/errors.OPENAI or ANTHROPIC); every layer reads it from the view
+    (inference.error_shapes)."""
     if view is None:
-        return functools.partial(openai_endpoint, generates=generates)
+        return functools.partial(openai_endpoint, generates=generates, error_shape=error_shape)
 
     @functools.wraps(view)
     async def wrapper(request, *args, **kwargs):
@@ -102,7 +111,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
                 request.ratelimit_lease = await debit_request(request.principal)
             response = await view(request, *args, **kwargs)
         except ApiError as error:
-            response = error_response(error)
+            response = error_response(error, error_shape, getattr(request, "request_id", None))
         except BaseException:
             await _settle(request)
             raise
@@ -128,6 +137,7 @@ def openai_endpoint(view=None, *, generates: bool = False):
 
     wrapper.csrf_exempt = True
     wrapper.openai_endpoint = True
+    wrapper.error_shape = error_shape
     return wrapper
 
 
@@ -175,17 +185,40 @@ class _SettledStream:
         await self._owner.settle()
 
 
+def operator_endpoint(view):
+    """Wrap an async view as an operator route (see the module docstring): the caller must be an
+    admin key or a staff user's session (auth.authenticate_operator: 401 without either, 403 for
+    a key that is not an admin key or a session call failing CSRF); `request.operator` is the
+    auth.Operator; an ApiError raised by the view is answered in OpenAI's error shape. Marked
+    `operator_endpoint` (system check metrale.W002 accepts it under /v1)."""
+
+    @functools.wraps(view)
+    async def wrapper(request, *args, **kwargs):
+        try:
+            request.operator = await authenticate_operator(request)
+            return await view(request, *args, **kwargs)
+        except ApiError as error:
+            return error_response(error)
+
+    # Bearer calls carry no cookie to forge; session calls are CSRF-checked by authenticate_operator.
+    wrapper.csrf_exempt = True
+    wrapper.operator_endpoint = True
+    return wrapper
+
+
 def by_method(**views):
     """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view;
-    another method is a 405 in OpenAI's error shape with an Allow header.
+    another method is a 405 in the views' error shape with an Allow header.
 
     Each view must itself be an openai_endpoint view (auth, rate limits, errors), and so is the 405:
     the dispatcher is marked `openai_endpoint` (what system check metrale.W002 reads) only when every
     view it dispatches to is, so a method view that skips the wrapper is still caught.
     """
     allowed = ", ".join(views)
+    shapes = {getattr(v, "error_shape", OPENAI) for v in views.values()}
+    shape = shapes.pop() if len(shapes) == 1 else OPENAI
 
-    @openai_endpoint
+    @openai_endpoint(error_shape=shape)
     async def not_allowed(request, *args, **kwargs):
         raise ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(views)}.",
                        code="method_not_allowed", headers={"Allow": allowed})
@@ -193,8 +226,10 @@ def by_method(**views):
     async def dispatch(request, *args, **kwargs):
         return await views.get(request.method, not_allowed)(request, *args, **kwargs)
 
-    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) for v in views.values())
+    dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) or getattr(v, "operator_endpoint", False)
+                                   for v in views.values())
     dispatch.csrf_exempt = all(getattr(v, "csrf_exempt", False) for v in views.values())
+    dispatch.error_shape = shape
     dispatch.method_views = views
     dispatch.__doc__ = " ".join(f"{method}: {v.__doc__}" for method, v in views.items())
     return dispatch

@@ -1,10 +1,14 @@
-"""Who is calling: `Authorization: Bearer <key>` -> ApiKey -> Tenant, as a Principal.
+"""Who is calling: `Authorization: Bearer <key>` (or `x-api-key: <key>`) -> ApiKey -> Tenant, as a Principal.
 
 Rules (section 2.2 of reference/metrale-behaviour.md, with tenants per issue 8): with
 METRALE["REQUIRE_AUTH"] off every request runs as the built-in default tenant; with it on, no
-`Bearer <token>` is 401 `missing_api_key`, and a token that matches no usable key (unknown,
+`Bearer <token>` and no `x-api-key` (Anthropic's header; its SDK sends either) is 401
+`missing_api_key`, and a token that matches no usable key (unknown,
 revoked, expired, or of an inactive tenant) is 401 `invalid_api_key`. OpenAI sends both as
 type `invalid_request_error`.
+
+Operator routes (`authenticate_operator`, through api.operator_endpoint) take only an admin key
+(ApiKey.is_admin) or a staff user's session, with auth on or off.
 """
 from __future__ import annotations
 
@@ -57,12 +61,20 @@ async def authenticate(request) -> Principal:
         tenant, _ = await Tenant.objects.aget_or_create(name=Tenant.DEFAULT_NAME)
         return Principal(tenant, None, tenant.prefix_cache_salt)
 
-    token = bearer_token(request.headers.get("Authorization"))
-    if token is None:
+    token = bearer_token(request.headers.get("Authorization")) or request.headers.get("x-api-key", "").strip()
+    if not token:
         raise _unauthorized(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY' or 'x-api-key: YOUR_KEY'.",
             "missing_api_key")
 
+    key = await usable_key(token)
+    return Principal(key.tenant, key, key.tenant.prefix_cache_salt)
+
+
+async def usable_key(token: str) -> ApiKey:
+    """The ApiKey (with its tenant) that `token` is, when it may be used now; else ApiError 401
+    `invalid_api_key` (unknown, revoked, expired, tenant inactive). Stamps last_used at most once
+    a minute."""
     key = None
     if apikeys.looks_like_key(token):
         key = await (ApiKey.objects.select_related("tenant")
@@ -78,4 +90,48 @@ async def authenticate(request) -> Principal:
     if key.last_used is None or now - key.last_used >= LAST_USED_RESOLUTION:
         await ApiKey.objects.filter(pk=key.pk).aupdate(last_used=now)
         key.last_used = now
-    return Principal(key.tenant, key, key.tenant.prefix_cache_salt)
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Operator:
+    """The caller of an operator route: an admin key (api_key set) or a staff user's session
+    (username set). `name` says which, for logs: `key:<prefix>` or `user:<username>`."""
+
+    name: str
+    api_key: ApiKey | None = None
+    username: str | None = None
+
+
+def csrf_refusal(request) -> str | None:
+    """Why Django's CSRF protection refuses `request` (a call authenticated by a session cookie),
+    or None when it passes (safe methods always do). The same checks as CsrfViewMiddleware on a
+    view that is not exempt: the token, and the Origin / Referer of a secure request."""
+    from django.middleware.csrf import CsrfViewMiddleware
+
+    refused = CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {})
+    return None if refused is None else "CSRF verification failed (send the csrftoken cookie's value as X-CSRFToken)"
+
+
+async def authenticate_operator(request) -> Operator:
+    """The Operator of an operator route's request (api.operator_endpoint), whatever
+    METRALE["REQUIRE_AUTH"] says: a bearer key must be an admin key (a usable one that is not:
+    403 `admin_key_required`; an unusable one: 401 as for every route); without a key, a staff
+    user's session is accepted, its unsafe methods CSRF-checked (403 `csrf_failed`); with
+    neither, 401 `missing_api_key`."""
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is not None:
+        key = await usable_key(token)
+        if not key.is_admin:
+            raise ApiError(403, f"The API key {key.prefix}… is not an admin key; this route needs one "
+                                "(manage.py create_api_key --admin) or a staff session.",
+                           type="invalid_request_error", code="admin_key_required")
+        return Operator(f"key:{key.prefix}", api_key=key)
+    user = await request.auser() if hasattr(request, "auser") else None
+    if user is not None and user.is_active and user.is_staff:
+        refusal = csrf_refusal(request)
+        if refusal:
+            raise ApiError(403, refusal, type="invalid_request_error", code="csrf_failed")
+        return Operator(f"user:{user.get_username()}", username=user.get_username())
+    raise _unauthorized("This route needs an admin API key ('Authorization: Bearer YOUR_ADMIN_KEY') "
+                        "or a staff user's session.", "missing_api_key")

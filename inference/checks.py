@@ -36,13 +36,21 @@ def guarded_routes(resolver=None, prefix=""):
 
 @register()
 def check_guarded_routes(app_configs, **kwargs):
-    """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting."""
-    return [
-        Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
-                "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002")
-        for route, view in guarded_routes()
-        if not getattr(view, "openai_endpoint", False)
-    ]
+    """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting (neither
+    api.openai_endpoint nor api.operator_endpoint), or one URL
+    whose method views (api.by_method) answer in different error shapes (the route has one shape,
+    which every layer reads from its view: inference.error_shapes)."""
+    problems = []
+    for route, view in guarded_routes():
+        if not (getattr(view, "openai_endpoint", False) or getattr(view, "operator_endpoint", False)):
+            problems.append(Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
+                                    "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002"))
+        shapes = {getattr(v, "error_shape", None) for v in getattr(view, "method_views", {}).values()}
+        if len(shapes) > 1:
+            problems.append(Warning(f"The method views of {route!r} answer in different error shapes "
+                                    f"({', '.join(sorted(getattr(s, 'name', '?') for s in shapes))}): a route "
+                                    "has one error shape.", id="metrale.W002"))
+    return problems
 
 
 @register()

@@ -1,5 +1,6 @@
-"""API middleware: x-request-id and openai-processing-ms on every API response (Django), and the ASGI guard
-around the whole app (request bodies over the limit refused early, every API answer JSON, every response ended)."""
+"""API middleware: x-request-id (and Anthropic's request-id) and openai-processing-ms on every API response
+(Django), and the ASGI guard around the whole app (request bodies over the limit refused early, every API answer
+JSON in the route's error shape, every response ended)."""
 from __future__ import annotations
 
 import json
@@ -13,13 +14,14 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
 
-from .serving.errors import ApiError, error_body
+from .error_shapes import shape_for_path
+from .serving.errors import ApiError
 
 log = logging.getLogger("metrale.api")
 
 API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/health")
 # Routes outside `openai_endpoint` (which answers other methods itself) and the methods they take.
-METHODS = {"/health": ("GET", "HEAD")}
+METHODS = {"/health": ("GET", "HEAD"), "/health/live": ("GET", "HEAD")}
 # A client's id is echoed only when it is short, printable ASCII (it goes into logs and headers).
 # A Content-Length: up to 19 ASCII digits (int64; twisted and Django read no more).
 _DIGITS = re.compile(r"[0-9]{1,19}")
@@ -28,7 +30,7 @@ _CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 def is_api_path(path: str) -> bool:
     """Whether `path` is one of the API's (/v1 and below, /tokenize, /detokenize, /health): answered in
-    OpenAI's error shape, whatever fails."""
+    its route's error shape (error_shapes.shape_for_path), whatever fails."""
     return path == "/v1" or path.startswith(API_PREFIXES)
 
 
@@ -44,12 +46,13 @@ def request_id_for(request) -> str:
 
 class ApiRequestMiddleware:
     """For API paths (is_api_path): sets `request.request_id`, answers a method a route outside
-    `openai_endpoint` does not take with a 405 (METHODS), and adds `x-request-id` and
-    `openai-processing-ms` (the time until the response, or a stream's headers, was ready) to every
+    `openai_endpoint` does not take with a 405 (METHODS), and adds `x-request-id`, `request-id` (the same
+    id under Anthropic's name) and `openai-processing-ms` (the time until the response, or a stream's headers, was ready) to every
     response, and the same time as `app;dur=<ms>` to Server-Timing (after the views' own entries,
     e.g. `engine`). Bodies over the size limit never get here (ApiAsgiGuard).
 
-    Source: OpenAI API reference, "Debugging requests" (x-request-id, openai-processing-ms).
+    Source: OpenAI API reference, "Debugging requests" (x-request-id, openai-processing-ms); Anthropic's
+    "Errors" page (every response has a request-id header).
     """
 
     async_capable = True
@@ -74,6 +77,7 @@ class ApiRequestMiddleware:
             response = await self.get_response(request)
         elapsed_ms = (time.perf_counter() - started) * 1000
         response["x-request-id"] = request.request_id
+        response["request-id"] = request.request_id
         response["openai-processing-ms"] = str(round(elapsed_ms))
         timing = f"app;dur={elapsed_ms:.2f}"
         response["Server-Timing"] = f"{response['Server-Timing']}, {timing}" if response.has_header(
@@ -81,12 +85,13 @@ class ApiRequestMiddleware:
         return response
 
     def process_exception(self, request, exception):
-        """An unexpected exception in an API view: a 500 in OpenAI's error shape (logged), not HTML."""
+        """An unexpected exception in an API view: a 500 in the route's error shape (logged), not HTML."""
         if not is_api_path(request.path):
             return None
         log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exception)
         err = ApiError(500, "The server had an error while processing your request.", type="server_error")
-        return JsonResponse(err.body(), status=500)
+        status, body = shape_for_path(request.path).of(err, getattr(request, "request_id", None))
+        return JsonResponse(body, status=status)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -117,10 +122,12 @@ class ApiAsgiGuard:
       daphne would have spooled all of it and queued it in 8 KiB messages before the application
       starts, so metrale_site/asgi.py's LimitedRequest drops it as it arrives; this guard is the
       rule for any other ASGI server, and for the in-process tests.
-    - On API paths (is_api_path) every error answer is JSON in OpenAI's shape: one the stack made
-      in another format (Django's HTML 400/403/404/500) is replaced by the same status as JSON.
-    - Every response ends: an exception from the application before its answer is a 500 in
-      OpenAI's shape; after the headers (a stream's frames), the body is closed (the client sees
+    - On API paths (is_api_path) every error answer is JSON in the route's error shape
+      (error_shapes.shape_for_path): one the stack made in another format (Django's HTML
+      400/403/404/500) is replaced by the same status as JSON. The guard's own answers (413, 400,
+      500) take the route's shape too.
+    - Every response ends: an exception from the application before its answer is a 500 in the
+      route's shape; after the headers (a stream's frames), the body is closed (the client sees
       the stream end) instead of leaving the connection open. Either is logged.
     """
 
@@ -130,7 +137,7 @@ class ApiAsgiGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        reply = _Reply(send, is_api_path(scope["path"]), request_id_from(_header(scope, b"x-request-id")))
+        reply = _Reply(send, scope["path"], request_id_from(_header(scope, b"x-request-id")))
         limit = settings.METRALE["MAX_REQUEST_BYTES"]
         try:
             declared = _content_length(scope)
@@ -181,9 +188,10 @@ class _CountedBody:
 class _Reply:
     """The response side of one request: what has been sent, and answers the guard makes itself."""
 
-    def __init__(self, send, api: bool, request_id: str):
+    def __init__(self, send, path: str, request_id: str):
         self._send = send
-        self.api = api
+        self.path = path
+        self.api = is_api_path(path)
         self.request_id = request_id
         self.started = False
         self.ended = False
@@ -213,14 +221,16 @@ class _Reply:
                          code="request_too_large")
 
     async def error(self, status: int, message: str, *, code: str | None = None, headers=()):
-        """Answer `status` with OpenAI's error body (on any path: the guard's own answers are JSON)."""
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        body = json.dumps(error_body(message, type=kind, code=code)).encode()
+        """Answer `status` with the route's error body (on any path: the guard's own answers are JSON)."""
+        shape = shape_for_path(self.path)
+        body = json.dumps(shape.body(status, message, code=code, request_id=self.request_id)).encode()
         own = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if not any(k.lower() == b"x-request-id" for k, _ in headers):
-            own.append((b"x-request-id", self.request_id.encode()))
+        for name in (b"x-request-id", b"request-id"):
+            if not any(k.lower() == name for k, _ in headers):
+                own.append((name, self.request_id.encode()))
         self.started = self.ended = True
-        await self._send({"type": "http.response.start", "status": status, "headers": [*own, *headers]})
+        await self._send({"type": "http.response.start", "status": shape.status(status),
+                          "headers": [*own, *headers]})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def end_after_error(self):

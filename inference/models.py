@@ -42,7 +42,8 @@ class Tenant(models.Model):
 
 class ApiKey(models.Model):
     """A bearer key of one tenant. Only its SHA-256 is stored; the full key exists once, on the
-    instance that created it (`new_key`), to be shown to the operator."""
+    instance that created it (`new_key`), to be shown to the operator. `is_admin` is its scope:
+    an admin key is also accepted by the operator routes (api.operator_endpoint)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)
@@ -55,6 +56,10 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
     revoked = models.BooleanField(default=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    is_admin = models.BooleanField(
+        "admin", default=False,
+        help_text="Admin scope: the key may also call the operator routes (/metrics when "
+                  "METRALE_METRICS_AUTH is on, adapter loading, model swap).")
 
     new_key: str | None = None
 

@@ -1,5 +1,5 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize and health."""
+models, tokenize, and health (readiness) and health/live (liveness)."""
 from django.urls import path
 
 from . import stored_views, views
@@ -7,6 +7,7 @@ from .api import by_method
 
 urlpatterns = [
     path("health", views.health),
+    path("health/live", views.health_live),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
     path("v1/chat/completions", by_method(GET=stored_views.list_completions, POST=views.chat_completions)),

@@ -120,6 +120,12 @@ async def health(request):
     return JsonResponse(body, status=503)
 
 
+async def health_live(request):
+    """GET /health/live: 200 {"status": "live"} whenever this process answers HTTP (a liveness probe:
+    loading, draining or a failed load are /health's business, not a reason to restart it)."""
+    return JsonResponse({"status": "live"})
+
+
 @openai_endpoint
 @allow("GET")
 async def list_models(request):

@@ -28,7 +28,7 @@ from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
 from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
-from inference.serving.errors import error_body  # noqa: E402
+from inference.error_shapes import shape_for_path  # noqa: E402
 
 
 class LimitedRequest(http_protocol.WebRequest):
@@ -38,7 +38,7 @@ class LimitedRequest(http_protocol.WebRequest):
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
     cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
-    OpenAI's shape once the client has sent it (a client still sending would see a reset instead),
+    the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
     connection closes. And twisted parses multipart and urlencoded POST bodies itself,
     answering one it cannot parse with a bare `400` and no body: the application reads bodies here.
@@ -60,7 +60,8 @@ class LimitedRequest(http_protocol.WebRequest):
                 # The client waits to be told to send: refuse now (no `100 Continue`), and it never does.
                 self.requestHeaders.removeHeader(b"expect")
                 super().gotLength(length)
-                return self._answer_too_large()
+                # The request line is parsed before the headers: its path is the channel's until the body is in.
+                return self._answer_too_large(getattr(self.channel, "_path", b""))
         super().gotLength(length)
 
     def handleContentChunk(self, data):
@@ -77,18 +78,20 @@ class LimitedRequest(http_protocol.WebRequest):
     def requestReceived(self, command, path, version):
         if not self._refused:
             return super().requestReceived(command, path, version)
-        self._answer_too_large()
+        self._answer_too_large(path)
 
-    def _answer_too_large(self):
+    def _answer_too_large(self, path: bytes):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
             return
         self._answered = True
         limit = settings.METRALE["MAX_REQUEST_BYTES"]
-        body = json.dumps(error_body(f"The request body is more than {limit} bytes; this server accepts at most "
-                                     f"{limit} bytes.", code="request_too_large")).encode()
+        request_id = request_id_from(None)
+        body = json.dumps(shape_for_path(path.split(b"?")[0].decode("latin-1")).body(
+            413, f"The request body is more than {limit} bytes; this server accepts at most {limit} bytes.",
+            code="request_too_large", request_id=request_id)).encode()
         head = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nx-request-id: %s\r\nConnection: close\r\n\r\n"
-                % (len(body), request_id_from(None).encode()))
+                b"Content-Length: %d\r\nx-request-id: %s\r\nrequest-id: %s\r\nConnection: close\r\n\r\n"
+                % (len(body), request_id.encode(), request_id.encode()))
         self.channel.transport.write(head + body)
         self.channel.loseConnection()
 

@@ -10,7 +10,7 @@ reactor runs, and stops the reactor itself when the drain is over; daphne's own 
 finds nothing left to cancel.
 
 The drain (`drain()`):
-1. New HTTP requests are answered 503 by `gate` (OpenAI's error shape with Retry-After;
+1. New HTTP requests are answered 503 by `gate` (in the route's error shape, with Retry-After;
    /health answers {"status": "draining"}), so a load balancer takes this process out.
 2. Requests in flight and background responses (responses_api.live) run on, for up to
    METRALE["SHUTDOWN_GRACE_S"] seconds.
@@ -57,7 +57,7 @@ def gate(app):
     async def gated(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        if draining():
+        if draining() and scope["path"] != "/health/live":  # liveness: the process still answers
             return await _refuse(scope, send)
         task = asyncio.current_task()
         _inflight.add(task)
@@ -70,15 +70,18 @@ def gate(app):
 
 
 async def _refuse(scope, send) -> None:
-    from inference.serving.errors import error_body
+    from inference.error_shapes import shape_for_path
 
+    status = 503
     if scope["path"].rstrip("/") == "/health":
         body = {"status": "draining"}
     else:
-        body = error_body("The server is shutting down; retry shortly or on another server.",
+        shape = shape_for_path(scope["path"])  # the route's own error shape (Anthropic's: 529)
+        status = shape.status(503)
+        body = shape.body(503, "The server is shutting down; retry shortly or on another server.",
                           type="server_error", code="server_shutting_down")
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": 503, "headers": [
+    await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
         (b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": data})

@@ -27,14 +27,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "corsheaders",
     "rest_framework",
     "inference",
     "responses_api",
+    "anthropic_api",
 ]
 
 MIDDLEWARE = [
     "inference.middleware.ApiRequestMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "corsheaders.middleware.CorsMiddleware",
+    "metrale_site.static_files.AsyncWhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -118,7 +122,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# `manage.py collectstatic` (a step of `make serve` and `make test`) gathers the apps' files here;
+# WhiteNoise (metrale_site/static_files.py) serves them. Without collected files the apps' own
+# folders are served too (WHITENOISE_USE_FINDERS), so a server started by hand still has its CSS;
+# settings_production serves only the collected, hashed and compressed copies.
+STATIC_ROOT = Path(envstr("DJANGO_STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+STATICFILES_DIRS = [BASE_DIR / "static"]
+WHITENOISE_USE_FINDERS = True
+STORAGES = {"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
@@ -215,7 +227,31 @@ METRALE = {
     # On SIGTERM, running requests and background responses get this long to finish before
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
+    # An Anthropic Messages stream sends a `ping` event after this many seconds without another
+    # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
+    "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
+    # Origins (comma-separated, e.g. "https://app.example.com") whose browser apps may call /v1/*
+    # with a bearer key; unset: any origin, as OpenAI's and vLLM's servers allow. The admin, the
+    # playground and every other page are never cross-origin.
+    "CORS_ORIGINS": envlist("METRALE_CORS_ORIGINS"),
 }
+
+# CORS (django-cors-headers) for the API routes only. No credentials: a cross-origin caller
+# authenticates with its key, never with this site's session cookie.
+CORS_URLS_REGEX = r"^/v1(/.*)?$"
+CORS_ALLOW_ALL_ORIGINS = not METRALE["CORS_ORIGINS"]
+CORS_ALLOWED_ORIGINS = METRALE["CORS_ORIGINS"]
+CORS_ALLOW_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
+CORS_ALLOW_HEADERS = ("accept", "authorization", "content-type", "user-agent", "x-request-id",
+                      "openai-organization", "openai-project", "openai-beta", "x-api-key",
+                      "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
+                      "x-stainless-arch", "x-stainless-lang", "x-stainless-os", "x-stainless-package-version",
+                      "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-retry-count",
+                      "x-stainless-timeout", "x-stainless-async", "x-stainless-helper-method")
+CORS_EXPOSE_HEADERS = ("x-request-id", "request-id", "openai-processing-ms", "retry-after", "x-ratelimit-limit-requests",
+                       "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
+                       "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+CORS_PREFLIGHT_MAX_AGE = 600
 
 # With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
 CELERY_BEAT_SCHEDULE = {

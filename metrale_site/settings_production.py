@@ -7,7 +7,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .env import envbool, envstr
 from .settings import *  # noqa: F401,F403
-from .settings import METRALE
+from .settings import METRALE, STORAGES
 
 DEBUG = envbool("DJANGO_DEBUG", False)
 
@@ -15,6 +15,10 @@ SECRET_KEY = envstr("DJANGO_SECRET_KEY")
 if not SECRET_KEY:
     raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set in production (it salts the "
                                "prefix cache per tenant and signs admin sessions).")
+
+# Only the files `collectstatic` gathered, under content-hashed names with gzip/brotli copies.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"}}
+WHITENOISE_USE_FINDERS = False
 
 METRALE["REQUIRE_AUTH"] = envbool("METRALE_REQUIRE_AUTH", True)
 

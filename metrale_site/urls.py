@@ -1,4 +1,4 @@
-"""Top-level URLs: the admin, the OpenAI-compatible API and the health check.
+"""Top-level URLs: the admin, the OpenAI-compatible API, Anthropic's Messages API and the health check.
 
 The inference app's fallbacks (501 for OpenAI endpoints not implemented, 404 in
 OpenAI's shape for any other /v1/* path, /v1 itself included) come last, after every
@@ -14,6 +14,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
     path("", include("responses_api.urls")),
+    path("", include("anthropic_api.urls")),
     *fallback_urlpatterns,
     # `v1/<path:rest>` needs a non-empty rest; the API's root answers in OpenAI's shape too (no redirect).
     path("v1", unknown_route),

@@ -20,6 +20,9 @@ django_settings.DATABASES["default"].get("OPTIONS", {}).pop("transaction_mode", 
 
 SMOLLM2 = "smollm2-135m-instruct"
 
+# The live daphne servers (metrale_server, auth_server, ...), one per session for every folder.
+pytest_plugins = ["tests.live_servers"]
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:

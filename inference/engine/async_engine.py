@@ -10,6 +10,11 @@ EngineConfig.max_waiting_requests: past it `submit` raises EngineOverloaded at o
 loop itself dies (an exception outside the per-request isolation), every live and queued
 request ends with Failed, later submissions get Failed at once, and `on_fatal` is called
 so the process can exit and be restarted.
+
+Operators: `cancel(request_id)` ends a request by its id (blocks freed at the next step, its
+consumer gets Finished("cancelled")); `snapshot()` gives the engine's live state as plain data
+(engine/snapshot.py), built on this thread between steps. Both answer through a
+concurrent.futures.Future, so no caller ever holds the engine's state while it steps.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from .outputs import EngineOverloaded, Failed, Finished, RequestRejected
 from .request import EngineRequest
 from .scheduler import StepOutputs
 from .sequence import Sequence
+from .snapshot import engine_snapshot
 
 log = logging.getLogger("metrale.engine")
 
@@ -143,7 +149,7 @@ class AsyncEngine:
                     raise EngineOverloaded(f"the server is at capacity: {limit} requests are already waiting",
                                            retry_after_s=OVERLOAD_RETRY_AFTER_S)
                 self._num_queued += 1
-                self._commands.append(("add", handle, (request, deadline)))
+                self._commands.append(("add", handle, (request, deadline, time.monotonic())))
         if fatal is not None:
             self._push(handle, [Failed(fatal)])
         else:
@@ -157,7 +163,7 @@ class AsyncEngine:
         with self._lock:
             fatal = self._fatal
             if fatal is None:
-                self._commands.append(("call", future, fn))
+                self._commands.append(("call", None, (fn, future)))
         if fatal is not None:
             future.set_exception(RuntimeError(fatal))
         self._wake.set()
@@ -169,6 +175,27 @@ class AsyncEngine:
         way). Requests submitted afterwards run as usual."""
         self._commands.append(("fail_all", None, message))
         self._wake.set()
+
+    def cancel(self, request_id: str) -> concurrent.futures.Future:
+        """End the live request(s) named `request_id` (an engine request id, or the id of an API
+        request whose choices are `<request_id>-<n>`) with reason "cancelled" at the next step
+        boundary; their blocks return to the pool. The future's result: how many ended (0: none
+        was live)."""
+        future = concurrent.futures.Future()
+        self._commands.append(("cancel", None, (request_id, future)))
+        self._wake.set()
+        return future
+
+    def snapshot(self) -> concurrent.futures.Future:
+        """The engine's state (engine/snapshot.engine_snapshot) as of the next step boundary, in a
+        future (await it with asyncio.wrap_future). It fails with RuntimeError once the loop died."""
+        future = concurrent.futures.Future()
+        if self._fatal is not None:
+            future.set_exception(RuntimeError(self._fatal))
+            return future
+        self._commands.append(("snapshot", None, future))
+        self._wake.set()
+        return future
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread after its current step and wait for it (up to `timeout` seconds):
@@ -204,9 +231,10 @@ class AsyncEngine:
 
     def _apply(self, kind: str, handle: RequestHandle, arg) -> None:
         if kind == "add":
-            request, deadline = arg
+            request, deadline, arrival = arg
             try:
-                seq = self.engine.add_request(request, deadline, request_id=handle.request_id)
+                seq = self.engine.add_request(request, deadline, request_id=handle.request_id,
+                                              arrival_time=arrival)
             except RequestRejected as exc:
                 self._push(handle, [Failed(str(exc))])
                 return
@@ -221,10 +249,22 @@ class AsyncEngine:
                 self.engine.abort(seq, arg)
                 self._retire(seq)
         elif kind == "call":
+            fn, future = arg
             try:
-                handle.set_result(arg(self.engine))
+                future.set_result(fn(self.engine))
             except Exception as exc:  # the caller's to handle
-                handle.set_exception(exc)
+                future.set_exception(exc)
+        elif kind == "cancel":
+            request_id, future = arg
+            named = [h.seq for h in self._handles.values()
+                     if h.request_id == request_id or h.request_id.rpartition("-")[0] == request_id]
+            for seq in named:
+                self.engine.abort(seq, "cancelled")
+                self._retire(seq)
+            future.set_result(len(named))
+        elif kind == "snapshot":
+            if not arg.done():
+                arg.set_result(engine_snapshot(self.engine, self._num_queued))
         elif kind == "fail_all":
             for live in self._handles.values():
                 self.engine.abort(live.seq, "error")
@@ -277,10 +317,12 @@ class AsyncEngine:
         with self._lock:
             self._fatal = message
             queued = [handle for kind, handle, _ in self._commands if kind == "add"]
-            calls = [future for kind, future, _ in self._commands if kind == "call"]
+            waiting = [arg if kind == "snapshot" else arg[1] for kind, _, arg in self._commands
+                       if kind in ("snapshot", "cancel", "call")]
             self._commands.clear()
-        for future in calls:
-            future.set_exception(RuntimeError(message))
+        for future in waiting:  # an operator's call waiting on the loop gets the reason, not silence
+            if not future.done():
+                future.set_exception(RuntimeError(message))
         doomed = [*self._handles.values(), *queued]
         self._handles.clear()
         self._push_all([(handle, [Failed(message)]) for handle in doomed])

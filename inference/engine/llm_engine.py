@@ -23,6 +23,7 @@ from .request import EngineRequest
 from .sampling_state import SamplingState
 from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
+from .stats import EngineStats
 
 log = logging.getLogger("metrale.engine")
 
@@ -90,6 +91,8 @@ class LLMEngine:
         # Where step time goes, in seconds summed over all steps (see bench's per-step report).
         self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
         self.num_steps = 0
+        # What the engine did, for /metrics and the dashboard (written here only, read anywhere).
+        self.stats = EngineStats(self.max_model_len, config.enable_prefix_caching)
         log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
                  str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
 
@@ -114,13 +117,15 @@ class LLMEngine:
             raise RequestRejected(f"the request needs {need} tokens of KV cache; the pool holds {pool_tokens}")
 
     def add_request(self, request: EngineRequest, deadline: float | None = None,
-                    request_id: str | None = None) -> Sequence:
+                    request_id: str | None = None, arrival_time: float | None = None) -> Sequence:
         """Queue a request (its id: request_id, else request.request_id), with its parameters
         converted to what every step uses (SamplingParams.for_engine, SamplingState, its
         generator, penalty counts, reasoning tracker and grammar state), so that a value no step
         could use fails here, for this request alone.
 
         deadline: a time.monotonic() instant after which the request ends with "timeout".
+        arrival_time: the time.monotonic() instant it was submitted (default: now); TTFT, queue
+        and e2e times count from it.
         Raises RequestRejected when it can never fit (check_fits) or a parameter cannot be used.
         """
         self.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
@@ -131,6 +136,9 @@ class LLMEngine:
             raise
         except Exception as exc:
             raise RequestRejected(f"the request's parameters cannot be used: {exc}") from exc
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.stats.record_arrival(seq, seq.arrival_time)
         self.scheduler.add(seq)
         return seq
 
@@ -188,6 +196,7 @@ class LLMEngine:
         """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
+            self.stats.record_finished(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -207,6 +216,7 @@ class LLMEngine:
         outputs += self.scheduler.postprocess(batch, result)
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
+        self.stats.record_step(batch, outputs)
         return outputs
 
     def _run(self, batch: ScheduledBatch) -> tuple[RunResult, list[tuple[Sequence, Exception]]]:

@@ -101,12 +101,14 @@ class Finish:
     """reason: stop, length, tool_calls, content_filter, cancelled or timeout.
 
     prompt_logprobs: when prompt logprobs were asked for, one TokenLogprob per prompt token
-    (logprob None where the engine gave none), else None.
+    (logprob None where the engine gave none), else None. stop_string: the stop string that
+    ended the generation, when one did (Anthropic's stop_sequence), else None.
     """
 
     reason: str
     usage: Usage = field(default_factory=Usage)
     prompt_logprobs: list[TokenLogprob] | None = None
+    stop_string: str | None = None
 
 
 @dataclass(slots=True)

@@ -50,3 +50,59 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def not_found(message: str, code: str | None = None, param: str | None = None) -> ApiError:
     """A 404 invalid_request_error (OpenAI answers unknown models and ids this way)."""
     return ApiError(404, message, param=param, code=code)
+
+
+# Anthropic's error types by HTTP status (docs.claude.com/en/api/errors); any other 4xx is
+# invalid_request_error there, any other 5xx api_error.
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                         403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                         429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+class ErrorShape:
+    """How a route words its errors: OpenAI's body (OPENAI) or Anthropic's (ANTHROPIC).
+
+    A route's shape is a property of its view (`api.openai_endpoint(error_shape=...)`); every layer
+    that answers for a route (the endpoint wrapper, the middleware, the ASGI guard, daphne's body
+    limit, the drain gate) asks `inference.error_shapes.shape_for_path` and words its error here."""
+
+    name = "openai"
+
+    def status(self, status: int) -> int:
+        """The HTTP status this shape sends for `status`."""
+        return status
+
+    def body(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
+             code: str | None = None, request_id: str | None = None) -> dict:
+        """The JSON error body for an error of `status` (type None: from the status)."""
+        kind = type or ("server_error" if status >= 500 else "invalid_request_error")
+        return error_body(message, type=kind, param=param, code=code)
+
+    def of(self, error: ApiError, request_id: str | None = None) -> tuple[int, dict]:
+        """(status, body) of an ApiError in this shape."""
+        return self.status(error.status), self.body(error.status, error.message, type=error.type,
+                                                    param=error.param, code=error.code, request_id=request_id)
+
+
+class AnthropicErrorShape(ErrorShape):
+    """Anthropic's `{"type": "error", "error": {"type", "message"}, "request_id"}`, its type read
+    from the status (ANTHROPIC_ERROR_TYPES). A 503 (the waiting queue is full, the model loads, the
+    server drains) is Anthropic's 529 overloaded_error, which its SDK retries."""
+
+    name = "anthropic"
+
+    def status(self, status: int) -> int:
+        return 529 if status == 503 else status
+
+    def body(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
+             code: str | None = None, request_id: str | None = None) -> dict:
+        status = self.status(status)
+        kind = ANTHROPIC_ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+        if request_id:
+            body["request_id"] = request_id
+        return body
+
+
+OPENAI = ErrorShape()
+ANTHROPIC = AnthropicErrorShape()

@@ -89,7 +89,8 @@ class Generation:
                     if stop_now:
                         yield Finish(_finish_reason("stop", parse),
                                      Usage(len(prompt_ids), completion_tokens,
-                                           reasoning_tokens=parse.reasoning_tokens if parse else 0))
+                                           reasoning_tokens=parse.reasoning_tokens if parse else 0),
+                                     stop_string=stops.matched)
                         return
                 elif isinstance(event, Finished):
                     self.finished_at = time.perf_counter()
@@ -106,7 +107,7 @@ class Generation:
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
                                        parse.reasoning_tokens if parse else 0),
-                                 prompt_logprobs=prompt_lps)
+                                 prompt_logprobs=prompt_lps, stop_string=stops.matched)
                     return
                 elif isinstance(event, Failed):
                     yield Error(event.message)

@@ -221,6 +221,17 @@ def _completion_prompts(rt, greq: GenerationRequest, limit: int) -> tuple[list[l
     return ids_list, texts
 
 
+async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
+    """The token ids of the prompt `prepare` would run for a chat-style `greq` (messages set): the
+    model name checked, rendered and tokenized on the prepare pool exactly as `prepare` does (no
+    truncation), for counting (Anthropic's count_tokens). Raises ApiError as `prepare` does for the
+    model name and the template, and 400 for a prompt longer in characters than the context could
+    hold."""
+    check_model(greq.model, rt.model_id)
+    _, _, ids = await cpu_work(_render_and_tokenize, rt, greq, rt.engine.max_request_tokens, 1)
+    return ids
+
+
 async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
     """Everything between a validated request and the engine (steps in the module doc).
 
@@ -267,4 +278,4 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
 
 
-__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare"]
+__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare", "prompt_ids"]

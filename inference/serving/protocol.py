@@ -62,17 +62,10 @@ class StreamOptions(serializers.Serializer):
     continuous_usage_stats = BooleanField(required=False, default=False)
 
 
-class GenerationRequest(serializers.Serializer):
-    """The fields chat and completions share: sampling, length, stops and output controls."""
+class SamplingExtensions(serializers.Serializer):
+    """The sampling controls beyond temperature / top_p / top_k (vLLM's and llama.cpp's), which every
+    generating surface accepts (chat, completions, Anthropic's Messages)."""
 
-    model = StringField(required=False, default="")
-    stream = BooleanField(required=False, default=False)
-    stream_options = StreamOptions(**opt())
-    n = IntegerField(**opt(low=1, high=MAX_N))
-    max_tokens = IntegerField(**opt(low=1))
-    temperature = NumberField(**opt(low=0, high=2))
-    top_p = NumberField(**opt(low=0, high=1, low_open=True))
-    top_k = IntegerField(**opt(low=-1))
     min_p = NumberField(**opt(low=0, high=1))
     top_n_sigma = NumberField(**opt(low=-1, high=MAX_TOP_N_SIGMA))
     repetition_penalty = NumberField(**opt(low=0, high=2, low_open=True))
@@ -87,8 +80,21 @@ class GenerationRequest(serializers.Serializer):
     min_tokens = IntegerField(**opt(low=0))
     seed = IntegerField(**opt())
     ignore_eos = BooleanField(required=False, default=False)
-    stop = StopField(required=False, allow_null=True, default=list)
     stop_token_ids = TokenIdListField(**opt())
+
+
+class GenerationRequest(SamplingExtensions):
+    """The fields chat and completions share: sampling, length, stops and output controls."""
+
+    model = StringField(required=False, default="")
+    stream = BooleanField(required=False, default=False)
+    stream_options = StreamOptions(**opt())
+    n = IntegerField(**opt(low=1, high=MAX_N))
+    max_tokens = IntegerField(**opt(low=1))
+    temperature = NumberField(**opt(low=0, high=2))
+    top_p = NumberField(**opt(low=0, high=1, low_open=True))
+    top_k = IntegerField(**opt(low=-1))
+    stop = StopField(required=False, allow_null=True, default=list)
     include_stop_str_in_output = BooleanField(required=False, default=False)
     return_token_ids = BooleanField(required=False, default=False)
     timeout = NumberField(**opt(low=0, high=MAX_TIMEOUT_S, low_open=True))

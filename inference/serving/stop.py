@@ -16,6 +16,7 @@ class StopStringMatcher:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that matched (Anthropic reports it)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit now, whether a stop string matched)."""
@@ -31,6 +32,7 @@ class StopStringMatcher:
                 first = (i, s)
         if first is not None:
             self.stopped = True
+            self.matched = first[1]
             self.pending = ""
             end = first[0] + (len(first[1]) if self.include else 0)
             return buf[:end], True

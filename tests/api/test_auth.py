@@ -6,6 +6,8 @@ import pytest
 from django.utils import timezone
 
 from inference.checks import guarded_routes
+from inference.error_shapes import shape_for_path
+from inference.serving.errors import ANTHROPIC
 from inference.models import ApiKey, Tenant
 
 pytestmark = pytest.mark.django_db
@@ -68,6 +70,12 @@ def test_it_refuses_bad_credentials(client, require_auth, keys, path, case, auth
         authorization = authorization.format(good_prefix=keys["good"][:11], **keys)
     response = call(client, path, authorization)
     assert response.status_code == 401
+    if shape_for_path(path) is ANTHROPIC:  # the route's own error shape (Anthropic's Messages routes)
+        body = response.json()
+        assert body == {"type": "error", "error": {"type": "authentication_error",
+                                                   "message": body["error"]["message"]},
+                        "request_id": response.headers["request-id"]}
+        return
     assert response.json() == {"error": {"message": response.json()["error"]["message"],
                                          "type": "invalid_request_error", "param": None,
                                          "code": code}}

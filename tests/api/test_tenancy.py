@@ -13,6 +13,7 @@ import re
 import pytest
 from django.apps import apps
 
+from anthropic_api import views as anthropic_views
 from inference import views as inference_views
 from inference.checks import guarded_routes
 from inference.models import StoredChatCompletion, Tenant
@@ -29,7 +30,7 @@ EXEMPT = {
     "v1/models/<path:model_id>": "the served model, the same for every tenant",
 }
 # Views that answer every tenant the same error for any path they match.
-EXEMPT_VIEWS = (inference_views.not_implemented, inference_views.unknown_route)
+EXEMPT_VIEWS = (inference_views.not_implemented, inference_views.unknown_route, anthropic_views.unknown_route)
 # A valid body for the routes whose POST needs one (a 404 must come for a request that is otherwise good).
 BODIES = {
     "v1/conversations/<str:conversation_id>": {"metadata": {"m": "changed"}},

@@ -1,4 +1,4 @@
-"""manage.py create_api_key TENANT [--name NAME] [--expires WHEN]: prints a new key, once."""
+"""manage.py create_api_key TENANT [--name NAME] [--expires WHEN] [--admin]: prints a new key, once."""
 import re
 from datetime import datetime, timedelta, timezone as dt_timezone
 
@@ -39,15 +39,18 @@ class Command(BaseCommand):
         parser.add_argument("tenant", help="the tenant's name")
         parser.add_argument("--name", default="", help="a label for people")
         parser.add_argument("--expires", help="30d, 12h, YYYY-MM-DD or an ISO datetime")
+        parser.add_argument("--admin", action="store_true",
+                            help="an admin key: also accepted by the operator routes (/metrics when "
+                                 "protected, adapter loading, model swap)")
 
-    def handle(self, *args, tenant, name, expires, **options):
+    def handle(self, *args, tenant, name, expires, admin, **options):
         try:
             owner = Tenant.objects.get(name=tenant)
         except Tenant.DoesNotExist:
             raise CommandError(f"No tenant named {tenant!r} (create it with create_tenant).")
         expires_at = parse_expiry(expires) if expires else None
-        key = ApiKey.objects.create(tenant=owner, name=name, expires_at=expires_at)
-        self.stderr.write(f"Created key {key.prefix}… for {owner}"
+        key = ApiKey.objects.create(tenant=owner, name=name, expires_at=expires_at, is_admin=admin)
+        self.stderr.write(f"Created {'admin ' if admin else ''}key {key.prefix}… for {owner}"
                           f"{f', expires {expires_at.isoformat()}' if expires_at else ''}. "
                           "It is printed below once and stored only as a hash:")
         self.stdout.write(key.new_key)
