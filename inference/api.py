@@ -34,6 +34,7 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from .auth import authenticate, authenticate_operator
 from .ratelimit import Lease, acquire, current_headers, debit_request
+from .request_context import note_tenant
 from .serving.errors import OPENAI, ApiError, ErrorShape
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
         request.generation_lease = None
         try:
             request.principal = await authenticate(request)
+            note_tenant(request.principal.tenant.name)
             if not generates:
                 request.ratelimit_lease = await debit_request(request.principal)
             response = await view(request, *args, **kwargs)

@@ -9,6 +9,10 @@ type `invalid_request_error`.
 
 Operator routes (`authenticate_operator`, through api.operator_endpoint) take only an admin key
 (ApiKey.is_admin) or a staff user's session, with auth on or off.
+
+With auth on, a request that sends no key from an active staff user's admin session (the
+playground's) runs as the built-in operators' tenant (OPERATORS_TENANT_NAME); being
+cookie-authenticated, its unsafe methods must pass Django's CSRF check (403 `csrf_failed`).
 """
 from __future__ import annotations
 
@@ -62,6 +66,10 @@ async def authenticate(request) -> Principal:
         return Principal(tenant, None, tenant.prefix_cache_salt)
 
     token = bearer_token(request.headers.get("Authorization")) or request.headers.get("x-api-key", "").strip()
+    if not token and "Authorization" not in request.headers:
+        operators = await _operators_session(request)
+        if operators is not None:
+            return operators
     if not token:
         raise _unauthorized(
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY' or 'x-api-key: YOUR_KEY'.",
@@ -113,6 +121,29 @@ def csrf_refusal(request) -> str | None:
     return None if refused is None else "CSRF verification failed (send the csrftoken cookie's value as X-CSRFToken)"
 
 
+# The tenant that staff users' session calls of the API run as (made when first needed; no migration).
+OPERATORS_TENANT_NAME = "operators"
+
+
+async def staff_session_user(request):
+    """The active staff user of the request's session (an admin login), or None (no session, a
+    user who is not staff or not active, or a request that went around AuthenticationMiddleware)."""
+    user = await request.auser() if hasattr(request, "auser") else None
+    return user if user is not None and user.is_active and user.is_staff else None
+
+
+async def _operators_session(request) -> Principal | None:
+    """A staff session's Principal in the operators' tenant, None without a staff session.
+    Raises ApiError 403 `csrf_failed` for an unsafe method that fails the CSRF check."""
+    if await staff_session_user(request) is None:
+        return None
+    refusal = csrf_refusal(request)
+    if refusal:
+        raise ApiError(403, refusal, type="invalid_request_error", code="csrf_failed")
+    tenant, _ = await Tenant.objects.aget_or_create(name=OPERATORS_TENANT_NAME)
+    return Principal(tenant, None, tenant.prefix_cache_salt)
+
+
 async def authenticate_operator(request) -> Operator:
     """The Operator of an operator route's request (api.operator_endpoint), whatever
     METRALE["REQUIRE_AUTH"] says: a bearer key must be an admin key (a usable one that is not:
@@ -127,8 +158,8 @@ async def authenticate_operator(request) -> Operator:
                                 "(manage.py create_api_key --admin) or a staff session.",
                            type="invalid_request_error", code="admin_key_required")
         return Operator(f"key:{key.prefix}", api_key=key)
-    user = await request.auser() if hasattr(request, "auser") else None
-    if user is not None and user.is_active and user.is_staff:
+    user = await staff_session_user(request)
+    if user is not None:
         refusal = csrf_refusal(request)
         if refusal:
             raise ApiError(403, refusal, type="invalid_request_error", code="csrf_failed")

@@ -5,6 +5,7 @@ from django.core.cache import caches
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from .ratelimiting.store import is_shared_atomically
+from .serving.errors import OPENAI
 
 # Paths that must go through inference.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
 GUARDED_PREFIXES = ("v1/", "tokenize", "detokenize")
@@ -45,7 +46,7 @@ def check_guarded_routes(app_configs, **kwargs):
         if not (getattr(view, "openai_endpoint", False) or getattr(view, "operator_endpoint", False)):
             problems.append(Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
                                     "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002"))
-        shapes = {getattr(v, "error_shape", None) for v in getattr(view, "method_views", {}).values()}
+        shapes = {getattr(v, "error_shape", OPENAI) for v in getattr(view, "method_views", {}).values()}
         if len(shapes) > 1:
             problems.append(Warning(f"The method views of {route!r} answer in different error shapes "
                                     f"({', '.join(sorted(getattr(s, 'name', '?') for s in shapes))}): a route "

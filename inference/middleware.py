@@ -34,6 +34,18 @@ def is_api_path(path: str) -> bool:
     return path == "/v1" or path.startswith(API_PREFIXES)
 
 
+# Multipart framing allowed around an upload to POST /v1/files, on top of METRALE["MAX_FILE_BYTES"].
+UPLOAD_FRAMING_BYTES = 1 << 20
+
+
+def body_limit_bytes(path: str) -> int:
+    """The most body bytes a request to `path` may send: METRALE["MAX_FILE_BYTES"] (+ framing)
+    on /v1/files, where uploads stream to disk, else METRALE["MAX_REQUEST_BYTES"]."""
+    if path == "/v1/files":
+        return settings.METRALE["MAX_FILE_BYTES"] + UPLOAD_FRAMING_BYTES
+    return settings.METRALE["MAX_REQUEST_BYTES"]
+
+
 def request_id_from(client_id: str | None) -> str:
     """The client's X-Request-Id when usable, else a new `req_<32 hex>` id."""
     return client_id if client_id and _CLIENT_ID.match(client_id) else f"req_{uuid.uuid4().hex}"
@@ -115,7 +127,7 @@ class ApiAsgiGuard:
     """ASGI middleware around the Django application (metrale_site/asgi.py), for what Django cannot do
     soon enough or at all:
 
-    - A body over METRALE["MAX_REQUEST_BYTES"] is a 413 before the application reads it: by its
+    - A body over METRALE["MAX_REQUEST_BYTES"] (body_limit_bytes: uploads to /v1/files have their own) is a 413 before the application reads it: by its
       Content-Length when sent (an unreadable one is a 400); a chunked body is counted as its
       `http.request` messages arrive and stopped at the limit (the application is told the client
       left, and nothing past the limit is kept). Under daphne such a body never gets this far:
@@ -138,7 +150,7 @@ class ApiAsgiGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         reply = _Reply(send, scope["path"], request_id_from(_header(scope, b"x-request-id")))
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        limit = body_limit_bytes(scope["path"])
         try:
             declared = _content_length(scope)
         except ValueError as exc:

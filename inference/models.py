@@ -183,3 +183,4 @@ class RateLimitContext(models.Model):
 
 from .stored_completions import StoredChatCompletion  # noqa: E402,F401  (its own module: one model, one job)
 from .heartbeat import ServerProcess  # noqa: E402,F401  (its own module: the process heartbeat)
+from .request_log import RequestLogEntry  # noqa: E402,F401  (its own module: the request log)

@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache.backends.locmem import LocMemCache
 
+from .metrics import RATE_LIMITED
 from .models import RateLimitContext
 from .ratelimiting import clock
 from .ratelimiting.buckets import Snapshot
@@ -141,6 +142,7 @@ def _check_request_size(limits: Limits, reserve_tokens: int) -> None:
 
 def _denial(limits: Limits, decision, reserve_tokens: int) -> ApiError:
     axis = decision.denied
+    RATE_LIMITED.labels(axis).inc()
     retry_s = retry_after_s(limits, decision.snapshot, axis, reserve_tokens)
     if axis == "concurrency":
         message = (f"Too many concurrent requests (limit {limits.max_concurrent_requests}). "

@@ -65,6 +65,7 @@ ENGINE_SETTINGS = {
     "DECODE_WEIGHTS": "decode_weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
     "STEP_LOG": "step_log", "MAX_WAITING_REQUESTS": "max_waiting_requests",
     "MAX_LORAS": "max_loras", "MAX_LORA_RANK": "max_lora_rank",
+    "BATCH_MAX_NUM_SEQS": "batch_max_num_seqs", "BATCH_PREFILL_CHUNK": "batch_prefill_chunk",
 }
 
 

@@ -1,12 +1,14 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize, and health (readiness) and health/live (liveness)."""
+models, tokenize, health (readiness), health/live (liveness) and /metrics."""
 from django.urls import path
 
 from . import stored_views, views
+from .metrics_view import metrics_view
 from .api import by_method
 
 urlpatterns = [
     path("health", views.health),
+    path("metrics", metrics_view),
     path("health/live", views.health_live),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
@@ -21,8 +23,7 @@ urlpatterns = [
 
 # OpenAI endpoints this server does not implement (yet): 501. metrale_site/urls.py lists these
 # after every app's own routes, so an app that implements one takes precedence.
-NOT_IMPLEMENTED = ["v1/embeddings", "v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>",
-                   "v1/batches", "v1/batches/<path:rest>", "v1/files", "v1/files/<path:rest>"]
+NOT_IMPLEMENTED = ["v1/embeddings", "v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>"]
 fallback_urlpatterns = [
     *[path(route, views.not_implemented) for route in NOT_IMPLEMENTED],
     path("v1/<path:rest>", views.unknown_route),

@@ -17,14 +17,14 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from . import runtime, swap
 from .api import admit, openai_endpoint
+from .surfaces import chat_call, completions_call
 from .engine.outputs import EngineOverloaded, RequestRejected
 from .serving import chat, tokenize
 from .serving import completions as legacy_completions
 from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
 from .serving.model_names import find_model, model_cards, model_object
-from .serving.prepare import Prepared, cpu_work, prepare
-from .stored_completions import save_chat_completion
+from .serving.prepare import Prepared, cpu_work
 from .stored_objects import tenant_of
 
 log = logging.getLogger("metrale.api")
@@ -166,9 +166,8 @@ async def chat_completions(request):
     started = time.perf_counter()
     req = await cpu_work(chat.parse, request.body)
     rt = ready_runtime()
-    prepared = await prepare(chat.generation_request(req), rt, **_ids(request))
-    wire = chat.ChatWire(req, prepared, save=functools.partial(save_chat_completion, tenant_of(request)))
-    return await respond(request, rt, prepared, wire, param="messages", started=started)
+    call = await chat_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
 
 @openai_endpoint(generates=True)
@@ -178,9 +177,8 @@ async def completions(request):
     started = time.perf_counter()
     req = await cpu_work(legacy_completions.parse, request.body)
     rt = ready_runtime()
-    prepared = await prepare(legacy_completions.generation_request(req), rt, **_ids(request))
-    wire = legacy_completions.CompletionWire(req, prepared, rt.tokenizer)
-    return await respond(request, rt, prepared, wire, param="prompt", started=started)
+    call = await completions_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
 
 @openai_endpoint

@@ -1,6 +1,8 @@
 """ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
-guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended), and the two
-rules daphne's HTTP layer needs before any application sees a request (LimitedRequest).
+guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
+inference.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
+live dashboard (inference/routing.py), and the two rules daphne's HTTP layer needs before any
+application sees a request (LimitedRequest).
 
 Starting the server (daphne imports this module) also starts loading the model in
 a background thread, so `/health` answers 503 "loading" until it is ready, and under daphne
@@ -27,7 +29,7 @@ from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
-from inference.middleware import ApiAsgiGuard, request_id_from  # noqa: E402
+from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
 from inference.error_shapes import shape_for_path  # noqa: E402
 
 
@@ -36,7 +38,7 @@ class LimitedRequest(http_protocol.WebRequest):
 
     twisted (under daphne) spools a whole body to a temporary file before daphne hands any of it to
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
-    cost +247 MB of RSS). Here a body over METRALE["MAX_REQUEST_BYTES"], by its Content-Length or
+    cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
     the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
@@ -47,12 +49,15 @@ class LimitedRequest(http_protocol.WebRequest):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._parsePOSTFormSubmission = False
+        self._limit = settings.METRALE["MAX_REQUEST_BYTES"]
         self._body_bytes = 0
         self._refused = False
         self._answered = False
 
     def gotLength(self, length):
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        # The request line is parsed (the channel's) but not yet this request's own fields.
+        path = getattr(self.channel, "_path", b"").split(b"?", 1)[0]
+        self._limit = limit = body_limit_bytes(path.decode("latin-1"))
         if length is not None and length > limit:
             self._refused = True
             length = 0  # an empty in-memory body, not a spool file
@@ -68,7 +73,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._refused:
             return
         self._body_bytes += len(data)
-        if self._body_bytes > settings.METRALE["MAX_REQUEST_BYTES"]:
+        if self._body_bytes > self._limit:
             self._refused = True
             self.content.seek(0)
             self.content.truncate()
@@ -84,7 +89,7 @@ class LimitedRequest(http_protocol.WebRequest):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)
             return
         self._answered = True
-        limit = settings.METRALE["MAX_REQUEST_BYTES"]
+        limit = self._limit
         request_id = request_id_from(None)
         body = json.dumps(shape_for_path(path.split(b"?")[0].decode("latin-1")).body(
             413, f"The request body is more than {limit} bytes; this server accepts at most {limit} bytes.",
@@ -104,6 +109,23 @@ if settings.METRALE["LOAD_ON_START"]:
 
 from . import drain  # noqa: E402
 
-# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503.
-application = drain.gate(ProtocolTypeRouter({"http": ApiAsgiGuard(django_asgi_app)}))
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from daphne import cli as daphne_cli  # noqa: E402
+
+from inference import replica  # noqa: E402
+from inference.observe import ObservedRequests, QuietScrapesAccessLog  # noqa: E402
+from inference.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne builds its access log from this name after loading the application: /metrics scrapes stay out.
+daphne_cli.AccessLogGenerator = QuietScrapesAccessLog
+
+# SIGTERM drains (drain.py): requests in flight finish, new ones are answered 503. Every HTTP
+# request gets its id, log record and metrics (ObservedRequests); websockets (the dashboard) need
+# a staff session from this site's own origin; the first request starts this replica's agent.
+application = drain.gate(replica.started(ProtocolTypeRouter({
+    "http": ObservedRequests(ApiAsgiGuard(django_asgi_app)),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})))
 drain.install()

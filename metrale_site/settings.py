@@ -31,8 +31,10 @@ INSTALLED_APPS = [
     "rest_framework",
     "inference",
     "responses_api",
+    "batches",
     "anthropic_api",
     "adapters",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -111,6 +113,16 @@ if _redis_url:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
 
+# The channel layer: the dashboard's websocket and operator commands between replicas
+# (inference/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
+# replica's dashboard reaches every other replica.
+if _redis_url:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [_redis_url],
+                                             "prefix": envstr("METRALE_CACHE_KEY_PREFIX", "metrale") + ":asgi"}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -143,6 +155,18 @@ REST_FRAMEWORK = {
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL")
 # Without a broker, tasks run in-process (eagerly) so the default needs no service.
 CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
+
+# Uploaded files (POST /v1/files) and batch output files: any Django storage backend
+# (METRALE_FILES_STORAGE, a dotted class path; default the local folder METRALE_FILES_DIR).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "files": {"BACKEND": envstr("METRALE_FILES_STORAGE", "django.core.files.storage.FileSystemStorage"),
+              "OPTIONS": envjson("METRALE_FILES_STORAGE_OPTIONS", None)
+              or {"location": envstr("METRALE_FILES_DIR", str(BASE_DIR / "var" / "files"))}},
+}
+# Uploads larger than this stay on disk while they are received (Django's upload handlers).
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 # Metrale's own settings, one namespace (documented in README.md).
 METRALE = {
@@ -240,6 +264,34 @@ METRALE = {
     # On SIGTERM, running requests and background responses get this long to finish before
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
+    # GET /metrics requires an admin key (or a staff session) when on; off: open to anyone who
+    # reaches the port (as vLLM's).
+    "METRICS_AUTH": envbool("METRALE_METRICS_AUTH", False),
+    # A file that gets one JSON line per API request (README, "Request log"); unset: no file.
+    # `manage.py serve --request-log PATH` sets it.
+    "REQUEST_LOG": envstr("METRALE_REQUEST_LOG"),
+    # Include request and response bodies in the file's lines (prompts and outputs: opt in).
+    "REQUEST_LOG_BODIES": envbool("METRALE_REQUEST_LOG_BODIES", False),
+    # Also write every request (without bodies) to the database table the admin shows
+    # (inference.request_log.RequestLogEntry, all replicas); on by default when REQUEST_LOG is set.
+    "REQUEST_LOG_DB": envbool("METRALE_REQUEST_LOG_DB", bool(envstr("METRALE_REQUEST_LOG"))),
+    # Rows of the request log table older than this are deleted (seconds or "7d"). Default 7 days.
+    "REQUEST_LOG_DB_TTL_S": envduration_s("METRALE_REQUEST_LOG_DB_TTL", 7 * 86400),
+    # The Files and Batch APIs (batches/). An upload to POST /v1/files may be this many bytes
+    # (a 413 over it); it streams to disk, in place of MAX_REQUEST_BYTES.
+    "MAX_FILE_BYTES": envint("METRALE_MAX_FILE_BYTES", 200_000_000),
+    # Batch lines run at a lower priority than interactive requests: at most this many batch
+    # sequences run at once per engine (unset: EngineConfig's 4)...
+    "BATCH_MAX_NUM_SEQS": envint("METRALE_BATCH_MAX_NUM_SEQS", None),
+    # ...and each prefills at most this many prompt tokens per engine step (unset: 64).
+    "BATCH_PREFILL_CHUNK": envint("METRALE_BATCH_PREFILL_CHUNK", None),
+    # Tokens (prompt + completion) one tenant's batch lines may use per UTC day; past it the
+    # remaining lines fail with 429 batch_token_quota_exceeded (0: no quota).
+    "BATCH_TOKENS_PER_DAY": envint("METRALE_BATCH_TOKENS_PER_DAY", 0),
+    # How often a running batch looks for cancel and expiry (seconds).
+    "BATCH_POLL_S": envfloat("METRALE_BATCH_POLL_S", 0.5),
+    # The Celery queue batch tasks go to and `manage.py batch_worker` reads.
+    "BATCH_QUEUE": envstr("METRALE_BATCH_QUEUE", "batches"),
     # An Anthropic Messages stream sends a `ping` event after this many seconds without another
     # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
     "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
@@ -266,6 +318,16 @@ CORS_EXPOSE_HEADERS = ("x-request-id", "request-id", "openai-processing-ms", "re
                        "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
 CORS_PREFLIGHT_MAX_AGE = 600
 
+# Batch tasks (batches/tasks.py) are acknowledged when they end, and a task whose worker died is
+# given to another worker; with Redis as the broker an unacknowledged task is redelivered after
+# this many seconds (METRALE_BATCH_VISIBILITY_TIMEOUT, default 1 h; RabbitMQ redelivers as soon
+# as the worker's connection drops).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envduration_s("METRALE_BATCH_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_ROUTES = {"batches.tasks.*": {"queue": METRALE["BATCH_QUEUE"]}}
+
 # With a broker, `celery beat` runs the purge; without one, the server's housekeeping thread does.
 CELERY_BEAT_SCHEDULE = {
     "purge-expired-stored-items": {
@@ -277,11 +339,14 @@ CELERY_BEAT_SCHEDULE = {
 # Django refuses larger bodies itself; the API middleware answers 413 first, in OpenAI's shape.
 DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 
+# Every line names the request it belongs to ("-" outside one): inference.request_context.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }

@@ -1,11 +1,16 @@
-"""Production settings: the defaults plus auth required, DEBUG off and a real SECRET_KEY.
+"""Production settings: the defaults plus auth required, DEBUG off, a real SECRET_KEY, and HTTPS at the load balancer.
 
-`DATABASE_URL` (PostgreSQL) and `REDIS_URL` (shared rate limits) are read by settings.py.
-Run with DJANGO_SETTINGS_MODULE=metrale_site.settings_production.
+settings.py reads the services from the environment under the same names: `DATABASE_URL`
+(PostgreSQL), `REDIS_URL` (the cache: shared rate limits; here the channel layer too),
+`CELERY_BROKER_URL` (Redis or RabbitMQ: batches run on `manage.py batch_worker`),
+`DJANGO_ALLOWED_HOSTS` and `DJANGO_SECRET_KEY`. TLS ends at the load balancer, which sets
+`X-Forwarded-Proto` (SECURE_PROXY_SSL_HEADER trusts it); plain-HTTP requests without it are
+redirected to HTTPS, but /health and /health/live (the balancer's probes). `manage.py check
+--deploy` is clean with these settings. Run with DJANGO_SETTINGS_MODULE=metrale_site.settings_production.
 """
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import envbool, envstr
+from .env import envbool, envint, envlist, envstr
 from .settings import *  # noqa: F401,F403
 from .settings import METRALE, STORAGES
 
@@ -21,6 +26,21 @@ STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "whitenoise.storage.Compresse
 WHITENOISE_USE_FINDERS = False
 
 METRALE["REQUIRE_AUTH"] = envbool("METRALE_REQUIRE_AUTH", True)
+
+# HTTPS is terminated by the load balancer in front; only it may reach the replicas.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = envbool("DJANGO_SECURE_SSL_REDIRECT", True)
+SECURE_REDIRECT_EXEMPT = [r"^health(/live)?$"]
+SECURE_HSTS_SECONDS = envint("DJANGO_HSTS_SECONDS", 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = envbool("DJANGO_HSTS_PRELOAD", True)
+CSRF_TRUSTED_ORIGINS = envlist("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+_redis_url = envstr("REDIS_URL")
+if _redis_url:
+    # Channels' layer on the same Redis, so every replica's consumers reach each other.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [_redis_url]}}}
 
 # Admin cookies only over HTTPS; set DJANGO_SECURE_COOKIES=0 to reach the admin over plain HTTP
 # (e.g. on 127.0.0.1 through an SSH tunnel).

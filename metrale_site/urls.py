@@ -1,4 +1,5 @@
-"""Top-level URLs: the admin, the OpenAI-compatible API, Anthropic's Messages API and the health check.
+"""Top-level URLs: the console's pages (front door, playground, the admin's dashboard), the admin, the
+OpenAI-compatible API, Anthropic's Messages API and the health checks.
 
 The inference app's fallbacks (501 for OpenAI endpoints not implemented, 404 in
 OpenAI's shape for any other /v1/* path, /v1 itself included) come last, after every
@@ -11,9 +12,11 @@ from inference.urls import fallback_urlpatterns
 from inference.views import unknown_route
 
 urlpatterns = [
+    path("", include("console.urls")),
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
     path("", include("responses_api.urls")),
+    path("", include("batches.urls")),
     path("", include("anthropic_api.urls")),
     path("", include("adapters.urls")),
     *fallback_urlpatterns,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import contextvars
 import logging
 import time
@@ -117,10 +118,11 @@ def _messages(req: dict, items: list[dict]) -> list[dict]:
     return messages
 
 
-async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt: str = "") -> PreparedResponse:
+async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt: str = "",
+                  priority: int = 0) -> PreparedResponse:
     """Prepare a validated request after its context items through the shared pipeline
     (inference.serving.prepare). cache_salt keeps the tenant's prefix-cache blocks apart from
-    other tenants' (see inference.auth).
+    other tenants' (see inference.auth); priority: EngineRequest.priority (batch lines above 0).
 
     Raises ApiError 400 for an input item id already in the conversation, an empty input, and
     what the pipeline raises (template, context length, grammar).
@@ -135,8 +137,8 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
     if not messages:
         raise bad_request("'input' must not be empty when there is no earlier context.", "input")
     response_id = new_id("resp")
-    prepared = await prepare_generation(generation_request(req, messages), rt, request_id=response_id,
-                                        cache_salt=cache_salt)
+    greq = dataclasses.replace(generation_request(req, messages), priority=priority)
+    prepared = await prepare_generation(greq, rt, request_id=response_id, cache_salt=cache_salt)
     body = response_object(response_id, req, req["model"] or rt.model_id,
                            "queued" if req["background"] else "in_progress")
     return PreparedResponse(response_id, tenant, req, req["input"], prepared, body)
@@ -306,6 +308,64 @@ class ResponseRun:
         async for _ in self.events():
             pass
         return self.final
+
+
+async def submit_and_store(p: PreparedResponse, rt) -> ResponseRun | None:
+    """A created response's run, submitted first unless it is a background one (so a request the
+    engine refuses is stored nowhere), then, with `store`, the response stored. Returns the run
+    (events recorded when streamed), None for a background response (live_run and
+    start_background run it). Raises RequestRejected / EngineOverloaded from the submit, and what
+    storing raises (the run is aborted then)."""
+    req, run = p.req, None
+    if not req["background"]:
+        run = ResponseRun(p, rt, record_events=req["stream"])
+        run.submit()
+    if req["store"]:
+        try:
+            await sync_to_async(store.create_response)(
+                tenant=p.tenant, response_id=p.response_id, model=p.body["model"], body=p.body,
+                request=stored_request(req), input_items=p.input_items,
+                previous_response_id=req["previous_response_id"], conversation_id=req["conversation"],
+                background=req["background"], streamed=req["stream"] or req["background"])
+        except BaseException:
+            if run is not None:
+                run.abort()
+            raise
+    return run
+
+
+def succeeded(body: dict) -> dict:
+    """A blocking response's final body; raises ApiError 500 server_error (its error's message
+    and code) when it failed."""
+    if body["status"] == "failed":
+        raise ApiError(500, body["error"]["message"], type="server_error", code=body["error"]["code"])
+    return body
+
+
+async def responses_call(req: dict, rt, *, tenant: Tenant, request_id: str | None, cache_salt: str,
+                         priority: int = 0) -> BlockingResponse:
+    """A validated Create response body (protocol.parse_create) prepared after its context, for a
+    blocking answer (the Batch API's lines: a background request is a 400 there). Raises what
+    load_context and prepare raise."""
+    if req["background"]:
+        raise bad_request("A batch line cannot create a background response.", "background")
+    context = await sync_to_async(load_context)(tenant, req)
+    return BlockingResponse(await prepare(req, rt, tenant, context, cache_salt=cache_salt, priority=priority))
+
+
+@dataclass(slots=True)
+class BlockingResponse:
+    """A prepared response answered as a blocking request would be (inference.surfaces.Call's shape)."""
+
+    p: PreparedResponse
+    param: str = "input"
+
+    async def blocking_run(self, rt):
+        """Submit, store (with `store`) and run to the end: (the Response object, its usage).
+        Raises RequestRejected / EngineOverloaded, ApiError 500 when the response failed."""
+        run = await submit_and_store(self.p, rt)
+        body = succeeded(await run.complete())
+        return body, run.choices.usage
 
 
 def start_background(p: PreparedResponse, run: ResponseRun, lease=None) -> live.LiveResponse:

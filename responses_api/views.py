@@ -16,7 +16,7 @@ from django.http import JsonResponse
 
 from inference.api import admit, by_method, openai_endpoint
 from inference.engine.outputs import EngineOverloaded, RequestRejected
-from inference.serving.errors import ApiError, bad_request
+from inference.serving.errors import bad_request
 from inference.serving.prepare import cpu_work
 from inference.stored_objects import tenant_of
 from inference.views import cache_salt_of, engine_refusal, ready_runtime, sse_response
@@ -79,23 +79,10 @@ async def create_response(request):
     run = None
     lease = await admit(request, reserve_tokens=p.reserve_tokens, timeout_s=p.prepared.timeout_s,
                         used_tokens=lambda: run.used_tokens if run is not None else p.prepared.prompt_tokens)
-    if not req["background"]:  # submitted first: a request the engine refuses is stored nowhere
-        run = service.ResponseRun(p, rt, record_events=req["stream"])
-        try:
-            run.submit()
-        except (RequestRejected, EngineOverloaded) as exc:
-            raise engine_refusal(exc, "input") from exc
-    if req["store"]:
-        try:
-            await db(store.create_response, tenant=tenant, response_id=p.response_id,
-                     model=p.body["model"], body=p.body, request=service.stored_request(req),
-                     input_items=p.input_items, previous_response_id=req["previous_response_id"],
-                     conversation_id=req["conversation"], background=req["background"],
-                     streamed=req["stream"] or req["background"])
-        except BaseException:
-            if run is not None:
-                run.abort()
-            raise
+    try:
+        run = await service.submit_and_store(p, rt)
+    except (RequestRejected, EngineOverloaded) as exc:
+        raise engine_refusal(exc, "input") from exc
     if req["background"]:
         run = service.live_run(p, rt)
         entry = service.start_background(p, run, lease=lease.hand_off())
@@ -104,10 +91,7 @@ async def create_response(request):
         return JsonResponse(p.body)
     if req["stream"]:
         return sse_response(_frames(run.events()))
-    body = await run.complete()
-    if body["status"] == "failed":
-        raise ApiError(500, body["error"]["message"], type="server_error",
-                       code=body["error"]["code"])
+    body = service.succeeded(await run.complete())
     return JsonResponse(body)
 
 

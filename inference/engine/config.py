@@ -122,6 +122,8 @@ class EngineConfig:
     EngineOverloaded (0: unbounded).
     max_loras: LoRA adapter slots resident at once (0: no adapters); max_lora_rank: the largest
     rank an adapter may have.
+    batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
+    batch_prefill_chunk: the most prompt tokens one of them prefills per step.
     """
 
     model_path: str
@@ -146,6 +148,8 @@ class EngineConfig:
     max_waiting_requests: int = 0
     max_loras: int = 4
     max_lora_rank: int = 64
+    batch_max_num_seqs: int = 4
+    batch_prefill_chunk: int = 64
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -164,5 +168,7 @@ class EngineConfig:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_loras < 0 or self.max_lora_rank <= 0:
             raise ConfigError("max_loras must be >= 0 and max_lora_rank positive")
+        if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
+            raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 
+from .stats import GRAMMAR_COMPILE_S
+
 log = logging.getLogger("metrale.engine")
 
 # JSON is written the way json.dumps and OpenAI's models write it ({"a": 1, "b": [2, 3]}), with
@@ -195,7 +197,9 @@ class GrammarCompiler:
             raise GrammarError(first_line(matcher.get_error()))
         if not first.any():
             raise GrammarError("the grammar allows no output at all")
-        return CompiledGrammar(spec, matcher, words, time.perf_counter() - started)
+        elapsed_s = time.perf_counter() - started
+        GRAMMAR_COMPILE_S.observe(elapsed_s)
+        return CompiledGrammar(spec, matcher, words, elapsed_s)
 
 
 def first_line(message: str) -> str:

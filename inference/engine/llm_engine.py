@@ -82,7 +82,9 @@ class LLMEngine:
         num_blocks = max(1, budget // block_bytes)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.eos_token_ids, self.max_model_len)
+                                   self.eos_token_ids, self.max_model_len,
+                                   batch_max_num_seqs=config.batch_max_num_seqs,
+                                   batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
         self.loras = LoraSlots(model, config.max_loras, self.runner.fused) if config.max_loras else None
@@ -180,7 +182,8 @@ class LLMEngine:
         lora = self._lora_for(request.lora_name)
         # The adapter (this load of it) is part of the prefix-cache key: its KV is its own.
         salt = request.cache_salt if lora is None else f"{request.cache_salt}\x00lora:{lora.uid}"
-        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline, cache_salt=salt, lora=lora)
+        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline, cache_salt=salt,
+                       priority=request.priority, lora=lora)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         device = self.runner.device

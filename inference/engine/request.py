@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 from .sampling_params import SamplingParams
 
+# EngineRequest.priority of a batch line (the Batch API): after interactive requests.
+BATCH_PRIORITY = 1
+
 
 @dataclass(slots=True)
 class EngineRequest:
@@ -16,6 +19,9 @@ class EngineRequest:
     (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
     the same salt (the tenant's), so one tenant's cached prompt never serves another.
     lora_name: the resident LoRA adapter to run with (None: the base model).
+    priority: 0 for interactive work; higher values (batch lines: BATCH_PRIORITY) are admitted
+    after every waiting interactive request, capped in number and in prefill chunk size
+    (EngineConfig.batch_max_num_seqs, batch_prefill_chunk).
     """
 
     prompt_token_ids: list[int]
@@ -24,6 +30,7 @@ class EngineRequest:
     timeout_s: float | None = None
     cache_salt: str = ""
     lora_name: str | None = None
+    priority: int = 0
 
     @property
     def num_tokens_needed(self) -> int:

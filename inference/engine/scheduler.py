@@ -6,6 +6,9 @@ the context's end, in one place), and returns each request's events. Decodes go 
 budget, so a long prompt never stalls running streams for more than one chunk.
 When KV blocks run out, the newest running sequence is preempted (its blocks are
 freed and it is re-queued at the front, to be recomputed later), never an error.
+Low-priority (batch) sequences wait behind every interactive one, at most
+`batch_max_num_seqs` of them run at once, and each prefills at most `batch_prefill_chunk`
+tokens a step, so batch work never starves interactive requests.
 """
 from __future__ import annotations
 
@@ -62,7 +65,8 @@ class Scheduler:
     """Owns the waiting queue and the running list; `schedule()` plans one step."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 eos_token_ids: list[int] | tuple[int, ...] = (), max_model_len: int | None = None):
+                 eos_token_ids: list[int] | tuple[int, ...] = (), max_model_len: int | None = None,
+                 batch_max_num_seqs: int | None = None, batch_prefill_chunk: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,9 +75,20 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.batch_max_num_seqs = batch_max_num_seqs or max_num_seqs
+        self.batch_prefill_chunk = batch_prefill_chunk or max_num_batched_tokens
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue `seq`: an interactive one ahead of every queued low-priority one."""
+        if seq.priority == 0 and self.waiting and self.waiting[-1].priority > 0:
+            self.waiting.insert(next(i for i, s in enumerate(self.waiting) if s.priority > 0), seq)
+        else:
+            self.waiting.append(seq)
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Prompt tokens `seq` may compute this step within `budget`."""
+        chunk = min(seq.num_uncomputed_tokens, budget)
+        return min(chunk, self.batch_prefill_chunk) if seq.priority and chunk > 1 else chunk
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -192,11 +207,17 @@ class Scheduler:
             budget -= 1
         batch.num_decodes = len(batch.items)
 
-        # Running sequences part-way through a chunked prefill.
+        # Running sequences part-way through a chunked prefill; batch ones after the admission of
+        # waiting interactive requests, which must not wait behind them.
+        interactive_waiting = bool(self.waiting) and self.waiting[0].priority == 0
+        deferred = []
         for seq in list(self.running):
             if budget <= 0:
                 break
             if seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens > 1:
+                if seq.priority and interactive_waiting:
+                    deferred.append(seq)
+                    continue
                 budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
 
         # Admit waiting sequences while there is room, reusing cached prefix blocks. A sequence
@@ -205,6 +226,8 @@ class Scheduler:
         pending = self._pending_hashes(batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.priority and sum(1 for s in self.running if s.priority) >= self.batch_max_num_seqs:
+                break  # only low-priority work waits (interactive work is queued ahead of it)
             if not seq.block_table:
                 h = bm.next_uncached_hash(seq)
                 if h is not None and h in pending:
@@ -212,7 +235,7 @@ class Scheduler:
                 reused = bm.match_prefix(seq)
                 if seq.num_preemptions == 0:
                     seq.num_cached_tokens = reused
-            chunk = min(seq.num_uncomputed_tokens, budget)
+            chunk = self._chunk(seq, budget)
             if not bm.can_allocate(seq, seq.num_computed_tokens + chunk):
                 bm.free(seq)
                 break
@@ -221,6 +244,10 @@ class Scheduler:
             self.running.append(seq)
             budget = self._schedule_prefill(seq, budget, batch)
             pending |= self._pending_hashes(ScheduledBatch(items=[batch.items[-1]], num_decodes=0))
+        for seq in deferred:
+            if budget <= 0:
+                break
+            budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
         return batch
 
     def _pending_hashes(self, batch: ScheduledBatch) -> set[int]:
@@ -237,7 +264,7 @@ class Scheduler:
 
     def _schedule_prefill(self, seq: Sequence, budget: int, batch: ScheduledBatch,
                           may_preempt: bool = False) -> int:
-        chunk = min(seq.num_uncomputed_tokens, budget)
+        chunk = self._chunk(seq, budget)
         target = seq.num_computed_tokens + chunk
         bm = self.block_manager
         scheduled = {id(s) for s, _ in batch.items}

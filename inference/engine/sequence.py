@@ -45,6 +45,8 @@ class Sequence:
     full_blocks: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     # Prefix-cache salt: blocks are shared only between sequences with the same salt (the tenant).
     cache_salt: str = ""
+    # EngineRequest.priority: 0 interactive; above 0 (batch work) waits behind interactive work.
+    priority: int = 0
     # grammar_state.GrammarState while params.structured is set and the sequence runs; None once it ends.
     grammar: object = None
     generator: object = None

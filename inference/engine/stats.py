@@ -41,6 +41,9 @@ SERIES_WINDOW_S = 300
 _SAMPLES_PER_POINT = 2048
 
 
+GRAMMAR_COMPILE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
     """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max_value (included).
 
@@ -287,3 +290,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 def _percentiles(name: str, values: list[float]) -> dict:
     values.sort()
     return {f"{name}_p50_s": percentile(values, 0.5), f"{name}_p99_s": percentile(values, 0.99)}
+
+
+# Grammar compiles of the whole process (engine/grammar.py's worker observes them; /metrics reads them).
+GRAMMAR_COMPILE_S = Histogram(GRAMMAR_COMPILE_BUCKETS_S)

@@ -13,8 +13,8 @@ from contextlib import aclosing
 
 from .chat_encoder import DONE, ChatChunkEncoder, ChatCompletionAssembler, chat_completion_body, sse
 from .choices import Choices
-from .deltas import Content, Error, Finish
-from .errors import ApiError
+from .deltas import Content, Error, Finish, cancelled_as_error
+from .errors import engine_error
 from .prepare import GenerationRequest, Prepared
 from .prompts import echo_text
 from .protocol import ChatCompletionRequest, parse_json_body, validate
@@ -90,6 +90,7 @@ class ChatWire:
         try:
             async with aclosing(run.merged()) as merged:
                 async for i, delta in merged:
+                    delta = cancelled_as_error(delta)
                     assemblers[i].add(delta)
                     if isinstance(delta, Finish):
                         yield sse(enc.finish_chunk(Finish(delta.reason, run.usage), i))
@@ -136,11 +137,12 @@ class ChatWire:
                 a.add(Content(self.echo))
         async with aclosing(run.merged()) as merged:
             async for i, delta in merged:
+                delta = cancelled_as_error(delta)
                 assemblers[i].add(delta)
                 if isinstance(delta, Content) and delta.token_ids:
                     token_ids[i].extend(delta.token_ids)
                 elif isinstance(delta, Error):
-                    raise ApiError(500, delta.message, type="server_error")
+                    raise engine_error(delta)
         body = self._body(run, assemblers, token_ids if self.return_token_ids else None)
         if self.save is not None:
             await self.save(self.stored_request, body)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from inference.request_context import current_record
+
 from .deltas import Error, Finish, StreamDelta, Usage
 from .pipeline import Generation
 
@@ -25,6 +27,10 @@ class Choices:
         self.generations: list[Generation] = []
         self.finishes: dict[int, Finish] = {}
         self._generated = [0] * len(prepared.inputs)
+        # The request log's record of the HTTP request this generation answers (request_log.RequestRecord).
+        self._record = current_record.get()
+        if self._record is not None:
+            self._record.attach(self)
         try:
             for gen in prepared.inputs:
                 self.generations.append(Generation(engine, tokenizer, gen))
@@ -65,6 +71,8 @@ class Choices:
         return usage
 
     def _seen(self, index: int, delta: StreamDelta) -> None:
+        if self._record is not None:
+            self._record.on_delta(index, delta)
         if isinstance(delta, Finish):
             self.finishes[index] = delta
         else:

@@ -17,8 +17,8 @@ from contextlib import aclosing
 from .chat_encoder import DONE, ChatChunkEncoder, sse
 from .choices import Choices
 from .completion_encoder import CompletionChunkEncoder, completion_body
-from .deltas import Content, Error, Finish
-from .errors import ApiError
+from .deltas import Content, Error, Finish, cancelled_as_error
+from .errors import engine_error
 from .logprobs import LegacyLogprobs, merge_legacy, prompt_logprobs, spelling_for
 from .prepare import GenerationRequest, Prepared
 from .protocol import CompletionRequest, parse_json_body, validate
@@ -89,6 +89,7 @@ class CompletionWire:
         try:
             async with aclosing(run.merged()) as merged:
                 async for j, delta in merged:
+                    delta = cancelled_as_error(delta)
                     if isinstance(delta, Error):
                         failed = True
                         yield sse(ChatChunkEncoder.error_frame(delta))
@@ -129,12 +130,13 @@ class CompletionWire:
         token_ids: list[list[int]] = [[] for _ in range(len(run))]
         async with aclosing(run.merged()) as merged:
             async for j, delta in merged:
+                delta = cancelled_as_error(delta)
                 if isinstance(delta, Content):
                     texts[j].append(delta.text)
                     entries[j].extend(delta.logprobs or [])
                     token_ids[j].extend(delta.token_ids or [])
                 elif isinstance(delta, Error):
-                    raise ApiError(500, delta.message, type="server_error")
+                    raise engine_error(delta)
         out = []
         for j in range(len(run)):
             prompt_text = self._prompt_text(j)

@@ -119,3 +119,14 @@ class Error:
 
 
 StreamDelta = Reasoning | Content | Refusal | ToolCallStart | ToolCallArgs | Finish | Error
+
+
+def cancelled_as_error(delta: StreamDelta) -> StreamDelta:
+    """How chat and legacy completions tell a client its request was cancelled (by an operator,
+    AsyncEngine.cancel): Finish("cancelled") becomes Error code `cancelled`, sent as an in-band
+    error frame then [DONE] on a stream, a 500 with that code for a blocking request. Every
+    other delta is returned as it is. (Responses show status "cancelled"; Messages an
+    `event: error`: each encoder reads the same Finish.)"""
+    if isinstance(delta, Finish) and delta.reason == "cancelled":
+        return Error("The request was cancelled by an operator.", type="server_error", code="cancelled")
+    return delta

@@ -52,6 +52,14 @@ def not_found(message: str, code: str | None = None, param: str | None = None) -
     return ApiError(404, message, param=param, code=code)
 
 
+def engine_error(error) -> ApiError:
+    """A blocking request's answer when its generation ended with `error` (a deltas.Error): a 500
+    carrying its message and code; a cancelled one (code `cancelled`) also says `x-should-retry:
+    false`, so the SDKs do not send again what an operator ended."""
+    headers = {"x-should-retry": "false"} if error.code == "cancelled" else None
+    return ApiError(500, error.message, type="server_error", code=error.code, headers=headers)
+
+
 # Anthropic's error types by HTTP status (docs.claude.com/en/api/errors); any other 4xx is
 # invalid_request_error there, any other 5xx api_error.
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",

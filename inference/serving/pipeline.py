@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.request import EngineRequest
+from inference.metrics import count_tool_calls
 
 from .assembly import resolve_finish_reason
 from .deltas import Content, Error, Finish, Reasoning, StreamDelta, TokenLogprob, Usage
@@ -87,6 +88,7 @@ class Generation:
                     for delta in carry.attach(out, final=stop_now, want_logprobs=spell is not None):
                         yield delta
                     if stop_now:
+                        _count_tool_calls(parse)
                         yield Finish(_finish_reason("stop", parse),
                                      Usage(len(prompt_ids), completion_tokens,
                                            reasoning_tokens=parse.reasoning_tokens if parse else 0),
@@ -104,6 +106,7 @@ class Generation:
                     if params.prompt_logprobs is not None:
                         prompt_lps = prompt_logprobs(spelling_for(self.tokenizer), prompt_ids,
                                                      event.prompt_logprobs)
+                    _count_tool_calls(parse)
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
                                        parse.reasoning_tokens if parse else 0),
@@ -121,6 +124,12 @@ def _parsed(parse: TextPipeline | None, text: str) -> list[StreamDelta]:
     if parse is not None:
         return parse.feed(text) if text else []
     return [Content(text)] if text else []
+
+
+def _count_tool_calls(parse: TextPipeline | None) -> None:
+    """The generation's delivered and rejected tool calls, into metrale:tool_calls_total."""
+    if parse is not None:
+        count_tool_calls(len(parse.tool_calls), len(parse.rejected_tool_calls))
 
 
 def _finish_reason(base: str, parse: TextPipeline | None) -> str:

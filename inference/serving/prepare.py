@@ -31,6 +31,7 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
 from inference.engine.request import EngineRequest
+from inference.request_context import in_request_context
 
 from .errors import ApiError
 from .logprobs import spelling_for
@@ -54,7 +55,8 @@ async def cpu_work(fn: Callable, *args):
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=settings.METRALE["PREPARE_THREADS"],
                                    thread_name_prefix="metrale-prepare")
-    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+    # The request's context goes along: its log lines there name its request id too.
+    return await asyncio.get_running_loop().run_in_executor(_pool, in_request_context(fn), *args)
 
 
 @lru_cache(maxsize=4)
@@ -79,7 +81,7 @@ class GenerationRequest:
     max_tokens: requested completion tokens (None: the model's default, else `default_max_tokens`,
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
-    METRALE["REQUEST_TIMEOUT_S"]).
+    METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
     """
 
     param: str
@@ -106,6 +108,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -276,7 +279,7 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
             request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
-                                    lora_name=lora)
+                                    priority=greq.priority, lora_name=lora)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))

@@ -13,9 +13,11 @@ from inference.middleware import ApiAsgiGuard
 
 class AsgiRequest:
     def __init__(self, method: str, url: str, headers: dict[str, str] | None = None,
-                 body: bytes = b"", send_buffer: int = 0):
+                 body: bytes = b"", send_buffer: int = 0, app=None):
         """send_buffer: how many messages the server may send ahead of the reader (0: any);
-        a small one makes the server wait in `send`, as it does for a slow client."""
+        a small one makes the server wait in `send`, as it does for a slow client. app: the ASGI
+        application (default: Django's handler inside ApiAsgiGuard)."""
+        self.app = app
         parts = urlsplit(url)
         self.scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
@@ -35,7 +37,8 @@ class AsgiRequest:
     async def start(self, timeout_s: float = 10.0) -> "AsgiRequest":
         """Send the request and wait for the response's status and headers."""
         await self.inbox.put({"type": "http.request", "body": self.body, "more_body": False})
-        self.task = asyncio.create_task(ApiAsgiGuard(ASGIHandler())(self.scope, self.inbox.get, self.outbox.put))
+        app = self.app or ApiAsgiGuard(ASGIHandler())
+        self.task = asyncio.create_task(app(self.scope, self.inbox.get, self.outbox.put))
         message = await asyncio.wait_for(self.outbox.get(), timeout_s)
         assert message["type"] == "http.response.start", message
         self.status = message["status"]

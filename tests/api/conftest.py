@@ -32,6 +32,15 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(runtime, "start_loading", lambda: None)
 
 
+@pytest.fixture(autouse=True)
+def no_batch_thread(monkeypatch):
+    """In-process tests run a batch where they say (batch_support.run_batch), not on the server's
+    batch thread, which would outlive the test's database."""
+    from batches import execution
+
+    monkeypatch.setattr(execution.embedded, "submit", lambda batch_id: None)
+
+
 def redis_reachable() -> bool:
     try:
         import redis
@@ -62,6 +71,13 @@ def use_redis(settings):
         if keys:
             client.delete(*keys)
     return cleanup
+
+
+@pytest.fixture(autouse=True)
+def files_in_tmp(settings, tmp_path):
+    """Uploaded and batch output files (STORAGES["files"]) go to the test's temporary folder."""
+    settings.STORAGES = {**settings.STORAGES, "files": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                                                       "OPTIONS": {"location": str(tmp_path / "files")}}}
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,10 @@ from inference import views as inference_views
 from inference.checks import guarded_routes
 from inference.models import StoredChatCompletion, Tenant
 from inference.stored_objects import StoredObject, tenant_of
+from batches.models import Batch, StoredFile
 from responses_api.models import Conversation, ConversationItem, StoredResponse
 
+from .batch_support import chat_line, jsonl, upload
 from .responses.support import sse_events
 
 PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
@@ -49,11 +51,12 @@ USES = [
     ("v1/responses", {"input": "Go on", "previous_response_id": "{response_id}"}),
     ("v1/responses", {"input": "Go on", "conversation": "{conversation_id}"}),
     ("v1/responses", {"input": "Go on", "conversation": {"id": "{conversation_id}"}}),
+    ("v1/batches", {"input_file_id": "{file_id}", "endpoint": "/v1/chat/completions", "completion_window": "24h"}),
 ]
 VOLATILE = {"updated_at", "last_used"}  # written by reads and by authentication
 # The error code of a 404 on each app's objects (by route prefix).
 NOT_FOUND_CODES = {"v1/responses": "response_not_found", "v1/conversations": "conversation_not_found",
-                   "v1/chat/completions": None}
+                   "v1/chat/completions": None, "v1/files": "file_not_found", "v1/batches": "batch_not_found"}
 
 
 @pytest.fixture
@@ -68,7 +71,7 @@ def intruder(fake_rt, as_tenant):
 
 def make_objects(owner) -> dict[str, str]:
     """The owner's stored objects, by the URL parameter that names each: a streamed response, a
-    conversation with one item, and a stored chat completion."""
+    conversation with one item, a stored chat completion, an uploaded file and a batch of it."""
     events = sse_events(owner.post("/v1/responses", {"input": "Hi", "stream": True}))
     rid = events[-1]["response"]["id"]
     conv = owner.post("/v1/conversations", {"items": [{"role": "user", "content": "secret"}],
@@ -76,15 +79,19 @@ def make_objects(owner) -> dict[str, str]:
     item_id = owner.get(f"/v1/conversations/{conv['id']}/items").json()["data"][0]["id"]
     completion = owner.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "secret"}],
                                                      "store": True, "metadata": {"team": "owner"}}).json()
+    file_id = upload(owner, jsonl(chat_line("secret"))).json()["id"]
+    batch = owner.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                       "completion_window": "24h"}).json()
     return {"response_id": rid, "conversation_id": conv["id"], "item_id": item_id,
-            "completion_id": completion["id"]}
+            "completion_id": completion["id"], "file_id": file_id, "batch_id": batch["id"]}
 
 
 def snapshot() -> dict:
     """Every row of every model of the project's apps (what an intruder must leave as it was)."""
     state = {}
     for model in [*apps.get_app_config("inference").get_models(),
-                  *apps.get_app_config("responses_api").get_models()]:
+                  *apps.get_app_config("responses_api").get_models(),
+                  *apps.get_app_config("batches").get_models()]:
         fields = [f.attname for f in model._meta.concrete_fields if f.name not in VOLATILE]
         state[model.__name__] = list(model.objects.order_by("pk").values_list(*fields))
     return state
@@ -196,8 +203,10 @@ def test_another_tenants_key_gets_404_on_every_stored_object_route(owner, intrud
     assert {"v1/responses/<str:response_id>", "v1/responses/<str:response_id>/input_items",
             "v1/conversations/<str:conversation_id>/items/<str:item_id>",
             "v1/chat/completions/<str:completion_id>",
-            "v1/chat/completions/<str:completion_id>/messages"} <= set(id_routes)
-    assert list_routes == ["v1/chat/completions"]
+            "v1/chat/completions/<str:completion_id>/messages", "v1/files/<str:file_id>",
+            "v1/files/<str:file_id>/content", "v1/batches/<str:batch_id>",
+            "v1/batches/<str:batch_id>/cancel"} <= set(id_routes)
+    assert sorted(list_routes) == ["v1/batches", "v1/chat/completions", "v1/files"]
 
 
 def test_another_tenants_objects_cannot_be_used_in_a_new_response(owner, intruder):
@@ -206,8 +215,8 @@ def test_another_tenants_objects_cannot_be_used_in_a_new_response(owner, intrude
         before = snapshot()
         answer = intruder.post("/" + route, fill(body, ids))
         assert answer.status_code == 404, (body, answer.content)
-        assert answer.json()["error"]["code"] in ("response_not_found", "conversation_not_found")
-        assert answer.json()["error"]["param"] in ("previous_response_id", "conversation")
+        assert answer.json()["error"]["code"] in ("response_not_found", "conversation_not_found", "file_not_found")
+        assert answer.json()["error"]["param"] in ("previous_response_id", "conversation", "input_file_id")
         assert snapshot() == before
         assert owner.post("/" + route, fill(body, ids)).status_code == 200
 
@@ -217,6 +226,10 @@ def test_the_owner_reaches_what_it_stored_and_it_is_the_owners(owner):
     assert StoredResponse.objects.get(pk=ids["response_id"]).tenant == owner.tenant
     assert Conversation.objects.get(pk=ids["conversation_id"]).tenant == owner.tenant
     assert StoredChatCompletion.objects.get(pk=ids["completion_id"]).tenant == owner.tenant
+    assert StoredFile.objects.get(pk=ids["file_id"]).tenant == owner.tenant
+    assert Batch.objects.get(pk=ids["batch_id"]).tenant == owner.tenant
+    assert owner.get(f"/v1/files/{ids['file_id']}").status_code == 200
+    assert owner.get(f"/v1/batches/{ids['batch_id']}").status_code == 200
     assert owner.get(f"/v1/responses/{ids['response_id']}").status_code == 200
     assert owner.get(f"/v1/conversations/{ids['conversation_id']}").status_code == 200
     assert owner.get(f"/v1/chat/completions/{ids['completion_id']}").status_code == 200
@@ -224,10 +237,11 @@ def test_the_owner_reaches_what_it_stored_and_it_is_the_owners(owner):
 
 def test_every_stored_model_is_owned_by_a_tenant():
     stored = {m.__name__ for m in apps.get_models() if issubclass(m, StoredObject)}
-    assert stored == {"StoredResponse", "Conversation", "StoredChatCompletion"}
-    for name in stored:
-        field = apps.get_model("responses_api" if name != "StoredChatCompletion" else "inference",
-                               name)._meta.get_field("tenant")
+    assert stored == {"StoredResponse", "Conversation", "StoredChatCompletion", "StoredFile", "Batch"}
+    for model in apps.get_models():
+        if not issubclass(model, StoredObject):
+            continue
+        field = model._meta.get_field("tenant")
         assert field.remote_field.model is Tenant and not field.null
 
 
@@ -247,7 +261,7 @@ def test_deleting_a_tenant_deletes_what_it_owns(owner, intruder):
     mine, theirs = make_objects(owner), make_objects(intruder)
     owner.tenant.delete()
     for model, param in ((StoredResponse, "response_id"), (Conversation, "conversation_id"),
-                         (StoredChatCompletion, "completion_id")):
+                         (StoredChatCompletion, "completion_id"), (StoredFile, "file_id"), (Batch, "batch_id")):
         assert not model.objects.filter(pk=mine[param]).exists()
         assert model.objects.filter(pk=theirs[param], tenant=intruder.tenant).exists()
     assert not ConversationItem.objects.filter(item_id=mine["item_id"]).exists()

@@ -1,0 +1,128 @@
+"""Who runs a batch, and where: the claim, the embedded runner thread, Celery dispatch, orphans taken over.
+
+A batch is run by the process that claims it (Batch.worker = heartbeat.process_id()); a
+process may claim a batch nobody owns, or one whose owner is gone (inference/heartbeat.py:
+stopped, silent past METRALE["HEARTBEAT_GRACE_S"], or a dead pid on this machine), so two
+replicas never both run one. Without CELERY_BROKER_URL (the embedded default) the server's own
+process runs its batches on a background thread, one at a time, on its engine; with a broker
+the API server only stores and reports, and `manage.py batch_worker` processes (Celery, one
+engine each) run batches.tasks.run_batch. After every heartbeat a process hands orphaned
+batches on: to its own runner thread (embedded), or back to the queue (broker).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from inference import heartbeat, runtime
+
+from .models import Batch
+from .store import ACTIVE
+
+log = logging.getLogger("metrale.batches")
+
+
+def claim(batch_id: str) -> bool:
+    """Make this process the batch's owner if it is unfinished and nobody live owns it; whether
+    it now owns it."""
+    me = heartbeat.process_id()
+    with transaction.atomic():
+        row = Batch.objects.select_for_update().filter(pk=batch_id, status__in=ACTIVE).first()
+        if row is None:
+            return False
+        if row.worker and row.worker != me and row.worker in heartbeat.live_process_ids():
+            return False
+        if row.worker != me:
+            Batch.objects.filter(pk=batch_id).update(worker=me)
+    return True
+
+
+def run_here(batch_id: str) -> str | None:
+    """Claim and run the batch to its end on this process's engine (loading it if needed), from
+    a thread with no event loop; its final status, or None when another live process owns it."""
+    heartbeat.start()
+    if not claim(batch_id):
+        log.info("batch %s: owned by another live process (or ended); not run here", batch_id)
+        return None
+    rt = runtime.get_runtime(wait=True)
+    if rt is None:
+        raise RuntimeError(f"the model could not be loaded: {runtime.status()[1]}")
+    from .runner import run_batch
+
+    status = asyncio.run(run_batch(batch_id, rt))
+    log.info("batch %s: %s", batch_id, status)
+    return status
+
+
+class EmbeddedRunner:
+    """The server process's batch thread (no broker): runs the batches handed to it in turn."""
+
+    def __init__(self):
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, batch_id: str) -> None:
+        """Queue a batch (once while it is queued or running), starting the thread if needed."""
+        with self._lock:
+            if batch_id in self._pending:
+                return
+            self._pending.add(batch_id)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="metrale-batches", daemon=True)
+                self._thread.start()
+        self._queue.put(batch_id)
+
+    def _serve(self) -> None:
+        while True:
+            batch_id = self._queue.get()
+            try:
+                run_here(batch_id)
+            except Exception:
+                log.exception("batch %s: the run failed; another heartbeat hands it on again", batch_id)
+            finally:
+                close_old_connections()
+                with self._lock:
+                    self._pending.discard(batch_id)
+
+
+embedded = EmbeddedRunner()
+
+
+def dispatch(batch_id: str) -> None:
+    """Start the new batch once its row is committed: on a Celery worker with a broker, else on
+    this process's runner thread."""
+    if settings.CELERY_BROKER_URL:
+        from .tasks import run_batch
+
+        transaction.on_commit(lambda: run_batch.delay(batch_id))
+    else:
+        transaction.on_commit(lambda: embedded.submit(batch_id))
+
+
+def hand_on_orphans() -> int:
+    """Unfinished batches whose owner is gone: run here (embedded) or sent to the queue again
+    (broker; the owner is cleared first, so it is sent once). Embedded, a batch nobody owns yet
+    is taken too (the replica that made it may have died before claiming it). How many."""
+    live = heartbeat.live_process_ids()
+    rows = Batch.objects.filter(status__in=ACTIVE).values_list("id", "worker")
+    orphans = [(pk, worker) for pk, worker in rows if worker not in live
+               and (worker is not None or not settings.CELERY_BROKER_URL)]
+    handed = 0
+    for pk, worker in orphans:
+        if settings.CELERY_BROKER_URL:
+            if Batch.objects.filter(pk=pk, worker=worker).update(worker=None):
+                from .tasks import run_batch
+
+                run_batch.delay(pk)
+                handed += 1
+        else:
+            embedded.submit(pk)
+            handed += 1
+    return handed

@@ -1,0 +1,166 @@
+"""Prometheus metrics: vLLM's engine series read from EngineStats at scrape time, and Metrale's own.
+
+`EngineCollector` (a prometheus_client custom collector, registered on the default registry)
+reads the engine's plain counters (inference/engine/stats.py) each scrape and exposes them
+under vLLM's names, labels (`model_name`, `engine` = "0") and bucket lists, so vLLM's Grafana
+dashboards work unchanged (reference/contracts-next.md section 3; vllm/v1/metrics/loggers.py).
+The engine thread never touches prometheus_client.
+
+Metrale's own series (prometheus_client objects, incremented off the engine thread):
+`metrale:http_requests_total{route, method, status}`, `metrale:rate_limited_requests_total{axis}`
+(the 429s, by the axis that refused: requests, tokens, concurrency),
+`metrale:tool_calls_total{outcome}` (parsed, rejected), `metrale:grammar_compile_seconds`,
+`metrale:request_log_dropped_total`, and `metrale:spec_decode_acceptance_rate` with vLLM's
+`vllm:spec_decode_*` counters once a drafting engine records drafts (EngineStats.record_spec_decode).
+
+Importing this module needs no Django (serving increments the counters); the collector
+looks the runtime up lazily.
+"""
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+from inference.engine import stats as engine_stats
+
+LABELS = ["model_name", "engine"]
+ENGINE_INDEX = "0"
+
+HTTP_REQUESTS = Counter("metrale:http_requests", "HTTP requests answered, by route (the URL pattern), "
+                        "method and status.", ["route", "method", "status"])
+RATE_LIMITED = Counter("metrale:rate_limited_requests", "Requests refused with 429 by the rate limiter, "
+                       "by the axis that refused (requests, tokens, concurrency).", ["axis"])
+TOOL_CALLS = Counter("metrale:tool_calls", "Tool calls in generated output: parsed (delivered) or "
+                     "rejected (markup that was not a valid call of an offered tool).", ["outcome"])
+REQUEST_LOG_DROPPED = Counter("metrale:request_log_dropped", "Request log records dropped because the "
+                              "writer's queue was full (METRALE_REQUEST_LOG).")
+for _outcome in ("parsed", "rejected"):
+    TOOL_CALLS.labels(_outcome)
+for _axis in ("requests", "tokens", "concurrency"):
+    RATE_LIMITED.labels(_axis)
+
+
+def count_tool_calls(parsed: int, rejected: int) -> None:
+    """Add one generation's tool calls: `parsed` delivered, `rejected` refused (counts)."""
+    if parsed:
+        TOOL_CALLS.labels("parsed").inc(parsed)
+    if rejected:
+        TOOL_CALLS.labels("rejected").inc(rejected)
+
+
+def _histogram(name: str, doc: str, hist: engine_stats.Histogram, labels: list[str]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=LABELS)
+    cumulative, _, total = hist.read()
+    family.add_metric(labels, [(floatToGoString(bound), count) for bound, count in cumulative], total)
+    return family
+
+
+def _counter(name: str, doc: str, value: float, labels: list[str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=LABELS)
+    family.add_metric(labels, value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=LABELS)
+    family.add_metric(labels, value)
+    return family
+
+
+def engine_families(async_engine, model_name: str):
+    """vLLM's metric families for one AsyncEngine (its LLMEngine's stats, scheduler and KV pool)."""
+    llm = async_engine.engine
+    stats = llm.stats
+    labels = [model_name, ENGINE_INDEX]
+    scheduler, blocks = llm.scheduler, llm.block_manager
+    yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                 len(scheduler.running), labels)
+    yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                 async_engine.num_waiting, labels)
+    yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                 (blocks.num_blocks - blocks.num_free_blocks) / blocks.num_blocks, labels)
+    info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                             labels=["block_size", "cache_dtype", "enable_prefix_caching", "num_gpu_blocks", "engine"])
+    info.add_metric([str(blocks.block_size), str(llm.config.kv_cache_dtype), str(llm.config.enable_prefix_caching),
+                     str(blocks.num_blocks), ENGINE_INDEX], 1)
+    yield info
+    yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens, labels)
+    yield _counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens,
+                   labels)
+    yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                   scheduler.num_preemptions, labels)
+    yield _counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                   stats.prefix_cache_queries, labels)
+    yield _counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                   stats.prefix_cache_hits, labels)
+    success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                  labels=[*LABELS, "finished_reason"])
+    for reason, count in list(stats.request_success.items()):
+        success.add_metric([*labels, reason], count)
+    yield success
+    for name, doc, hist in (
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft_s),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.itl_s),
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", stats.e2e_s),
+            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+             stats.queue_s),
+            ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+             stats.inference_s),
+            ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+             stats.prefill_s),
+            ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+             stats.decode_s),
+            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", stats.request_prompt_tokens),
+            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
+             stats.request_generation_tokens),
+            ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+             stats.request_max_tokens),
+            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+             stats.iteration_tokens)):
+        yield _histogram(name, doc, hist, labels)
+    if stats.spec_decode_enabled:
+        yield from spec_decode_families(stats, labels)
+
+
+def spec_decode_families(stats: engine_stats.EngineStats, labels: list[str]):
+    """vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py) and our acceptance rate."""
+    yield _counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats.spec_decode_num_drafts,
+                   labels)
+    yield _counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                   stats.spec_decode_num_draft_tokens, labels)
+    yield _counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                   stats.spec_decode_num_accepted_tokens, labels)
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Accepted tokens per draft position.", labels=[*LABELS, "position"])
+    for position, count in enumerate(list(stats.spec_decode_accepted_per_pos)):
+        per_pos.add_metric([*labels, str(position)], count)
+    yield per_pos
+    drafted = stats.spec_decode_num_draft_tokens
+    yield _gauge("metrale:spec_decode_acceptance_rate", "Accepted / drafted tokens since the start (0-1).",
+                 stats.spec_decode_num_accepted_tokens / drafted if drafted else 0.0, labels)
+
+
+class EngineCollector:
+    """The engine's series at scrape time (none while the model loads) and the grammar compile time."""
+
+    def describe(self):
+        # Nothing to declare up front: registering must not look the runtime up (or load it).
+        return []
+
+    def collect(self):
+        from inference import runtime
+
+        rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
+        if rt is not None and getattr(getattr(rt.engine, "engine", None), "stats", None) is not None:
+            yield from engine_families(rt.engine, runtime.served_model_name())
+        family = HistogramMetricFamily("metrale:grammar_compile_seconds",
+                                       "Seconds to compile a request's grammar (structured outputs, forced "
+                                       "tool calls), off the engine thread; cached grammars are not counted.")
+        cumulative, _, total = engine_stats.GRAMMAR_COMPILE_S.read()
+        family.add_metric([], [(floatToGoString(bound), count) for bound, count in cumulative], total)
+        yield family
+
+
+_collector = EngineCollector()
+REGISTRY.register(_collector)

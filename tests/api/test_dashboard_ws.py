@@ -1,0 +1,181 @@
+"""The live dashboard's websocket (inference/dashboard.py) with channels' WebsocketCommunicator: staff only,
+snapshots of the real engine while a request runs, cancel and the replica selector through the channel
+layer (in memory, and channels-redis when Redis answers)."""
+import asyncio
+import json
+import time
+
+import pytest
+from channels.layers import channel_layers
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from inference import replica
+from inference.dashboard import CLOSE_NOT_STAFF
+from inference.routing import websocket_urlpatterns
+
+from .observed import request
+
+URL = "/ws/admin/dashboard/"
+STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
+
+
+@pytest.fixture(autouse=True)
+def fresh_layer(settings):
+    """A new in-memory channel layer per test (its queues belong to the test's event loop)."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    replica._replicas = (0.0, [])
+    yield
+    channel_layers.backends.clear()
+
+
+def staff():
+    return User(username="op", is_staff=True, is_active=True)
+
+
+async def connect(user, agents=1):
+    """A communicator as `user`, with this replica's agent running (its task is returned too)."""
+    tasks = [asyncio.create_task(replica.ReplicaAgent().run()) for _ in range(agents)]
+    await asyncio.sleep(0.05)  # the agent has joined its group
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), URL)
+    communicator.scope["user"] = user
+    return communicator, tasks
+
+
+async def receive(communicator, kind: str, timeout_s: float = 10.0, where=lambda m: True) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        message = await communicator.receive_json_from(timeout=max(0.01, deadline - time.monotonic()))
+        if message["type"] == kind and where(message):
+            return message
+
+
+async def stop(communicator, tasks):
+    await communicator.disconnect()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize("user", [AnonymousUser(), User(username="visitor", is_staff=False, is_active=True),
+                                  User(username="gone", is_staff=True, is_active=False)])
+def test_only_staff_get_in(user, db):
+    async def scenario():
+        communicator, tasks = await connect(user)
+        connected, code = await communicator.connect()
+        for task in tasks:
+            task.cancel()
+        return connected, code
+
+    assert asyncio.run(scenario()) == (False, CLOSE_NOT_STAFF)
+
+
+def test_a_staff_user_gets_snapshots_of_a_running_request_and_cancels_it(real_rt):
+    async def scenario():
+        communicator, tasks = await connect(staff())
+        assert (await communicator.connect())[0]
+        first = await receive(communicator, "snapshot")
+        req = await request("POST", "/v1/chat/completions", {
+            "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True},
+            headers={"x-request-id": "req_dash"}).start()
+        await req.chunk()
+        running = await receive(communicator, "snapshot", where=lambda m: m["running"])
+        started = time.monotonic()
+        later = await receive(communicator, "snapshot")
+        rate_gap = time.monotonic() - started
+        await communicator.send_json_to({"type": "cancel", "request_id": "req_dash"})
+        result = await receive(communicator, "cancel_result")
+        body = await req.read_all(timeout_s=30)
+        after = await receive(communicator, "snapshot", where=lambda m: not m["running"])
+        await stop(communicator, tasks)
+        return first, running, later, rate_gap, result, body, after
+
+    first, running, later, rate_gap, result, body, after = asyncio.run(scenario())
+    assert first["replica"] == replica.replica_id() and first["replicas"][0] == first["replica"]
+    assert first["model"]["state"] == "ready" and first["model"]["id"] == "smollm2-135m-instruct"
+    assert set(first["kv"]) == {"blocks_total", "blocks_used", "blocks_cached", "blocks_free", "block_size", "usage"}
+    assert {"block_size", "max_num_seqs", "device", "dtype"} <= set(first["engine"])
+    assert set(first["series"]) == {"interval_s", "window_s", "points", "window"}
+    [view] = running["running"]
+    assert view["request_id"] == "req_dash-0" and view["http_request_id"] == "req_dash"
+    assert view["tenant"] == "default" and view["route"] == "v1/chat/completions"
+    assert view["prompt_tokens"] > 0 and view["prefill_progress"] == 1.0 and view["generated_tokens"] >= 1
+    assert "Lighthouse" not in json.dumps(running) and "lighthouse" not in json.dumps(running)
+    assert running["kv"]["blocks_used"] > 0
+    assert rate_gap >= 0.3  # a few snapshots per second at most
+    assert result == {"type": "cancel_result", "request_id": "req_dash", "replica": replica.replica_id(),
+                      "cancelled": 1}
+    assert b'"code":"cancelled"' in body and body.rstrip().endswith(b"data: [DONE]")
+    assert after["kv"]["blocks_used"] == 0
+
+
+def test_bad_messages_get_an_error_and_the_socket_stays_open(real_rt):
+    async def scenario():
+        communicator, tasks = await connect(staff())
+        await communicator.connect()
+        answers = []
+        for message in ("not json", json.dumps([1]), json.dumps({"type": "reboot"}),
+                        json.dumps({"type": "cancel"}), json.dumps({"type": "select", "replica": "nowhere"})):
+            await communicator.send_to(text_data=message)
+            answers.append(await receive(communicator, "error"))
+        await communicator.send_json_to({"type": "cancel", "request_id": "req_nobody"})
+        result = await receive(communicator, "cancel_result")
+        await stop(communicator, tasks)
+        return answers, result
+
+    answers, result = asyncio.run(scenario())
+    assert len(answers) == 5 and all(a["message"] for a in answers)
+    assert result["cancelled"] == 0
+
+
+def redis_layer(settings) -> None:
+    """channels-redis on the local Redis (skipped when none answers), under a prefix of its own."""
+    import redis
+
+    try:
+        redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_connect_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
+        "hosts": ["redis://127.0.0.1:6379/0"], "prefix": f"metrale-test-{time.time_ns()}"}}}
+    channel_layers.backends.clear()
+
+
+@pytest.mark.parametrize("layer", ["memory", "redis"])
+def test_the_replica_selector_watches_another_replica_and_cancels_there(real_rt, monkeypatch, settings, layer):
+    """Two agents in one process stand for two replicas: the one selected publishes the snapshots
+    and receives the cancel through the channel layer (in memory, or Redis as between processes)."""
+    if layer == "redis":
+        redis_layer(settings)
+    other = "otherhost:4242:abcdef"
+
+    async def scenario():
+        own = replica.replica_id()
+        tasks = [asyncio.create_task(replica.ReplicaAgent().run())]
+        monkeypatch.setattr(replica, "replica_id", lambda: other)
+        tasks.append(asyncio.create_task(replica.ReplicaAgent().run()))
+        await asyncio.sleep(0.5)
+        monkeypatch.setattr(replica, "replica_id", lambda: own)
+        monkeypatch.setattr(replica, "replicas", _async([own, other]))
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), URL)
+        communicator.scope["user"] = staff()
+        await communicator.connect()
+        assert (await receive(communicator, "snapshot"))["replica"] == own
+        await communicator.send_json_to({"type": "select", "replica": other})
+        picked = await receive(communicator, "snapshot", where=lambda m: m["replica"] == other)
+        await communicator.send_json_to({"type": "cancel", "request_id": "req_nobody"})
+        result = await receive(communicator, "cancel_result")
+        await stop(communicator, tasks)
+        return picked, result
+
+    picked, result = asyncio.run(scenario())
+    assert picked["replicas"] == [replica.replica_id(), other]
+    assert result["replica"] == other
+
+
+def _async(value):
+    async def give():
+        return value
+    return give
