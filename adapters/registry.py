@@ -145,9 +145,10 @@ def startup_adapters() -> dict[str, str]:
     return out
 
 
-def load_startup_adapters(sender=None, runtime=None, **kwargs) -> None:
+def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> None:
     """runtime_ready's receiver (the loading thread): load every startup adapter before the server
-    is ready. One that fails is logged and its row says why; the others and the base still serve."""
+    is ready. One that fails is logged and its row says why; the others and the base still serve.
+    At a process's first load it also starts the request-count flush and the served-model watcher."""
     from inference.engine.lora_control import install, read_adapter
 
     rt = runtime
@@ -163,6 +164,8 @@ def load_startup_adapters(sender=None, runtime=None, **kwargs) -> None:
             continue
         rt.adapters[name] = _served_entry(name, path, _record(name, path, True))
         log.info("LoRA adapter %r loaded from %s", name, path)
+    if swap:
+        return
     if not _flushing.is_set():
         _flushing.set()
         threading.Thread(target=_flush_loop, name="metrale-adapter-counts", daemon=True).start()

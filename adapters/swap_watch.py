@@ -62,8 +62,8 @@ def _loop(interval_s: float) -> None:
         time.sleep(interval_s)
         try:
             last_failed = follow_once(last_failed)
-        except DatabaseError:
-            log.warning("reading the served model setting failed", exc_info=True)
+        except Exception:  # the database may be briefly away: try again at the next tick
+            log.warning("following the served model setting failed", exc_info=True)
 
 
 def start() -> None:

@@ -98,7 +98,7 @@ def swap_model(path: str, served_name: str | None = None):
             _set(state="loading")
         try:
             new = runtime.load_runtime(path, name)
-            runtime.runtime_ready.send_robust(sender=None, runtime=new)
+            runtime.runtime_ready.send_robust(sender=None, runtime=new, swap=True)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.exception("swapping to %s failed; the previous model keeps serving", path)
