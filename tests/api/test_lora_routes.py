@@ -161,3 +161,26 @@ def test_an_adapter_limited_to_some_tenants_is_a_404_for_the_others(lora_rt, adm
     assert listed == {BASE}
     registry.flush_served(lora_rt)
     assert Adapter.objects.get(name="poet").requests_served == 1
+
+
+def test_startup_adapters_load_before_the_server_is_ready(lora_rt, settings, smollm2_adapters, tmp_path):
+    from adapters import registry
+
+    settings.METRALE = {**settings.METRALE, "LORA_ADAPTERS": [f"poet={smollm2_adapters['poet']}",
+                                                              f"broken={tmp_path / 'none'}"]}
+    Adapter.objects.create(name="sql", path=smollm2_adapters["sql"], loaded=True)  # loaded at run time before
+    registry.load_startup_adapters(runtime=lora_rt, swap=True)
+    assert sorted(lora_rt.adapters) == ["poet", "sql"]
+    assert chat("poet").json()["model"] == "poet"
+    broken = Adapter.objects.get(name="broken")
+    assert not broken.loaded and "no adapter folder" in broken.error
+    settings.METRALE = {**settings.METRALE, "LORA_ADAPTERS": ["no-path"]}
+    with pytest.raises(ValueError, match="name=path"):
+        registry.startup_adapters()
+
+
+def test_serve_refuses_a_lora_flag_that_is_not_name_equals_path():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="NAME=PATH"):
+        call_command("serve", "--lora", "just-a-path")

@@ -38,13 +38,20 @@ class Command(BaseCommand):
                             help="requests per concurrent stream at each concurrency (at least 3 at concurrency 1)")
         parser.add_argument("--skip-hf", action="store_true", help="skip the transformers reference runs")
         parser.add_argument("--skip-http", action="store_true")
+        parser.add_argument("--lora-only", action="store_true",
+                            help="run only the LoRA comparison (8 streams on 4 adapters vs 8 on the base)")
+        parser.add_argument("--lora-rank", type=int, default=16)
+        parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                            help="the projections the bench's adapters target (comma-separated)")
+        parser.add_argument("--lora-rounds", type=int, default=3)
         parser.add_argument("--llama-cpp-url", default="",
                             help="a running llama-cpp-python OpenAI server on the same model's GGUF (started with "
                                  "--interrupt_requests False); the same HTTP workload runs against it at every "
                                  "concurrency up to 8, and the 8-stream ratio against it is printed beside the "
                                  "one against the reference figure")
 
-    def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, **options):
+    def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, lora_only,
+               lora_rank, lora_targets, lora_rounds, **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.runtime import engine_config
@@ -58,7 +65,7 @@ class Command(BaseCommand):
         out(f"model {Path(model).name}; decode weights {base.decode_weights}; prefill weights "
             f"{base.prefill_weights}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
-        for dtype in dtypes.split(","):
+        for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
@@ -109,6 +116,27 @@ class Command(BaseCommand):
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
                         + ", ".join(f"{k} {v:.1f}" for k, v in same[b].items()))
             self._report(dtype, rows, hf, prefix, wbytes, bandwidth, same)
+        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds)
+
+    def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int) -> None:
+        """8 streams on 4 adapters against 8 on the base model, interleaved (bench/lora.py)."""
+        from inference.bench.lora import lora_vs_base, make_adapters, report
+        from inference.engine.async_engine import AsyncEngine
+        from inference.engine.lora_control import install, read_adapter
+
+        out = self.stdout.write
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = make_adapters(base.model_path, Path(tmp), 4, rank, targets)
+            ae = AsyncEngine(config=replace(base, max_num_seqs=8, max_loras=4, enable_prefix_caching=False))
+            names = [p.name for p in paths]
+            for name, path in zip(names, paths):
+                install(ae, read_adapter(ae, name, str(path))).result()
+            rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds)
+            ae.stop()
+        out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
+            f"{base.dtype} {base.decode_weights} decode weights, offline ==")
+        for line in report(rows):
+            out(line)
 
     @staticmethod
     def _row(dtype: str, r: RunSummary) -> str:
