@@ -52,10 +52,11 @@ def _tok_s(engine, prompts: list[list[int]], loras: list[str | None], output_tok
 
 
 def lora_vs_base(engine, tokenizer, names: list[str], streams: int = 8, rounds: int = 3,
-                 output_tokens: int = 64) -> list[tuple[float, float]]:
+                 output_tokens: int = 64, on_round=None) -> list[tuple[float, float]]:
     """(base tok/s, adapters tok/s) per round: the same `streams` prompts on the base model, then on
     the adapters `names` in turn (streams / len(names) each), alternating so that the machine's noise
-    falls on both. The engine should run without prefix caching (each round recomputes its prompts)."""
+    falls on both. The engine should run without prefix caching (each round recomputes its prompts).
+    on_round(index, base, tuned) is called as each round ends."""
     texts = [f"Write a short story about a {thing}." for thing in
              ("lighthouse", "dragon", "train", "garden", "robot", "river", "violin", "comet")]
     prompts = [chat_prompt_ids(tokenizer, texts[i % len(texts)]) for i in range(streams)]
@@ -66,13 +67,15 @@ def lora_vs_base(engine, tokenizer, names: list[str], streams: int = 8, rounds: 
         base = _tok_s(engine, prompts, [None] * streams, output_tokens)
         tuned = _tok_s(engine, prompts, adapters, output_tokens)
         out.append((base, tuned))
+        if on_round is not None:
+            on_round(len(out), base, tuned)
     return out
 
 
-def report(rows: list[tuple[float, float]]) -> list[str]:
-    """Lines: each round's figures and the median ratio (target >= 0.8x)."""
-    lines = [f"  round {i + 1}: base {b:6.1f} tok/s, 4 adapters {t:6.1f} tok/s = {t / b:.2f}x"
-             for i, (b, t) in enumerate(rows)]
-    ratio = statistics.median(t / b for b, t in rows)
-    lines.append(f"  median ratio {ratio:.2f}x (target >= 0.8x)")
-    return lines
+def round_line(index: int, base: float, tuned: float) -> str:
+    return f"  round {index}: base {base:6.1f} tok/s, 4 adapters {tuned:6.1f} tok/s = {tuned / base:.2f}x"
+
+
+def median_line(rows: list[tuple[float, float]]) -> str:
+    """The median ratio of the rounds (target >= 0.8x)."""
+    return f"  median ratio {statistics.median(t / b for b, t in rows):.2f}x (target >= 0.8x)"

@@ -44,6 +44,7 @@ class Command(BaseCommand):
         parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
                             help="the projections the bench's adapters target (comma-separated)")
         parser.add_argument("--lora-rounds", type=int, default=3)
+        parser.add_argument("--lora-tokens", type=int, default=64, help="output tokens per stream")
         parser.add_argument("--llama-cpp-url", default="",
                             help="a running llama-cpp-python OpenAI server on the same model's GGUF (started with "
                                  "--interrupt_requests False); the same HTTP workload runs against it at every "
@@ -51,7 +52,7 @@ class Command(BaseCommand):
                                  "one against the reference figure")
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, lora_only,
-               lora_rank, lora_targets, lora_rounds, **options):
+               lora_rank, lora_targets, lora_rounds, lora_tokens, **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.runtime import engine_config
@@ -116,11 +117,11 @@ class Command(BaseCommand):
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
                         + ", ".join(f"{k} {v:.1f}" for k, v in same[b].items()))
             self._report(dtype, rows, hf, prefix, wbytes, bandwidth, same)
-        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds)
+        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds, lora_tokens)
 
-    def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int) -> None:
+    def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int, output_tokens: int) -> None:
         """8 streams on 4 adapters against 8 on the base model, interleaved (bench/lora.py)."""
-        from inference.bench.lora import lora_vs_base, make_adapters, report
+        from inference.bench.lora import lora_vs_base, make_adapters, median_line, round_line
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.lora_control import install, read_adapter
 
@@ -131,12 +132,12 @@ class Command(BaseCommand):
             names = [p.name for p in paths]
             for name, path in zip(names, paths):
                 install(ae, read_adapter(ae, name, str(path))).result()
-            rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds)
+            out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
+                f"{base.decode_weights} decode weights, offline, {output_tokens} tokens each ==")
+            rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds, output_tokens,
+                                 lambda *r: (out(round_line(*r)), self.stdout.flush()))
             ae.stop()
-        out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
-            f"{base.dtype} {base.decode_weights} decode weights, offline ==")
-        for line in report(rows):
-            out(line)
+        out(median_line(rows))
 
     @staticmethod
     def _row(dtype: str, r: RunSummary) -> str:
