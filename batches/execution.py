@@ -27,6 +27,17 @@ from .store import ACTIVE
 log = logging.getLogger("metrale.batches")
 
 
+stopping = threading.Event()
+"""Set when this process shuts down (metrale_site/drain.py): runs stop at once, their lines in
+flight not written, and the batch is left to the next process that claims it."""
+
+
+def stop_runs() -> None:
+    """Stop this process's batch runs (see `stopping`); another process, or this server after its
+    restart, takes their batches over once this one's heartbeat records its stop."""
+    stopping.set()
+
+
 def claim(batch_id: str) -> bool:
     """Make this process the batch's owner if it is unfinished and nobody live owns it; whether
     it now owns it."""

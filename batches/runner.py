@@ -25,7 +25,7 @@ from inference import runtime
 from inference.engine.outputs import EngineOverloaded
 from inference.serving.prepare import cpu_work
 
-from . import store
+from . import execution, store
 from .lines import Invalid, Line, output_line, parse_input, run_line
 from .models import Batch, Status
 
@@ -95,15 +95,19 @@ class BatchRun:
         status = await db(_status, b.id)
         if status == Status.IN_PROGRESS:
             await self._run_lines(lines)
+        if self.stopped == "shutdown":
+            return await db(_status, b.id)  # unfinished: the next owner goes on from here
         return await self._finish(lines)
 
     async def _watch(self, tasks: list[asyncio.Task]) -> None:
-        """Every BATCH_POLL_S: stop the run (cancelling its lines in flight) once the batch is
-        cancelling or past its deadline."""
+        """Every BATCH_POLL_S (at once on shutdown): stop the run, cancelling its lines in flight,
+        once the batch is cancelling or past its deadline, or the process shuts down."""
         while True:
-            await asyncio.sleep(settings.METRALE["BATCH_POLL_S"])
+            await asyncio.to_thread(execution.stopping.wait, settings.METRALE["BATCH_POLL_S"])
             status = await db(_status, self.batch.id)
-            if status == Status.CANCELLING:
+            if execution.stopping.is_set():
+                self.stopped = "shutdown"
+            elif status == Status.CANCELLING:
                 self.stopped = "cancelling"
             elif timezone.now() >= self.batch.deadline_at:
                 self.stopped = "expired"
@@ -128,7 +132,8 @@ class BatchRun:
     async def _work(self, todo) -> None:
         b, quota = self.batch, settings.METRALE["BATCH_TOKENS_PER_DAY"]
         for line in todo:
-            if self.stopped:
+            if self.stopped or execution.stopping.is_set():
+                self.stopped = self.stopped or "shutdown"
                 return
             if timezone.now() >= b.deadline_at:
                 self.stopped = "expired"

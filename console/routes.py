@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from django.urls import URLPattern, URLResolver, get_resolver
+from inference.checks import site_routes
 
 # Views that answer routes nobody serves (501 not implemented, 404 unknown): not listed.
 _FALLBACKS = {"not_implemented", "unknown_route"}
@@ -28,19 +28,10 @@ def _methods(view) -> tuple[str, ...]:
     return (found[1],) if found else ()
 
 
-def _walk(resolver, prefix: str):
-    for entry in resolver.url_patterns:
-        route = prefix + str(entry.pattern)
-        if isinstance(entry, URLResolver):
-            yield from _walk(entry, route)
-        elif isinstance(entry, URLPattern):
-            yield route, entry.callback
-
-
 def api_routes(prefixes: tuple[str, ...] = ("v1/", "tokenize", "detokenize", "health", "metrics")) -> list[Route]:
     """Every route under `prefixes` with a view that serves it, in URL-configuration order, once each."""
     seen, routes = set(), []
-    for route, view in _walk(get_resolver(), ""):
+    for route, view in site_routes():
         route = route.lstrip("^").rstrip("$")
         if not route.startswith(prefixes) or getattr(view, "__name__", "") in _FALLBACKS:
             continue

@@ -24,15 +24,21 @@ def check_rate_limit_cache(app_configs, **kwargs):
         id="metrale.W001")]
 
 
-def guarded_routes(resolver=None, prefix=""):
-    """(route, view) for every URL under the guarded prefixes."""
+def site_routes(resolver=None, prefix=""):
+    """(route, view) for every URL pattern of the site, included URL configurations walked, in
+    resolution order (a route as Django writes it: `v1/models/<path:model_id>`)."""
     resolver = resolver or get_resolver()
     for entry in resolver.url_patterns:
         route = prefix + str(entry.pattern)
         if isinstance(entry, URLResolver):
-            yield from guarded_routes(entry, route)
-        elif isinstance(entry, URLPattern) and route.lstrip("^").startswith(GUARDED_PREFIXES):
+            yield from site_routes(entry, route)
+        elif isinstance(entry, URLPattern):
             yield route, entry.callback
+
+
+def guarded_routes():
+    """(route, view) for every URL under the guarded prefixes."""
+    return ((route, view) for route, view in site_routes() if route.lstrip("^").startswith(GUARDED_PREFIXES))
 
 
 @register()
@@ -64,7 +70,7 @@ def check_parser_settings(app_configs, **kwargs):
 
 @register()
 def check_engine_settings(app_configs, **kwargs):
-    """E002: an engine setting (METRALE_DTYPE, METRALE_DECODE_WEIGHTS, ...) the engine cannot use.
+    """E002: an engine setting (METRALE_DTYPE, METRALE_WEIGHTS, ...) the engine cannot use.
     W003: the model folder is missing or unreadable. That one is only a warning: on a fresh
     machine `migrate` runs before `pull_model` has fetched the model, and must not be blocked."""
     from inference.engine.config import ConfigError

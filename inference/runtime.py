@@ -62,9 +62,12 @@ ENGINE_SETTINGS = {
     "MAX_NUM_SEQS": "max_num_seqs", "MAX_NUM_BATCHED_TOKENS": "max_num_batched_tokens",
     "MAX_MODEL_LEN": "max_model_len", "KV_CACHE_BYTES": "kv_cache_bytes", "KV_CACHE_FRACTION": "kv_cache_fraction",
     "KV_CACHE_DTYPE": "kv_cache_dtype", "ENABLE_PREFIX_CACHING": "enable_prefix_caching",
-    "DECODE_WEIGHTS": "decode_weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
+    "WEIGHTS": "weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
     "STEP_LOG": "step_log", "MAX_WAITING_REQUESTS": "max_waiting_requests",
     "MAX_LORAS": "max_loras", "MAX_LORA_RANK": "max_lora_rank",
+    "SPECULATIVE": "speculative", "SPECULATIVE_DRAFT_TOKENS": "speculative_draft_tokens",
+    "SPECULATIVE_NGRAM_MAX": "speculative_ngram_max", "SPECULATIVE_NGRAM_MIN": "speculative_ngram_min",
+    "SPECULATIVE_MAX_BATCH": "speculative_max_batch",
     "BATCH_MAX_NUM_SEQS": "batch_max_num_seqs", "BATCH_PREFILL_CHUNK": "batch_prefill_chunk",
 }
 

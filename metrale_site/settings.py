@@ -214,14 +214,28 @@ METRALE = {
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
     # Requests that may wait for the engine; past it a 503 with Retry-After at once (unset: 0, unbounded).
     "MAX_WAITING_REQUESTS": envint("METRALE_MAX_WAITING_REQUESTS", None),
-    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only, the default) or the
-    # model's weights ("model": exact float, slower at small batches).
-    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS"),
-    # The same for prefill rows: "int8" (int16 activations x int8 weights summed exactly in
-    # int32 by the compiled kernels, about twice float32's speed on AVX2 CPUs) or "model".
+    # The linears' weight format: auto (the folder's GGUF blocks as shipped; a float folder: int8),
+    # q4, q8 (GGUF blocks; a float checkpoint quantised at load), int8 (per-channel), model (the
+    # folder's values exactly, float32 activations). README "Weights".
+    "WEIGHTS": envstr("METRALE_WEIGHTS"),
+    # Which weights prompt rows use: same (WEIGHTS', the default) or model (exact, a second copy).
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
+    # Speculative decoding from prompt lookup and Predicted Outputs (README, "Speculative decoding"):
+    # "auto" (unset) drafts while it pays, "on" whenever a draft exists, "off" never. The output is
+    # the same either way.
+    "SPECULATIVE": envstr("METRALE_SPECULATIVE"),
+    # The most draft tokens per sequence and step (unset: 8).
+    "SPECULATIVE_DRAFT_TOKENS": envint("METRALE_SPECULATIVE_DRAFT_TOKENS", None),
+    # The n-gram sizes prompt lookup matches (unset: 4 down to 2).
+    "SPECULATIVE_NGRAM_MAX": envint("METRALE_SPECULATIVE_NGRAM_MAX", None),
+    "SPECULATIVE_NGRAM_MIN": envint("METRALE_SPECULATIVE_NGRAM_MIN", None),
+    # In "auto", no drafts while more sequences than this decode (unset: 8).
+    "SPECULATIVE_MAX_BATCH": envint("METRALE_SPECULATIVE_MAX_BATCH", None),
+    # Repetition detection for requests that set none (vLLM's repetition_detection object, as JSON:
+    # {"max_pattern_size": 32, "min_pattern_size": 1, "min_count": 8}); unset: off.
+    "REPETITION_DETECTION": envjson("METRALE_REPETITION_DETECTION", None),
     # Load the model when the ASGI application starts (else on first use).
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
     # Seconds a request may run when it sets no `timeout`.

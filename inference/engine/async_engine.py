@@ -258,13 +258,22 @@ class AsyncEngine:
             request_id, future = arg
             named = [h.seq for h in self._handles.values()
                      if h.request_id == request_id or h.request_id.rpartition("-")[0] == request_id]
-            for seq in named:
-                self.engine.abort(seq, "cancelled")
-                self._retire(seq)
-            future.set_result(len(named))
+            try:
+                for seq in named:
+                    self.engine.abort(seq, "cancelled")
+                    self._retire(seq)
+            finally:  # the operator hears back whatever happens (an abort that raises is a loop fault)
+                if not future.done():
+                    future.set_result(len(named))
         elif kind == "snapshot":
-            if not arg.done():
-                arg.set_result(engine_snapshot(self.engine, self._num_queued))
+            try:
+                snapshot = engine_snapshot(self.engine, self._num_queued)
+            except Exception as exc:  # a dashboard's bug must not stop the engine
+                log.exception("building the engine snapshot failed")
+                arg.set_exception(exc)
+            else:
+                if not arg.done():
+                    arg.set_result(snapshot)
         elif kind == "fail_all":
             for live in self._handles.values():
                 self.engine.abort(live.seq, "error")

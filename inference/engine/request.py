@@ -19,6 +19,8 @@ class EngineRequest:
     (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
     the same salt (the tenant's), so one tenant's cached prompt never serves another.
     lora_name: the resident LoRA adapter to run with (None: the base model).
+    prediction_token_ids: a Predicted Output's token ids (OpenAI's `prediction`): the engine
+    drafts from them (speculative.py); the output is what it would be without them.
     priority: 0 for interactive work; higher values (batch lines: BATCH_PRIORITY) are admitted
     after every waiting interactive request, capped in number and in prefill chunk size
     (EngineConfig.batch_max_num_seqs, batch_prefill_chunk).
@@ -30,6 +32,7 @@ class EngineRequest:
     timeout_s: float | None = None
     cache_salt: str = ""
     lora_name: str | None = None
+    prediction_token_ids: list[int] | None = None
     priority: int = 0
 
     @property

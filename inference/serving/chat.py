@@ -43,7 +43,7 @@ def generation_request(req: dict) -> GenerationRequest:
         n=req.get("n") or 1, max_tokens=ChatCompletionRequest.max_tokens_of(req), sampling=req,
         logprobs=(req.get("top_logprobs") or 0) if req.get("logprobs") else None,
         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
-        structured=requested_grammar(req), timeout_s=req.get("timeout"))
+        structured=requested_grammar(req), timeout_s=req.get("timeout"), prediction=req.get("prediction"))
 
 
 class ChatWire:

@@ -68,6 +68,9 @@ class Choices:
             finish = self.finishes.get(j)
             usage.completion_tokens += finish.usage.completion_tokens if finish else generated
             usage.reasoning_tokens += finish.usage.reasoning_tokens if finish else 0
+            if finish:
+                usage.accepted_prediction_tokens += finish.usage.accepted_prediction_tokens
+                usage.rejected_prediction_tokens += finish.usage.rejected_prediction_tokens
         return usage
 
     def _seen(self, index: int, delta: StreamDelta) -> None:

@@ -82,6 +82,7 @@ class GenerationRequest:
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
     METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
+    prediction: a Predicted Output's text (serving/prediction.py).
     """
 
     param: str
@@ -109,6 +110,8 @@ class GenerationRequest:
     structured: tuple[GrammarSpec, str] | None = None
     timeout_s: float | None = None
     priority: int = 0
+    # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
+    prediction: str | None = None
 
 
 @dataclass(slots=True)
@@ -266,6 +269,9 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     found = grammar_spec(greq.structured, text_spec)
     compiled = await compile_spec(tok, *found) if found is not None else None
     timeout_s = _timeout(greq)
+    # Past the context's characters a prediction's tail could never be drafted.
+    prediction_ids = (await cpu_work(tok.encode, greq.prediction[:limit * chars_per_token_bound(tok)])
+                      if greq.prediction else None)
     inputs: list[GenerationInput] = []
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
@@ -279,7 +285,8 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
             request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
-                                    priority=greq.priority, lora_name=lora)
+                                    priority=greq.priority, prediction_token_ids=prediction_ids,
+                                    lora_name=lora)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))

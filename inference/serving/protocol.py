@@ -17,6 +17,7 @@ from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, 
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .json_body import parse_json_body
 from .messages import normalize_messages
+from .prediction import prediction_text
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
 from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
@@ -62,6 +63,20 @@ class StreamOptions(serializers.Serializer):
     continuous_usage_stats = BooleanField(required=False, default=False)
 
 
+class RepetitionDetectionField(serializers.Serializer):
+    """`repetition_detection` (vLLM's RepetitionDetectionParams): stop once the output ends in a pattern of
+    min..max_pattern_size tokens repeated min_count times (engine/repetition.py). Bounds keep the check cheap."""
+
+    max_pattern_size = IntegerField(low=1, high=512)
+    min_pattern_size = IntegerField(required=False, default=0, low=0, high=512)
+    min_count = IntegerField(required=False, default=2, low=2, high=1024)
+
+    def validate(self, attrs):
+        if attrs["min_pattern_size"] > attrs["max_pattern_size"]:
+            raise serializers.ValidationError({"min_pattern_size": "must not exceed max_pattern_size."})
+        return attrs
+
+
 class SamplingExtensions(serializers.Serializer):
     """The sampling controls beyond temperature / top_p / top_k (vLLM's and llama.cpp's), which every
     generating surface accepts (chat, completions, Anthropic's Messages)."""
@@ -81,6 +96,7 @@ class SamplingExtensions(serializers.Serializer):
     seed = IntegerField(**opt())
     ignore_eos = BooleanField(required=False, default=False)
     stop_token_ids = TokenIdListField(**opt())
+    repetition_detection = RepetitionDetectionField(**opt())
 
 
 class GenerationRequest(SamplingExtensions):
@@ -164,7 +180,8 @@ class ChatCompletionRequest(GenerationRequest):
         """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
         add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
         (tool_fields.check_tool_choice) and, when a call is forced, each tool's schema compiles
-        (tool_grammar.check_forced_tools); fields this server cannot honour are refused by name."""
+        (tool_grammar.check_forced_tools); `prediction` becomes its text (prediction.prediction_text);
+        fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -174,7 +191,8 @@ class ChatCompletionRequest(GenerationRequest):
                               "continue_final_message")
         check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
         check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
-        _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
+        attrs["prediction"] = prediction_text(attrs.get("prediction"),
+                                              {**attrs, "functions": self.initial_data.get("functions")})
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")
         if attrs.get("modalities") and set(attrs["modalities"]) != {"text"}:

@@ -259,3 +259,27 @@ def test_the_tenants_batch_token_quota_fails_the_lines_past_it(fake_rt, as_tenan
     assert all(e["response"]["status_code"] == 429 for e in errors)
     assert errors[0]["response"]["body"]["error"]["code"] == "batch_token_quota_exceeded"
     assert len(fake_rt.engine.submissions) == 1
+
+
+def test_on_shutdown_a_run_stops_unfinished_and_the_next_owner_finishes_it(fake_rt, as_tenant, settings):
+    from batches import execution
+
+    settings.METRALE = {**settings.METRALE, "BATCH_POLL_S": 0.05}
+    fake_rt.engine.delay_s = 0.02
+    fake_rt.engine.script = reply(fake_rt.tokenizer, "word " * 100, "length")
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(*[chat_line(f"l{i}", max_tokens=100) for i in range(8)]))
+    import threading
+
+    threading.Timer(0.3, execution.stop_runs).start()
+    try:
+        assert run_batch(fake_rt, batch["id"]) == "in_progress"
+    finally:
+        execution.stopping.clear()
+    stopped = tc.get(f"/v1/batches/{batch['id']}").json()
+    assert stopped["request_counts"]["completed"] < 8 and stopped["output_file_id"] is None
+    assert any(s.handle.aborted for s in fake_rt.engine.submissions)  # lines in flight were not written
+    fake_rt.engine.delay_s = 0.0
+    assert run_batch(fake_rt, batch["id"]) == "completed"
+    assert tc.get(f"/v1/batches/{batch['id']}").json()["request_counts"] == {"total": 8, "completed": 8,
+                                                                               "failed": 0}

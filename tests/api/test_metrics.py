@@ -179,3 +179,21 @@ def test_scrapes_stay_out_of_the_access_log(path, logged):
     access("http", "complete", {"client": "127.0.0.1:1", "method": "GET", "path": path, "status": 200,
                                 "size": 10})
     assert (path in stream.getvalue()) is logged
+
+
+def test_speculative_counters_appear_once_drafts_are_recorded(real_rt, monkeypatch):
+    stats = real_rt.engine.engine.stats
+    assert ("vllm:spec_decode_num_drafts_total", tuple(sorted(MODEL.items()))) not in scrape()
+    monkeypatch.setattr(stats, "spec_decode_enabled", False)  # put back after the test
+    for attr in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                 "spec_decode_accepted_per_pos"):
+        monkeypatch.setattr(stats, attr, [] if attr.endswith("per_pos") else 0)
+    stats.record_spec_decode(num_draft_tokens=4, num_accepted_tokens=3)
+    stats.record_spec_decode(num_draft_tokens=4, num_accepted_tokens=1)
+    table = scrape()
+    assert value(table, "vllm:spec_decode_num_drafts_total", **MODEL) == 2
+    assert value(table, "vllm:spec_decode_num_draft_tokens_total", **MODEL) == 8
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_total", **MODEL) == 4
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0", **MODEL) == 2
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="2", **MODEL) == 1
+    assert value(table, "metrale:spec_decode_acceptance_rate", **MODEL) == 0.5

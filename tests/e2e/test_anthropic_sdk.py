@@ -5,6 +5,7 @@ raw SSE framing over HTTP."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import jsonschema
@@ -73,7 +74,7 @@ def test_a_tool_result_round_trip(client):
                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": "It is 4 degrees C and snowing in Oslo."}]}]
-    answer = client.messages.create(model="smollm2-135m-instruct", max_tokens=32, tools=[WEATHER], messages=history, extra_body=GREEDY)
+    answer = client.messages.create(model="smollm2-135m-instruct", max_tokens=8, tools=[WEATHER], messages=history, extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     with_result = client.messages.count_tokens(model="smollm2-135m-instruct", tools=[WEATHER], messages=history).input_tokens
     without = client.messages.count_tokens(model="smollm2-135m-instruct", tools=[WEATHER], messages=history[:2]).input_tokens
@@ -168,3 +169,22 @@ def test_the_raw_stream_frames_every_event(metrale_server):
     assert pieces
     for joined in pieces.values():
         jsonschema.validate(json.loads(joined), WEATHER["input_schema"])
+
+
+def test_daphne_s_body_limit_answers_in_anthropic_s_shape(metrale_server):
+    """The 413 that daphne's HTTP layer sends itself (metrale_site/asgi.py), before any application runs:
+    at once for `Expect: 100-continue`, and once an over-size body has arrived."""
+    limit = 32 << 20
+    host, port = metrale_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (limit * 2))
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and b"\r\nrequest-id: req_" in head
+    assert json.loads(body)["error"]["type"] == "request_too_large" and json.loads(body)["type"] == "error"
+    sent = httpx.post(metrale_server.url + "/v1/messages/count_tokens", content=b" " * (limit + 1),
+                      headers={"content-type": "application/json"}, timeout=120)
+    assert sent.status_code == 413 and sent.json()["error"]["type"] == "request_too_large"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from rest_framework import serializers
 
+from anthropic_api.protocol import CountTokensRequest, MessagesRequest
 from inference.serving import fields as strict
 from inference.serving.protocol import ChatCompletionRequest, CompletionRequest
 from inference.serving.tokenize import DetokenizeRequest, TokenizeRequest
@@ -20,12 +21,14 @@ USER = [{"role": "user", "content": "hi"}]
 
 @dataclass(frozen=True)
 class Route:
-    """A JSON route: its path, its serializer, and the smallest body it serves (the required fields)."""
+    """A JSON route: its path, its serializer, the smallest body it serves (the required fields), and the
+    error shape it answers in ("openai" or "anthropic")."""
 
     path: str
     serializer: type[serializers.Serializer]
     base: dict
     generates: bool = False
+    shape: str = "openai"
 
 
 ROUTES = (
@@ -37,6 +40,9 @@ ROUTES = (
     Route("/v1/conversations", ConversationCreateRequest, {}),
     Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
     Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
+    Route("/v1/messages", MessagesRequest, {"model": "m", "max_tokens": 4, "messages": USER}, generates=True,
+          shape="anthropic"),
+    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "m", "messages": USER}, shape="anthropic"),
 )
 
 

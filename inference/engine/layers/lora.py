@@ -185,16 +185,17 @@ class LoraSlots:
             self.slots[slot] = None
             self.retired.discard(slot)
 
-    def begin_step(self, items, item_rows: list[int], num_rows: int, fused_rows: int) -> None:
-        """Set this step's row groups: items (sequence, n) with their first packed rows; the first
-        `fused_rows` packed rows run on the compiled layers, the rest on the torch path."""
+    def begin_step(self, spans, num_rows: int, fused_rows: int) -> None:
+        """Set this step's row groups. spans: (sequence, its first packed row, its rows: the tokens it
+        computes and any draft tokens) per batch item; the first `fused_rows` of the `num_rows`
+        packed rows run on the compiled layers, the rest on the torch path."""
         self.rows.groups = []
         if self.fused is not None:
             self.fused.lora_slots = None
-        if not any(seq.lora is not None for seq, _ in items):
+        if not any(seq.lora is not None for seq, _, _ in spans):
             return
         row_slots = [-1] * num_rows
-        for (seq, n), start in zip(items, item_rows):
+        for seq, start, n in spans:
             if seq.lora is not None:
                 row_slots[start:start + n] = [seq.lora.slot] * n
         if fused_rows and any(s >= 0 for s in row_slots[:fused_rows]):

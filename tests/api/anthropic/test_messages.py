@@ -250,3 +250,25 @@ def test_a_thinking_block_sent_back_must_carry_this_server_s_signature(thinking_
     redacted = [*USER, {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque"},
                                                           {"type": "text", "text": "4"}]}, *USER]
     assert messages(messages=redacted).status == 200
+
+
+@pytest.mark.parametrize("ping_s", [5.0, 0.001])
+def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(fake_rt, settings, caplog, ping_s):
+    """Also while a ping's wait holds a read of the engine's deltas (the read is cancelled first)."""
+    import asyncio
+
+    from ..asgi_client import AsgiRequest
+
+    settings.METRALE = {**settings.METRALE, "ANTHROPIC_PING_S": ping_s}
+    fake_rt.engine.script = reply(fake_rt.tokenizer, "one two three four five six seven eight nine ten")
+    fake_rt.engine.delay_s = 0.05
+    body = json.dumps({"model": "m", "max_tokens": 32, "messages": USER, "stream": True}).encode()
+
+    async def run():
+        req = await AsgiRequest("POST", "/v1/messages", {"content-type": "application/json"}, body).start()
+        await req.chunk()
+        await req.chunk()
+        await req.disconnect()
+    asyncio.run(run())
+    assert fake_rt.engine.submissions[-1].handle.aborted == "cancelled"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
