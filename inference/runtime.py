@@ -151,7 +151,7 @@ def _load() -> Runtime:
 
 
 # The engine settings that change what a model answers (so they are part of system_fingerprint).
-FINGERPRINT_SETTINGS = ("dtype", "device", "kv_cache_dtype", "decode_weights", "prefill_weights", "max_model_len")
+FINGERPRINT_SETTINGS = ("dtype", "device", "kv_cache_dtype", "weights", "prefill_weights", "max_model_len")
 
 
 def fingerprint_settings(config: EngineConfig) -> dict:

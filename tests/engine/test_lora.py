@@ -16,8 +16,7 @@ from .tiny_models import make_tiny_model
 
 
 def engine_for(folder, weights="model", **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, decode_weights=weights,
-                                  prefill_weights=weights, **kw))
+    return LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, weights=weights, **kw))
 
 
 def adapter(engine, name, path):
@@ -114,15 +113,16 @@ def llama_with_adapters(tmp_path_factory):
     return folder, paths
 
 
-@pytest.mark.parametrize("weights", ["model", "int8"])
+@pytest.mark.parametrize("weights", ["model", "int8", "q4"])
 def test_a_batch_mixing_three_adapters_and_the_base_gives_each_row_what_it_gives_alone(llama_with_adapters, weights):
-    """With int8 weights the rows take the compiled decode layers (the update inside the C call):
-    bit for bit; on the torch path within float rounding."""
-    if weights == "int8" and not kernels.available():
+    """With compact weights (int8, Q4 blocks) the rows take the compiled decode layers (the update
+    inside the C call, after each weight format's GEMM): bit for bit; on the torch path within
+    float rounding."""
+    if weights != "model" and not kernels.available():
         pytest.skip("the compiled CPU kernels are unavailable")
     folder, paths = llama_with_adapters
     engine = engine_for(folder, weights)
-    assert (engine.runner.fused is not None) == (weights == "int8")
+    assert (engine.runner.fused is not None) == (weights != "model")
     for name, path in paths.items():
         engine.add_lora(adapter(engine, name, path))
     loras = ["a0", None, "a1", "a2"]
@@ -131,7 +131,7 @@ def test_a_batch_mixing_three_adapters_and_the_base_gives_each_row_what_it_gives
     together = batch_logits(engine, prompts, decodes, loras)
     for p, d, lo, rows in zip(prompts, decodes, loras, together):
         alone = logits_of(engine, p, d, lora=lo)
-        if weights == "int8":
+        if weights != "model":
             assert torch.equal(rows, alone), lo
         else:
             assert (rows - alone).abs().max().item() <= 1e-5, lo

@@ -142,7 +142,7 @@ class Command(BaseCommand):
             for name, path in zip(names, paths):
                 install(ae, read_adapter(ae, name, str(path))).result()
             out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
-                f"{base.decode_weights} decode weights, offline, {output_tokens} tokens each ==")
+                f"{base.weights} weights, offline, {output_tokens} tokens each ==")
             rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds, output_tokens,
                                  lambda *r: (out(round_line(*r)), self.stdout.flush()))
             ae.stop()
