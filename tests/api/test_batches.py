@@ -72,7 +72,7 @@ def test_lines_run_at_batch_priority_and_interactive_requests_at_zero(fake_rt, a
 
 def test_completions_lines_equal_the_endpoints_body(fake_rt, as_tenant):
     tc = as_tenant()
-    body = {"model": "m", "prompt": "Once", "max_tokens": 4}
+    body = {"model": "smollm2-135m-instruct", "prompt": "Once", "max_tokens": 4}
     batch = batch_of(tc, jsonl({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": body}),
                      endpoint="/v1/completions")
     assert run_batch(fake_rt, batch["id"]) == "completed"
