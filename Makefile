@@ -49,6 +49,7 @@ test: migrate model static browser
 
 bench: migrate model
 	$(PY) manage.py bench
+	$(PY) manage.py bench_speculative
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model

@@ -35,9 +35,11 @@ READ_AS_USER = ("ctx", "msg")  # Claude Code's extra roles (vLLM reads them as u
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 THINKING_DISPLAYS = ("summarized", "omitted")
-# Blocks of each role (system messages: text only).
+# The blocks each place may hold (system messages and a tool_result's content: text only).
 ROLE_BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
-               "system": ("text",)}
+               "system": ("text",), "tool_result": ("text",)}
+PLACES = {"user": "a user message", "assistant": "an assistant message", "system": "a system message",
+          "tool_result": "a tool_result's content"}
 KNOWN_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
 MAX_STOP_SEQUENCES = 64
@@ -66,19 +68,12 @@ def _tool_result_content(content, p: str) -> str:
         return content
     if not isinstance(content, list):
         raise bad_request(f"{p} must be a string or an array of text blocks.", p)
-    texts = []
-    for j, part in enumerate(content):
-        q = f"{p}[{j}]"
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise bad_request(f"{q} must be a content block object with a 'type'.", q)
-        if part["type"] != "text":
-            raise _unsupported(part["type"], q)
-        texts.append(_str(part, "text", q))
-    return "".join(texts)
+    return "".join(validate_block(part, f"{p}[{j}]", "tool_result")["text"] for j, part in enumerate(content))
 
 
 def validate_block(block, p: str, role: str) -> dict:
-    """One content block of a `role` message, normalized (only the fields this server reads).
+    """One content block of a `role` message (or of a tool_result's content, role "tool_result"),
+    normalized (only the fields this server reads).
 
     Raises ApiError 400 naming the block: malformed, of a kind the role cannot send, media this
     model cannot read, or a thinking block whose signature is not this server's (signatures.py)."""
@@ -88,7 +83,7 @@ def validate_block(block, p: str, role: str) -> dict:
     if kind not in KNOWN_BLOCKS:
         raise _unsupported(kind, p)
     if kind not in ROLE_BLOCKS[role]:
-        raise bad_request(f"{p} is a {kind!r} block, which a {role} message cannot contain.", f"{p}.type")
+        raise bad_request(f"{p} is a {kind!r} block, which {PLACES[role]} cannot contain.", f"{p}.type")
     if kind == "text":
         return {"type": "text", "text": _str(block, "text", p)}
     if kind == "tool_use":

@@ -83,8 +83,10 @@ class MessagesWire:
         for event in message.start():
             yield event
         yield PING
-        async with contextlib.aclosing(run.merged()) as merged:
-            async for item in with_ticks(merged, settings.METRALE["ANTHROPIC_PING_S"]):
+        # Closed in this order: the pending read (with_ticks) before the merge it reads from.
+        async with contextlib.aclosing(run.merged()) as merged, \
+                contextlib.aclosing(with_ticks(merged, settings.METRALE["ANTHROPIC_PING_S"])) as items:
+            async for item in items:
                 if item is _TICK:
                     yield PING
                     continue

@@ -12,9 +12,7 @@ owns the batch (execution.claim) while this runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import secrets
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
@@ -25,7 +23,7 @@ from inference import runtime
 from inference.engine.outputs import EngineOverloaded
 from inference.serving.prepare import cpu_work
 
-from . import store
+from . import execution, store
 from .lines import Invalid, Line, output_line, parse_input, run_line
 from .models import Batch, Status
 
@@ -58,12 +56,8 @@ def _quota_error() -> dict:
                       "code": "batch_token_quota_exceeded"}}
 
 
-def _expired_line(custom_id: str) -> str:
-    return json.dumps({"id": f"batch_req_{secrets.token_hex(16)}",
-                       "custom_id": custom_id, "response": None,
-                       "error": {"code": "batch_expired", "message": "This request could not be executed "
-                                                                     "before the completion window expired."}},
-                      separators=(",", ":"))
+EXPIRED = {"code": "batch_expired", "message": "This request could not be executed before the completion window "
+                                           "expired."}
 
 
 class BatchRun:
@@ -72,7 +66,7 @@ class BatchRun:
     def __init__(self, batch: Batch, rt):
         self.batch = batch
         self.rt = rt
-        self.stopped: str | None = None  # "cancelling" or "expired" once the run must stop
+        self.stopped: str | None = None  # "cancelling", "expired" or "shutdown" once the run must stop
         self.concurrency = runtime.engine_config().batch_max_num_seqs
 
     async def run(self) -> str:
@@ -95,15 +89,19 @@ class BatchRun:
         status = await db(_status, b.id)
         if status == Status.IN_PROGRESS:
             await self._run_lines(lines)
+        if self.stopped == "shutdown":
+            return await db(_status, b.id)  # unfinished: the next owner goes on from here
         return await self._finish(lines)
 
     async def _watch(self, tasks: list[asyncio.Task]) -> None:
-        """Every BATCH_POLL_S: stop the run (cancelling its lines in flight) once the batch is
-        cancelling or past its deadline."""
+        """Every BATCH_POLL_S (at once on shutdown): stop the run, cancelling its lines in flight,
+        once the batch is cancelling or past its deadline, or the process shuts down."""
         while True:
-            await asyncio.sleep(settings.METRALE["BATCH_POLL_S"])
+            await asyncio.to_thread(execution.stopping.wait, settings.METRALE["BATCH_POLL_S"])
             status = await db(_status, self.batch.id)
-            if status == Status.CANCELLING:
+            if execution.stopping.is_set():
+                self.stopped = "shutdown"
+            elif status == Status.CANCELLING:
                 self.stopped = "cancelling"
             elif timezone.now() >= self.batch.deadline_at:
                 self.stopped = "expired"
@@ -128,7 +126,8 @@ class BatchRun:
     async def _work(self, todo) -> None:
         b, quota = self.batch, settings.METRALE["BATCH_TOKENS_PER_DAY"]
         for line in todo:
-            if self.stopped:
+            if self.stopped or execution.stopping.is_set():
+                self.stopped = self.stopped or "shutdown"
                 return
             if timezone.now() >= b.deadline_at:
                 self.stopped = "expired"
@@ -155,9 +154,9 @@ class BatchRun:
             for line in lines:
                 if line.custom_id not in done:
                     await db(store.record_result, b, line.custom_id, line.number, True,
-                             _expired_line(line.custom_id), None)
+                             output_line(line.custom_id, error=EXPIRED), None)
             await db(self._files)
-            await db(store.transition, b.id, Status.EXPIRED, only_from=(Status.IN_PROGRESS,))
+            await db(store.transition, b.id, Status.EXPIRED, only_from=(Status.IN_PROGRESS, Status.CANCELLING))
         elif status == Status.CANCELLING:
             await db(self._files)
             await db(store.transition, b.id, Status.CANCELLED, only_from=(Status.CANCELLING,))

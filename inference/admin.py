@@ -1,5 +1,5 @@
 """The operators' console: tenants with their keys, keys (revocable), rate limits with live usage,
-stored chat completions."""
+stored chat completions, the request log."""
 import json
 
 from django.contrib import admin, messages
@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .models import ApiKey, RateLimitContext, ServerProcess, StoredChatCompletion, Tenant
+from .models import ApiKey, RateLimitContext, RequestLogEntry, ServerProcess, StoredChatCompletion, Tenant
 from .ratelimiting.headers import format_duration
 from .ratelimiting.buckets import seconds_until
 
@@ -195,6 +195,27 @@ class ServerProcessAdmin(admin.ModelAdmin):
     search_fields = ("id", "host")
     readonly_fields = ("id", "host", "pid", "pid_namespace", "started_at", "last_beat_at",
                        "stopped_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RequestLogEntry)
+class RequestLogEntryAdmin(admin.ModelAdmin):
+    """Every replica's API requests (METRALE_REQUEST_LOG_DB), newest first, filtered by tenant,
+    route, status and finish reason; read-only (the writer thread records them). No bodies."""
+
+    list_display = ("ts", "request_id", "tenant", "route", "method", "status", "model", "prompt_tokens",
+                    "completion_tokens", "cached_tokens", "ttft_ms", "e2e_ms", "finish_reason", "replica")
+    list_filter = ("tenant", "route", "status", "finish_reason", "replica")
+    search_fields = ("request_id", "tenant", "route")
+    date_hierarchy = "ts"
+    list_per_page = 100
+    show_full_result_count = False
+    readonly_fields = list_display
 
     def has_add_permission(self, request):
         return False

@@ -70,7 +70,7 @@ def check_parser_settings(app_configs, **kwargs):
 
 @register()
 def check_engine_settings(app_configs, **kwargs):
-    """E002: an engine setting (METRALE_DTYPE, METRALE_DECODE_WEIGHTS, ...) the engine cannot use.
+    """E002: an engine setting (METRALE_DTYPE, METRALE_WEIGHTS, ...) the engine cannot use.
     W003: the model folder is missing or unreadable. That one is only a warning: on a fresh
     machine `migrate` runs before `pull_model` has fetched the model, and must not be blocked."""
     from inference.engine.config import ConfigError

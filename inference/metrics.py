@@ -56,10 +56,12 @@ def _histogram(name: str, doc: str, hist: engine_stats.Histogram, labels: list[s
     return family
 
 
-def _counter(name: str, doc: str, value: float, labels: list[str]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=LABELS)
-    family.add_metric(labels, value)
-    return family
+def _counters(labels: list[str], rows):
+    """A counter family per (name without _total, documentation, value) row."""
+    for name, doc, value in rows:
+        family = CounterMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(labels, value)
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
@@ -85,15 +87,13 @@ def engine_families(async_engine, model_name: str):
     info.add_metric([str(blocks.block_size), str(llm.config.kv_cache_dtype), str(llm.config.enable_prefix_caching),
                      str(blocks.num_blocks), ENGINE_INDEX], 1)
     yield info
-    yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens, labels)
-    yield _counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens,
-                   labels)
-    yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                   scheduler.num_preemptions, labels)
-    yield _counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                   stats.prefix_cache_queries, labels)
-    yield _counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                   stats.prefix_cache_hits, labels)
+    yield from _counters(labels, (
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
+        ("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens),
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", scheduler.num_preemptions),
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+         stats.prefix_cache_queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits)))
     success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                   labels=[*LABELS, "finished_reason"])
     for reason, count in list(stats.request_success.items()):
@@ -125,12 +125,10 @@ def engine_families(async_engine, model_name: str):
 
 def spec_decode_families(stats: engine_stats.EngineStats, labels: list[str]):
     """vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py) and our acceptance rate."""
-    yield _counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats.spec_decode_num_drafts,
-                   labels)
-    yield _counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
-                   stats.spec_decode_num_draft_tokens, labels)
-    yield _counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                   stats.spec_decode_num_accepted_tokens, labels)
+    yield from _counters(labels, (
+        ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats.spec_decode_num_drafts),
+        ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats.spec_decode_num_draft_tokens),
+        ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", stats.spec_decode_num_accepted_tokens)))
     per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                   "Accepted tokens per draft position.", labels=[*LABELS, "position"])
     for position, count in enumerate(list(stats.spec_decode_accepted_per_pos)):

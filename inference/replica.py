@@ -28,6 +28,7 @@ PUBLISH_INTERVAL_S = 0.5
 WATCH_TTL_S = 6.0
 REPLICAS_CACHE_S = 5.0
 SNAPSHOT_TIMEOUT_S = 5.0
+RETRY_S = 10.0
 
 
 def replica_id() -> str:
@@ -128,8 +129,19 @@ class ReplicaAgent:
         self.replica = replica_id()
         self.watched_until = 0.0
 
+    async def run_forever(self) -> None:
+        """`run`, started again RETRY_S after a failure (the channel layer's Redis away), until cancelled."""
+        while True:
+            try:
+                await self.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the replica agent stopped; starting it again in %.0f s", RETRY_S)
+                await asyncio.sleep(RETRY_S)
+
     async def run(self) -> None:
-        """Serve commands and publish snapshots until cancelled."""
+        """Serve commands and publish snapshots until cancelled (raises what the layer raises)."""
         channel = await self.layer.new_channel("metrale.agent.")
         group = commands_group(self.replica)
         await self.layer.group_add(group, channel)
@@ -185,7 +197,7 @@ def ensure_started() -> None:
         return
     if get_channel_layer() is None:
         return
-    _agent_task = loop.create_task(ReplicaAgent().run(), name="metrale-replica-agent")
+    _agent_task = loop.create_task(ReplicaAgent().run_forever(), name="metrale-replica-agent")
 
 
 def started(app):

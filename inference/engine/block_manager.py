@@ -81,6 +81,22 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_free())
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Shrink `seq.block_table` to the blocks its first `num_tokens` tokens need (rejected drafts'
+        blocks go back to the pool). Blocks past the sequence's computed tokens are never cached."""
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
+    def _release(self, bid: int) -> None:
+        """Drop one reference to block `bid`; unreferenced, it joins the free list (uncached ones first)."""
+        block = self.blocks[bid]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_list[bid] = None
+            if block.block_hash is None:
+                self.free_list.move_to_end(bid, last=False)
+
     def full_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
         """`seq`'s full blocks of known tokens as (chained hash, token ids), in order.
 
@@ -161,12 +177,7 @@ class BlockManager:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),
         uncached ones go to the front to be reused first."""
         for bid in reversed(seq.block_table):
-            block = self.blocks[bid]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_list[bid] = None
-                if block.block_hash is None:
-                    self.free_list.move_to_end(bid, last=False)
+            self._release(bid)
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+WEIGHT_FORMATS = ("auto", "q4", "q8", "int8", "model")
 
 
 class ConfigError(ValueError):
@@ -120,6 +121,13 @@ class EngineConfig:
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
     EngineOverloaded (0: unbounded).
+    max_loras: LoRA adapter slots resident at once (0: no adapters); max_lora_rank: the largest
+    rank an adapter may have.
+    speculative: auto | on | off, speculative decoding from prompt lookup and Predicted Outputs
+    (speculative.py: "auto" drafts while it pays); speculative_draft_tokens: the most draft tokens
+    per sequence and step; speculative_ngram_max / _min: the n-gram sizes prompt lookup matches;
+    speculative_max_batch: in auto, no drafts while more sequences decode; speculative_min_acceptance:
+    in auto, a sequence whose drafts are accepted less often pauses drafting.
     batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
     batch_prefill_chunk: the most prompt tokens one of them prefills per step.
     """
@@ -135,15 +143,34 @@ class EngineConfig:
     kv_cache_fraction: float = 0.05
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
-    # "int8": decode rows use weight-only int8 copies of the linears (CPU; layers/linear.py);
-    # "model": every row uses the model dtype's weights (exact, slower at small batches).
-    decode_weights: str = "int8"
-    # The same for prefill rows ("int8" needs the compiled CPU kernels, else "model" is used):
-    # int16 activations x int8 weights summed exactly in int32, about twice float32's speed.
-    prefill_weights: str = "int8"
+    # The linears' weight format (layers/linear.py, models/llama.set_weights): "auto" (a folder's
+    # GGUF blocks as shipped, int8 activation blocks; a float folder: "int8"), "q4" (Q4 blocks,
+    # a float checkpoint quantised to Q4_1 with its LM head in Q8_0), "q8" (Q8_0 blocks), "int8"
+    # (per-channel int8, int16 activations), "model" (the folder's own values exactly: float
+    # weights, or the shipped blocks with float32 activations). CPU kernels; CUDA runs float.
+    weights: str = "auto"
+    # Which weights prompt rows use: "same" (the `weights` format, one copy) or "model" (the
+    # exact ones, kept beside the compact copy: prompt logits exactly the folder's).
+    prefill_weights: str = "same"
     num_threads: int | None = None
     step_log: bool = False
     max_waiting_requests: int = 0
+    max_loras: int = 4
+    max_lora_rank: int = 64
+    speculative: str = "auto"
+    speculative_draft_tokens: int = 8
+    speculative_ngram_max: int = 4
+    speculative_ngram_min: int = 2
+    speculative_max_batch: int = 8
+    speculative_min_acceptance: float = 0.3
+
+    def speculative_config(self):
+        """The speculation knobs as a speculative.SpeculativeConfig. Raises ValueError on a bad value."""
+        from .speculative import SpeculativeConfig
+
+        return SpeculativeConfig(self.speculative, self.speculative_draft_tokens, self.speculative_ngram_max,
+                                 self.speculative_ngram_min, self.speculative_max_batch,
+                                 self.speculative_min_acceptance)
     batch_max_num_seqs: int = 4
     batch_prefill_chunk: int = 64
 
@@ -154,15 +181,21 @@ class EngineConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
-        if self.decode_weights not in ("int8", "model"):
-            raise ConfigError(f"decode_weights must be int8 or model, got {self.decode_weights!r}")
-        if self.prefill_weights not in ("int8", "model"):
-            raise ConfigError(f"prefill_weights must be int8 or model, got {self.prefill_weights!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ConfigError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.prefill_weights not in ("same", "model"):
+            raise ConfigError(f"prefill_weights must be same or model, got {self.prefill_weights!r}")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_loras < 0 or self.max_lora_rank <= 0:
+            raise ConfigError("max_loras must be >= 0 and max_lora_rank positive")
         if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
             raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")
+        try:
+            self.speculative_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc

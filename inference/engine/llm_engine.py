@@ -11,6 +11,8 @@ import torch
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
+from .layers.lora import LoraSlots
+from .lora import LoraAdapter
 from .model_folder import ModelFolder
 from .model_runner import ModelRunner, RunResult
 from .models.loader import load_model
@@ -21,6 +23,8 @@ from .request import EngineRequest
 from .sampling_state import SamplingState
 from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
+from .speculative import Speculator
+from .verify import verify_drafts
 from .stats import EngineStats
 
 log = logging.getLogger("metrale.engine")
@@ -69,9 +73,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = folder.eos_token_ids
-        model = load_model(path, self.model_config, self.dtype, self.device,
-                           int8_decode=config.decode_weights == "int8",
-                           int8_prefill=config.prefill_weights == "int8")
+        model = load_model(path, self.model_config, self.dtype, self.device, weights=config.weights,
+                           prefill=config.prefill_weights)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
         budget = config.kv_cache_bytes or min(
@@ -85,14 +88,24 @@ class LLMEngine:
                                    batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
                                   self.eos_token_ids)
+        # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
+        self.speculator = Speculator(config.speculative_config(), exact=self.runner.fused is not None)
+        self.scheduler.speculator = self.speculator
+        self.loras = LoraSlots(model, config.max_loras, self.runner.fused) if config.max_loras else None
+        self.runner.lora = self.loras
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         # Where step time goes, in seconds summed over all steps (see bench's per-step report).
         self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
         self.num_steps = 0
         # What the engine did, for /metrics and the dashboard (written here only, read anywhere).
         self.stats = EngineStats(self.max_model_len, config.enable_prefix_caching)
-        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%.0f MiB)", path.name, self.device,
-                 str(self.dtype).removeprefix("torch."), num_blocks, config.block_size, num_blocks * block_bytes / 2**20)
+        self.stats.spec_decode_enabled = self.speculator.enabled
+        self.speculator.observe = self.stats.record_spec_decode
+        self.weight_bytes = model.weight_bytes()
+        log.info("engine ready: %s on %s in %s, weights %s (%s; %.1f MB resident), %d KV blocks of %d tokens in %s "
+                 "(%.0f MiB)", path.name, self.device, str(self.dtype).removeprefix("torch."), config.weights,
+                 ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()), self.weight_bytes / 1e6,
+                 num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."), num_blocks * block_bytes / 2**20)
 
     @property
     def max_request_tokens(self) -> int:
@@ -130,6 +143,8 @@ class LLMEngine:
         rid = request_id or request.request_id or "req"
         try:
             seq = self._admit(request, rid, deadline)
+        except RequestRejected:
+            raise
         except Exception as exc:
             raise RequestRejected(f"the request's parameters cannot be used: {exc}") from exc
         if arrival_time is not None:
@@ -138,11 +153,46 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
+    def add_lora(self, adapter: LoraAdapter, replace: bool = False) -> None:
+        """Make a LoRA adapter (lora.load_adapter) resident for new requests naming it; with `replace`,
+        the adapter loaded under its name keeps serving its requests in flight and then goes.
+        Raises ValueError when adapters are off (max_loras 0), the name is loaded and not
+        `replace`, or every slot is taken."""
+        if self.loras is None:
+            raise ValueError("LoRA adapters are off (METRALE_MAX_LORAS is 0)")
+        self.collect_loras()
+        self.loras.add(adapter, replace)
+
+    def remove_lora(self, name: str) -> None:
+        """New requests can no longer name `name`; its slot is freed once its requests in flight end.
+        Raises KeyError for a name that is not loaded."""
+        if self.loras is None or name not in self.loras.by_name:
+            raise KeyError(name)
+        self.loras.remove(name)
+        self.collect_loras()
+
+    def collect_loras(self) -> None:
+        """Free the slots of removed adapters that no waiting or running sequence uses."""
+        if self.loras is not None and self.loras.retired:
+            live = self.scheduler.running + list(self.scheduler.waiting)
+            self.loras.collect({seq.lora.slot for seq in live if seq.lora is not None})
+
+    def _lora_for(self, name: str | None) -> LoraAdapter | None:
+        if name is None:
+            return None
+        adapter = self.loras.by_name.get(name) if self.loras is not None else None
+        if adapter is None:
+            raise RequestRejected(f"the LoRA adapter {name!r} is not loaded")
+        return adapter
+
     def _admit(self, request: EngineRequest, rid: str, deadline: float | None) -> Sequence:
         vocab_size = self.model_config.vocab_size
         params = request.params.for_engine(vocab_size)
-        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
-                       cache_salt=request.cache_salt, priority=request.priority)
+        lora = self._lora_for(request.lora_name)
+        # The adapter (this load of it) is part of the prefix-cache key: its KV is its own.
+        salt = request.cache_salt if lora is None else f"{request.cache_salt}\x00lora:{lora.uid}"
+        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline, cache_salt=salt,
+                       priority=request.priority, lora=lora)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         device = self.runner.device
@@ -152,13 +202,17 @@ class LLMEngine:
         if params.reasoning is not None:
             seq.reasoning = ReasoningTracker(params.reasoning)
         seq.grammar = grammar_state_for(params, rid, seq.reasoning)
+        seq.spec = self.speculator.state_for(request.prediction_token_ids)
         return seq
 
     def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
         """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
         if not seq.is_finished:
             self.scheduler.finish(seq, reason)
-            self.stats.record_finished(seq)
+            try:
+                self.stats.record_finished(seq)
+            except Exception:  # metrics never fail an abort
+                log.exception("recording the end of %s failed", seq.request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -176,9 +230,18 @@ class LLMEngine:
         t2 = time.perf_counter()
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
         outputs += self.scheduler.postprocess(batch, result)
+        verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
+        self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
-        self.stats.record_step(batch, outputs)
+        self._record_stats(batch, outputs)
         return outputs
+
+    def _record_stats(self, batch: ScheduledBatch, outputs: StepOutputs) -> None:
+        # Metrics never end a step: a bug in them is logged, the requests go on.
+        try:
+            self.stats.record_step(batch, outputs)
+        except Exception:
+            log.exception("recording engine step %d's stats failed", self.num_steps)
 
     def _run(self, batch: ScheduledBatch) -> tuple[RunResult, list[tuple[Sequence, Exception]]]:
         """Run the batch; if that raises, find the items that make it raise and run the others.
@@ -217,6 +280,10 @@ class LLMEngine:
                 merged.token_ids[i] = part.token_ids[j]
                 merged.logprobs[i] = part.logprobs[j]
                 merged.prompt_logprobs[i] = part.prompt_logprobs[j]
+                for mine, theirs in ((merged.draft_logits, part.draft_logits),
+                                     (merged.draft_samples, part.draft_samples)):
+                    if j in theirs:
+                        mine[i] = theirs[j]
         return merged, failed
 
     @staticmethod

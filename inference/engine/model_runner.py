@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,6 +12,7 @@ from .layers.attention import AttentionMetadata, PrefillSlice
 from .layers.fused_decode import FusedDecoder
 from .sampler import Sampler, token_logprobs
 from .scheduler import ScheduledBatch
+from .verify import stateless
 
 
 # Prefill chunks whose context (tokens before the chunk + the chunk) is at most this many
@@ -33,6 +34,11 @@ class RunResult:
     token_ids: list[int | None]
     logprobs: list[tuple | None]
     prompt_logprobs: list[list | None]
+    # Items with drafts (ScheduledBatch.drafts): draft_logits[i] float32 [k, vocab], row j the logits after
+    # draft token j (verify.py samples them); draft_samples[i] when the runner could already sample all k
+    # rows (verify.stateless): (token ids, logprobs) of those rows.
+    draft_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    draft_samples: dict[int, tuple[list[int], list]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -56,14 +62,18 @@ class ModelRunner:
         ]
         self.sampler = Sampler(eos_token_ids, seed)
         # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
-        # model has int8 decode weights, decode rows run through whole compiled layers.
+        # model's decode weights are kernel weights, decode rows run through whole compiled layers.
         self.decode_kernel = (device.type == "cpu" and next(model.parameters()).dtype == torch.float32
                               and kernels.supports_kv_dtype(kv_dtype) and kernels.available())
         self.fused = FusedDecoder(model, self.kv_caches) if self.decode_kernel and FusedDecoder.supports(
             model, kv_dtype) else None
-        # With int8 prefill weights, prompt rows take the compiled layers too (see prepare()).
-        self.fused_prefill = self.fused is not None and getattr(model, "int8_prefill", False)
+        # When prompt rows use the decode rows' weights, they take the compiled layers too (see prepare()).
+        self.fused_prefill = self.fused is not None and getattr(model, "compact_prefill", False) == getattr(
+            model, "compact_decode", False)
         self.item_rows: list[int] = []
+        # layers/lora.LoraSlots once the engine installs adapter slots (each step's row groups).
+        self.lora = None
+        self.draft_rows: dict[int, list[int]] = {}
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
         self.last_phase_s: dict[str, float] = {}
 
@@ -80,6 +90,8 @@ class ModelRunner:
         `fused_prefill`, every prefill chunk whose context fits FUSED_PREFILL_MAX_CONTEXT,
         each prompt row attending like a decode row of its own length), then the prefill
         chunks for the torch layers. `self.item_rows` gets each batch item's first packed row.
+        A decode with drafts (batch.drafts) packs its draft tokens after its own token, each a
+        decode row of its own context length (a verify row); `self.draft_rows[i]` lists them.
         """
         bs = self.block_size
         fused: list[tuple[int, int, int]] = []  # (item, start, n) in the order they are packed
@@ -97,11 +109,17 @@ class ModelRunner:
         row_tables: list[list[int]] = []
         row_lens: list[int] = []
         prefill_specs: list[tuple[int, int, list[int], int]] = []
+        self.draft_rows = {}
         for group in (fused, rest):
             for i, start, n in group:
                 seq = batch.items[i][0]
                 q_start = item_rows[i] = len(ids)
                 ids.extend(seq.token_ids[start:start + n])
+                draft = batch.drafts.get(i)
+                if draft:
+                    self.draft_rows[i] = list(range(q_start + n, q_start + n + len(draft)))
+                    ids.extend(draft)
+                    n += len(draft)
                 positions = range(start, start + n)
                 pos.extend(positions)
                 table = seq.block_table
@@ -136,6 +154,10 @@ class ModelRunner:
                                               computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        if self.lora is not None:
+            spans = [(seq, item_rows[i], n + len(batch.drafts.get(i) or ()))
+                     for i, (seq, n) in enumerate(batch.items)]
+            self.lora.begin_step(spans, len(ids), meta.num_decodes if self.fused is not None else 0)
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()
@@ -153,14 +175,40 @@ class ModelRunner:
         n = len(batch.items)
         result = RunResult([None] * n, [None] * n, self._prompt_logprobs(batch, hidden))
         if sample_rows:
-            int8 = self.model.int8_rows(batch.num_decodes, len(sample_rows))
-            logits = self.model.compute_logits(hidden[sample_rows], int8)
-            t2 = time.perf_counter()
             items = [i for i, s in enumerate(batch.samples) if s]
-            sampled = self.sampler(logits, [batch.items[i][0] for i in items])
+            # Decode rows, then the drafts' verify rows (decode rows too: the compact head), then prefill rows.
+            nd = sum(1 for i in items if i < batch.num_decodes)
+            drafted = [i for i in items if i in self.draft_rows]
+            verify_rows = [r for i in drafted for r in self.draft_rows[i]]
+            rows = sample_rows[:nd] + verify_rows + sample_rows[nd:]
+            compact = self.model.compact_rows(nd + len(verify_rows), len(rows))
+            logits = self.model.compute_logits(hidden[rows], compact)
+            t2 = time.perf_counter()
+            main = torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
+            seqs = [batch.items[i][0] for i in items]
+            # Drafts whose every row can be sampled now (verify.stateless) join the step's one sampler call.
+            early, offset, extra_seqs, extra_logits = [], nd, [], []
+            for i in drafted:
+                k = len(self.draft_rows[i])
+                block = logits[offset:offset + k]
+                offset += k
+                seq = batch.items[i][0]
+                if stateless(seq):
+                    early.append((i, len(extra_seqs), k))
+                    extra_seqs += [seq] * k
+                    extra_logits.append(block)
+                else:
+                    result.draft_logits[i] = block
+            if extra_logits:
+                main = torch.cat([main, *extra_logits])
+            sampled = self.sampler(main, seqs + extra_seqs)
             for k, i in enumerate(items):
                 result.token_ids[i] = sampled.token_ids[k]
                 result.logprobs[i] = sampled.logprobs[k]
+            base = len(items)
+            for i, at, k in early:
+                result.draft_samples[i] = (sampled.token_ids[base + at:base + at + k],
+                                           sampled.logprobs[base + at:base + at + k])
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()
@@ -188,4 +236,4 @@ class ModelRunner:
         input_ids, positions, meta, _ = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
         order = [r for (_, n), start in zip(batch.items, self.item_rows) for r in range(start, start + n)]
-        return self.model.compute_logits(hidden[order], self.model.int8_rows(batch.num_decodes, hidden.shape[0]))
+        return self.model.compute_logits(hidden[order], self.model.compact_rows(batch.num_decodes, hidden.shape[0]))

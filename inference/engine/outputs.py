@@ -21,10 +21,16 @@ class EngineOverloaded(RuntimeError):
 
 @dataclass(slots=True)
 class TokenEvent:
-    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k, sorted desc)."""
+    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k, sorted desc).
+
+    accepted_prediction: the token was a drafted token of the request's prediction, accepted.
+    rejected_prediction: prediction tokens drafted after this one and refused (speculative.py).
+    """
 
     token_id: int
     logprobs: tuple | None = None
+    accepted_prediction: bool = False
+    rejected_prediction: int = 0
 
 
 @dataclass(slots=True)
@@ -39,6 +45,8 @@ class Finished:
     cached_tokens: int = 0
     # One entry per prompt token when prompt_logprobs was asked (None for the first token).
     prompt_logprobs: list | None = None
+    # Reason "stop" because the output repeated a pattern (repetition.py; metrics' "repetition").
+    repetition: bool = False
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .reasoning import ReasoningSpec
+from .repetition import RepetitionDetection
 
 
 @dataclass(slots=True)
@@ -50,6 +51,8 @@ class SamplingParams:
     dry_sequence_breaker_ids: frozenset[int] | None = None
     # How the output reasons (reasoning.py): the budget's cap and the grammar's wait read it; None: no reasoning.
     reasoning: ReasoningSpec | None = None
+    # repetition.RepetitionDetection: stop ("stop") once the output ends in a repeated pattern; None: off.
+    repetition_detection: RepetitionDetection | None = None
 
     def __post_init__(self):
         if self.temperature < 0:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .block_manager import BlockManager
 from .outputs import Failed, Finished, TokenEvent
+from .repetition import repeats
 from .sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     # items[first_admitted:] were admitted from the waiting queue this step (the newest work).
     first_admitted: int = 0
+    # Decode item index -> its draft tokens (speculative.py), verified after the step (verify.py).
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -58,7 +61,8 @@ class ScheduledBatch:
         return ScheduledBatch(items=[self.items[i] for i in indices],
                               num_decodes=sum(1 for i in indices if i < self.num_decodes),
                               samples=[self.samples[i] for i in indices],
-                              first_admitted=sum(1 for i in indices if i < self.first_admitted))
+                              first_admitted=sum(1 for i in indices if i < self.first_admitted),
+                              drafts={j: self.drafts[i] for j, i in enumerate(indices) if i in self.drafts})
 
 
 class Scheduler:
@@ -75,6 +79,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # speculative.Speculator: drafts for the decodes (None: no speculation).
+        self.speculator = None
         self.batch_max_num_seqs = batch_max_num_seqs or max_num_seqs
         self.batch_prefill_chunk = batch_prefill_chunk or max_num_batched_tokens
 
@@ -143,9 +149,9 @@ class Scheduler:
             if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
                 seq.prompt_logprobs.extend(chunk)
         token = result.token_ids[i]
-        return None if token is None else self._append(seq, token, result.logprobs[i], now)
+        return None if token is None else self.append_token(seq, token, result.logprobs[i], now)
 
-    def _append(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
+    def append_token(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
         """The one place a sampled token joins a sequence, and where the sequence's end is decided."""
         if seq.grammar is not None and not seq.grammar.accept(token, seq.output_token_ids):
             self.finish(seq, "stop")  # a dead end: end without the refused token
@@ -168,6 +174,10 @@ class Scheduler:
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
             if token in p.stop_token_ids:
+                return "stop"
+            if p.repetition_detection is not None and repeats(seq.token_ids, seq.num_output_tokens,
+                                                              p.repetition_detection):
+                seq.stopped_by_repetition = True
                 return "stop"
         if seq.num_output_tokens >= p.max_tokens or (
                 self.max_model_len is not None and len(seq.token_ids) >= self.max_model_len):
@@ -206,6 +216,8 @@ class Scheduler:
             batch.samples.append(True)
             budget -= 1
         batch.num_decodes = len(batch.items)
+        if self.speculator is not None and self.speculator.enabled:
+            budget = self._schedule_drafts(batch, budget)
 
         # Running sequences part-way through a chunked prefill; batch ones after the admission of
         # waiting interactive requests, which must not wait behind them.
@@ -249,6 +261,21 @@ class Scheduler:
                 break
             budget = self._schedule_prefill(seq, budget, batch, may_preempt=True)
         return batch
+
+    def _schedule_drafts(self, batch: ScheduledBatch, budget: int) -> int:
+        """Draft tokens for the step's decodes (speculative.Speculator.plan), each within the token
+        budget and the free blocks (a draft never preempts). Returns the budget left."""
+        bm = self.block_manager
+        for i, (seq, _) in enumerate(batch.items):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            draft = self.speculator.plan(seq, batch.num_decodes, budget, self.max_model_len)
+            need = len(seq.token_ids) + len(draft)
+            if draft and bm.can_allocate(seq, need):
+                bm.allocate(seq, need)
+                batch.drafts[i] = draft
+                budget -= len(draft)
+        return budget
 
     def _pending_hashes(self, batch: ScheduledBatch) -> set[int]:
         """Hashes of the first full block each prefill in `batch` completes (for deferral)."""

@@ -10,7 +10,7 @@ import time
 
 # Engine settings shown with every snapshot (EngineConfig field names).
 SHOWN_SETTINGS = ("device", "dtype", "kv_cache_dtype", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                  "max_waiting_requests", "enable_prefix_caching", "decode_weights", "prefill_weights",
+                  "max_waiting_requests", "enable_prefix_caching", "weights", "prefill_weights",
                   "num_threads")
 
 

@@ -173,7 +173,7 @@ class EngineStats:
         point = self._point()
         step_tokens = 0
         for i, (seq, n) in enumerate(batch.items):
-            step_tokens += n
+            step_tokens += n + len(batch.drafts.get(i, ()))
             timing = self._timings.get(id(seq))
             if timing is not None and timing.scheduled is None:
                 timing.scheduled = now
@@ -216,7 +216,8 @@ class EngineStats:
         if timing is None:
             return
         now = time.monotonic() if now is None else now
-        reason = _REASON_LABEL.get(seq.finish_reason or "stop", "abort")
+        reason = "repetition" if getattr(seq, "stopped_by_repetition", False) else _REASON_LABEL.get(
+            seq.finish_reason or "stop", "abort")
         self.request_success[reason] += 1
         self._point().requests_finished += 1
         self.e2e_s.observe(now - timing.arrival)

@@ -17,6 +17,7 @@ class Usage:
     cached_prompt_tokens: int = 0
     reasoning_tokens: int = 0
     accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -32,6 +33,7 @@ class Usage:
             "completion_tokens_details": {
                 "reasoning_tokens": self.reasoning_tokens,
                 "accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens,
             },
         }
 

@@ -68,10 +68,13 @@ class Generation:
         parse = gen.text.pipeline() if gen.text is not None and gen.text.active else None
         carry = _TokenCarry()
         completion_tokens = 0
+        predicted = [0, 0]  # accepted, rejected prediction tokens (engine/verify.py tags the events)
         try:
             async for event in self.handle:
                 if isinstance(event, TokenEvent):
                     completion_tokens += 1
+                    predicted[0] += event.accepted_prediction
+                    predicted[1] += event.rejected_prediction
                     text, matched = stops.feed(detok.add(event.token_id))
                     was_reasoning = parse is not None and parse.in_reasoning
                     out = _parsed(parse, text)
@@ -91,7 +94,9 @@ class Generation:
                         _count_tool_calls(parse)
                         yield Finish(_finish_reason("stop", parse),
                                      Usage(len(prompt_ids), completion_tokens,
-                                           reasoning_tokens=parse.reasoning_tokens if parse else 0),
+                                           reasoning_tokens=parse.reasoning_tokens if parse else 0,
+                                           accepted_prediction_tokens=predicted[0],
+                                           rejected_prediction_tokens=predicted[1]),
                                      stop_string=stops.matched)
                         return
                 elif isinstance(event, Finished):
@@ -109,7 +114,7 @@ class Generation:
                     _count_tool_calls(parse)
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                                       parse.reasoning_tokens if parse else 0),
+                                       parse.reasoning_tokens if parse else 0, *predicted),
                                  prompt_logprobs=prompt_lps, stop_string=stops.matched)
                     return
                 elif isinstance(event, Failed):

@@ -17,6 +17,8 @@ from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, 
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .json_body import parse_json_body
 from .messages import normalize_messages
+from .beam_search import MAX_BEAMS, beam_spec
+from .prediction import prediction_text
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
 from .tool_fields import ToolChoiceField, ToolsField, check_tool_choice
@@ -62,6 +64,20 @@ class StreamOptions(serializers.Serializer):
     continuous_usage_stats = BooleanField(required=False, default=False)
 
 
+class RepetitionDetectionField(serializers.Serializer):
+    """`repetition_detection` (vLLM's RepetitionDetectionParams): stop once the output ends in a pattern of
+    min..max_pattern_size tokens repeated min_count times (engine/repetition.py). Bounds keep the check cheap."""
+
+    max_pattern_size = IntegerField(low=1, high=512)
+    min_pattern_size = IntegerField(required=False, default=0, low=0, high=512)
+    min_count = IntegerField(required=False, default=2, low=2, high=1024)
+
+    def validate(self, attrs):
+        if attrs["min_pattern_size"] > attrs["max_pattern_size"]:
+            raise serializers.ValidationError({"min_pattern_size": "must not exceed max_pattern_size."})
+        return attrs
+
+
 class SamplingExtensions(serializers.Serializer):
     """The sampling controls beyond temperature / top_p / top_k (vLLM's and llama.cpp's), which every
     generating surface accepts (chat, completions, Anthropic's Messages)."""
@@ -81,6 +97,7 @@ class SamplingExtensions(serializers.Serializer):
     seed = IntegerField(**opt())
     ignore_eos = BooleanField(required=False, default=False)
     stop_token_ids = TokenIdListField(**opt())
+    repetition_detection = RepetitionDetectionField(**opt())
 
 
 class GenerationRequest(SamplingExtensions):
@@ -103,10 +120,16 @@ class GenerationRequest(SamplingExtensions):
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
     response_format = ObjectField(**opt())
     structured_outputs = ObjectField(**opt())
+    # Beam search (serving/beam_search.py): vLLM's use_beam_search, length_penalty, early_stopping, and the width.
+    use_beam_search = BooleanField(required=False, default=False)
+    num_beams = IntegerField(**opt(low=1, high=MAX_BEAMS))
+    length_penalty = NumberField(**opt(low=-10, high=10))
+    early_stopping = BooleanField(required=False, default=False)
 
     def validate(self, attrs):
         """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens;
-        response_format / structured_outputs well formed and at most one of them (structured.check_request)."""
+        response_format / structured_outputs well formed and at most one of them (structured.check_request).
+        Subclasses then set attrs["beam"] (beam_search.beam_spec: its own 400s)."""
         if attrs.get("stop") is None:
             attrs["stop"] = []
         if attrs.get("stream_options") is not None and not attrs["stream"]:
@@ -164,7 +187,8 @@ class ChatCompletionRequest(GenerationRequest):
         """top_logprobs needs logprobs (OpenAI); continue_final_message excludes an explicit
         add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
         (tool_fields.check_tool_choice) and, when a call is forced, each tool's schema compiles
-        (tool_grammar.check_forced_tools); fields this server cannot honour are refused by name."""
+        (tool_grammar.check_forced_tools); `prediction` becomes its text (prediction.prediction_text);
+        fields this server cannot honour are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -174,7 +198,9 @@ class ChatCompletionRequest(GenerationRequest):
                               "continue_final_message")
         check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
         check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
-        _refuse_if_set(attrs, "prediction", "predicted outputs are not implemented yet.")
+        attrs["prediction"] = prediction_text(attrs.get("prediction"),
+                                              {**attrs, "functions": self.initial_data.get("functions")})
+        attrs["beam"] = beam_spec(attrs)
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")
         if attrs.get("modalities") and set(attrs["modalities"]) != {"text"}:
@@ -226,6 +252,11 @@ class CompletionRequest(GenerationRequest):
             raise bad_request("'best_of' cannot be used with 'stream'.", "best_of")
         if attrs.get("suffix") and attrs["echo"]:
             raise bad_request("'echo' cannot be used with 'suffix'.", "echo")
+        attrs["beam"] = beam_spec(attrs)
+        if attrs["beam"] is not None and len(attrs["prompt"]) > 1:
+            raise bad_request("'use_beam_search' takes one prompt.", "prompt")
+        if attrs["beam"] is not None and attrs["echo"]:
+            raise bad_request("'echo' cannot be used with 'use_beam_search'.", "echo")
         return attrs
 
 

@@ -16,6 +16,7 @@ from django.conf import settings
 from inference.engine.grammar_state import StructuredOutput
 from inference.engine.model_folder import ModelFolder
 from inference.engine.reasoning import ReasoningSpec
+from inference.engine.repetition import RepetitionDetection
 from inference.engine.sampling_params import SamplingParams
 
 from .errors import ApiError, bad_request
@@ -81,6 +82,19 @@ def dry_breaker_ids(tokenizer, breakers: tuple[str, ...]) -> frozenset[int]:
     return frozenset(ids)
 
 
+def repetition_rule(requested: dict | None) -> RepetitionDetection | None:
+    """The request's repetition_detection, else METRALE["REPETITION_DETECTION"] (a JSON object of the same
+    fields), else None. Raises ApiError 400 for a rule the engine refuses (it validates the fields)."""
+    rule = requested if requested is not None else settings.METRALE.get("REPETITION_DETECTION")
+    if not rule:
+        return None
+    try:
+        return RepetitionDetection(int(rule["max_pattern_size"]), int(rule.get("min_pattern_size", 0)),
+                                   int(rule.get("min_count", 2)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad_request(f"Invalid value for 'repetition_detection': {exc}", "repetition_detection") from exc
+
+
 def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, logprobs: int | None = None,
                     prompt_logprobs: int | None = None, seed_offset: int = 0,
                     reasoning: ReasoningSpec | None = None,
@@ -111,6 +125,7 @@ def sampling_params(req: dict, *, max_tokens: int, tokenizer, defaults: dict, lo
         breakers = req.get("dry_sequence_breakers")
         values["dry_sequence_breaker_ids"] = dry_breaker_ids(
             tokenizer, tuple(DEFAULT_DRY_BREAKERS if breakers is None else breakers))
+    values["repetition_detection"] = repetition_rule(req.get("repetition_detection"))
     return SamplingParams(**values, max_tokens=max_tokens, ignore_eos=req.get("ignore_eos", False),
                           logprobs=logprobs, prompt_logprobs=prompt_logprobs, reasoning=reasoning,
                           structured=structured)

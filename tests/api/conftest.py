@@ -184,8 +184,7 @@ def smollm2_engine(smollm2_dir):
     from inference.engine.llm_engine import LLMEngine
 
     engine = AsyncEngine(LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=32 << 20,
-                                                max_model_len=1024, decode_weights="model",
-                                                prefill_weights="model")))
+                                                max_model_len=1024, weights="model")))
     yield engine
     engine.stop()
     engine._thread.join(timeout=10)  # not mid-step when the interpreter exits

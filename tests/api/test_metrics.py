@@ -17,7 +17,7 @@ LONG_SYSTEM = "You are a careful assistant who answers briefly. " * 8  # several
 
 
 def chat(max_tokens=3, **body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "max_tokens": max_tokens, "temperature": 0,
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "max_tokens": max_tokens, "temperature": 0,
                                                  "messages": [{"role": "user", "content": "Hi"}], **body})
 
 
@@ -93,7 +93,7 @@ def test_a_client_that_disconnects_is_an_abort_and_running_is_zero_at_once(real_
 
     async def go_away():
         req = await request("POST", "/v1/chat/completions", {
-            "model": "m", "max_tokens": 300, "stream": True, "ignore_eos": True,
+            "model": "smollm2-135m-instruct", "max_tokens": 300, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Tell me a long story."}]}).start()
         await req.chunk()
         await req.chunk()
@@ -115,7 +115,7 @@ def test_metrale_counts_http_requests_by_route_and_status(fake_rt):
     route = {"route": "v1/chat/completions", "method": "POST"}
     before = scrape()
     chat()
-    call("POST", "/v1/chat/completions", {"model": "m"})  # no messages: 400
+    call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct"})  # no messages: 400
     after = scrape()
     assert value(after, "metrale:http_requests_total", status="200", **route) - \
         value(before, "metrale:http_requests_total", status="200", **route) == 1
@@ -179,3 +179,21 @@ def test_scrapes_stay_out_of_the_access_log(path, logged):
     access("http", "complete", {"client": "127.0.0.1:1", "method": "GET", "path": path, "status": 200,
                                 "size": 10})
     assert (path in stream.getvalue()) is logged
+
+
+def test_speculative_counters_appear_once_drafts_are_recorded(real_rt, monkeypatch):
+    stats = real_rt.engine.engine.stats
+    assert ("vllm:spec_decode_num_drafts_total", tuple(sorted(MODEL.items()))) not in scrape()
+    monkeypatch.setattr(stats, "spec_decode_enabled", False)  # put back after the test
+    for attr in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                 "spec_decode_accepted_per_pos"):
+        monkeypatch.setattr(stats, attr, [] if attr.endswith("per_pos") else 0)
+    stats.record_spec_decode(num_draft_tokens=4, num_accepted_tokens=3)
+    stats.record_spec_decode(num_draft_tokens=4, num_accepted_tokens=1)
+    table = scrape()
+    assert value(table, "vllm:spec_decode_num_drafts_total", **MODEL) == 2
+    assert value(table, "vllm:spec_decode_num_draft_tokens_total", **MODEL) == 8
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_total", **MODEL) == 4
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0", **MODEL) == 2
+    assert value(table, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="2", **MODEL) == 1
+    assert value(table, "metrale:spec_decode_acceptance_rate", **MODEL) == 0.5

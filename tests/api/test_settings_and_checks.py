@@ -133,8 +133,8 @@ def test_the_engine_config_is_built_from_the_settings_in_one_place(settings):
     from inference.engine.config import EngineConfig
     from inference.runtime import engine_config
 
-    settings.METRALE = {**settings.METRALE, "MAX_NUM_SEQS": 7, "DECODE_WEIGHTS": None}
+    settings.METRALE = {**settings.METRALE, "MAX_NUM_SEQS": 7, "WEIGHTS": None}
     config = engine_config()
     assert config.max_num_seqs == 7
-    assert config.decode_weights == EngineConfig.__dataclass_fields__["decode_weights"].default == "int8"
+    assert config.weights == EngineConfig.__dataclass_fields__["weights"].default == "auto"
     assert config.model_path == str(settings.METRALE["MODEL"])

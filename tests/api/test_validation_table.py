@@ -11,7 +11,7 @@ OK = "ok"
 
 # (field values merged into a chat body, expected: OK or the 400's param)
 CHAT = [
-    ({"model": "any-name"}, OK), ({"model": ""}, OK), ({"model": 5}, "model"), ({"model": None}, "model"),
+    ({"model": "smollm2-135m-instruct"}, OK), ({"model": ""}, OK), ({"model": 5}, "model"), ({"model": None}, "model"),
     ({"messages": []}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": None}, "messages"),
     ({"messages": [5]}, "messages[0]"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -130,7 +130,22 @@ CHAT = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
-    ({"prediction": None}, OK), ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"prediction": None}, OK), ({"prediction": {"type": "content", "content": "x"}}, OK),
+    ({"prediction": {"type": "content", "content": [{"type": "text", "text": "x"}]}}, OK),
+    ({"prediction": "x"}, "prediction"), ({"prediction": {"type": "audio", "content": "x"}}, "prediction.type"),
+    ({"prediction": {"type": "content"}}, "prediction.content"),
+    ({"prediction": {"type": "content", "content": []}}, "prediction.content"),
+    ({"prediction": {"type": "content", "content": [{"type": "image_url"}]}}, "prediction.content[0].type"),
+    ({"prediction": {"type": "content", "content": [{"type": "text", "text": 3}]}}, "prediction.content[0].text"),
+    ({"prediction": {"type": "content", "content": "x"}, "n": 2}, "n"),
+    ({"prediction": {"type": "content", "content": "x"}, "logprobs": True}, "logprobs"),
+    ({"prediction": {"type": "content", "content": "x"}, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prediction": {"type": "content", "content": "x"}, "frequency_penalty": 0.1}, "frequency_penalty"),
+    ({"prediction": {"type": "content", "content": "x"}, "presence_penalty": -0.5}, OK),
+    ({"prediction": {"type": "content", "content": "x"},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"prediction": {"type": "content", "content": "x"},
+      "functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ({"modalities": ["text"]}, OK), ({"modalities": ["text", "audio"]}, "modalities"),
     ({"web_search_options": {}}, "web_search_options"),
@@ -176,12 +191,12 @@ def check(path: str, body: dict, expected: str):
 
 @pytest.mark.parametrize("fields, expected", CHAT, ids=[json.dumps(f)[:60] for f, _ in CHAT])
 def test_chat_field(fake_rt, fields, expected):
-    check("/v1/chat/completions", {"model": "m", "messages": USER, **fields}, expected)
+    check("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, **fields}, expected)
 
 
 @pytest.mark.parametrize("fields, expected", COMPLETIONS, ids=[json.dumps(f)[:60] for f, _ in COMPLETIONS])
 def test_completions_field(fake_rt, fields, expected):
-    check("/v1/completions", {"model": "m", **fields}, expected)
+    check("/v1/completions", {"model": "smollm2-135m-instruct", **fields}, expected)
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", b"null", "{\"messages\": \"\u00e9\"}".encode("latin-1"),

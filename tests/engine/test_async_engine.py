@@ -21,9 +21,8 @@ def tiny_folder(tmp_path_factory):
 
 
 def make_engine(folder, **kw) -> LLMEngine:
-    """An engine on float weights unless the test asks for int8 (the server's default)."""
-    kw.setdefault("decode_weights", "model")
-    kw.setdefault("prefill_weights", "model")
+    """An engine on float weights unless the test asks for a compact format (the server's default)."""
+    kw.setdefault("weights", "model")
     return LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=kw.pop("kv_cache_bytes", 4 << 20), **kw))
 
 
@@ -42,10 +41,11 @@ def prompts(n, length=20, seed=0):
     return [torch.randint(3, 320, (length + 3 * i,), generator=g).tolist() for i in range(n)]
 
 
-# int8 decode: the compiled decode layers; int8 prefill too: the int8 GEMM on every row
-@pytest.mark.parametrize("decode_weights, prefill_weights", [("model", "model"), ("int8", "model"), ("int8", "int8")])
-def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, decode_weights, prefill_weights):
-    engine = make_engine(tiny_folder, step_log=True, decode_weights=decode_weights, prefill_weights=prefill_weights)
+# compact decode weights: the compiled decode layers; compact prefill too: the same GEMM on every row
+@pytest.mark.parametrize("weights, prefill_weights", [("model", "same"), ("int8", "model"), ("int8", "same"),
+                                                      ("q4", "model"), ("q4", "same"), ("q8", "same")])
+def test_it_gives_each_request_the_same_tokens_batched_as_alone(tiny_folder, weights, prefill_weights):
+    engine = make_engine(tiny_folder, step_log=True, weights=weights, prefill_weights=prefill_weights)
     ae = AsyncEngine(engine)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -172,7 +172,7 @@ def test_it_gives_the_same_tokens_and_prompt_logprobs_when_short_and_long_prompt
     if not kernels.available():
         pytest.skip("int8 prefill needs the compiled CPU kernels (no C compiler here)")
     monkeypatch.setattr(model_runner, "FUSED_PREFILL_MAX_CONTEXT", 40)
-    engine = make_engine(tiny_folder, step_log=True, decode_weights="int8", prefill_weights="int8")
+    engine = make_engine(tiny_folder, step_log=True, weights="int8")
     ae = AsyncEngine(engine)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
     g = torch.Generator().manual_seed(5)
@@ -205,7 +205,7 @@ def test_from_a_config_the_engine_thread_builds_the_engine_and_serves(tiny_folde
     llm_engine.LLMEngine.__init__ = spy
     try:
         ae = AsyncEngine(config=EngineConfig(model_path=str(tiny_folder), kv_cache_bytes=4 << 20,
-                                             decode_weights="model", prefill_weights="model"))
+                                             weights="model"))
     finally:
         llm_engine.LLMEngine.__init__ = real_init
     assert built_on == ["metrale-engine"]  # the thread that steps it, not the caller's

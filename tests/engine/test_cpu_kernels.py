@@ -170,7 +170,7 @@ def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, mo
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(3, 320, (40,), generator=g).tolist()
     decode = torch.randint(3, 320, (12,), generator=g).tolist()
-    fused = run_ours(folder, prompt, decode, int8_decode=True, kv_dtype=kv_dtype)
+    fused = run_ours(folder, prompt, decode, weights="int8", prefill="model", kv_dtype=kv_dtype)
     built = []
     original = ModelRunner.__init__
 
@@ -180,7 +180,7 @@ def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, mo
         self.fused = None
 
     monkeypatch.setattr(ModelRunner, "__init__", without_fused)
-    plain = run_ours(folder, prompt, decode, int8_decode=True, kv_dtype=kv_dtype)
+    plain = run_ours(folder, prompt, decode, weights="int8", prefill="model", kv_dtype=kv_dtype)
     assert built == [True]  # the first run did use the compiled layers
     # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart
     assert (fused - plain).abs().max().item() <= (1e-4 if kv_dtype == torch.float32 else 5e-3)
@@ -202,9 +202,9 @@ def test_prompt_rows_through_the_compiled_layers_match_the_torch_layers(arch, tm
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(3, 320, (45,), generator=g).tolist()
     decode = torch.randint(3, 320, (6,), generator=g).tolist()
-    fused = run_ours(folder, prompt, decode, chunk=20, int8_decode=True, int8_prefill=True)
+    fused = run_ours(folder, prompt, decode, chunk=20, weights="int8")
     monkeypatch.setattr(model_runner, "FUSED_PREFILL_MAX_CONTEXT", 0)  # every prompt row through torch
-    plain = run_ours(folder, prompt, decode, chunk=20, int8_decode=True, int8_prefill=True)
+    plain = run_ours(folder, prompt, decode, chunk=20, weights="int8")
     assert (fused - plain).abs().max().item() <= 1e-3
     assert (fused - reference_logits(folder, prompt + decode)).abs().max().item() <= 0.05
 
@@ -230,10 +230,10 @@ def test_without_the_kernels_the_torch_paths_still_match_transformers(tmp_path, 
     ours = run_ours(folder, prompt, decode)
     assert not runners[0].decode_kernel and runners[0].fused is None
     assert (ours - reference_logits(folder, prompt + decode)).abs().max().item() <= 1e-4
-    int8 = run_ours(folder, prompt, decode, int8_decode=True)
-    assert not runners[1].model.head.packed
+    int8 = run_ours(folder, prompt, decode, weights="int8", prefill="model")
+    assert runners[1].model.head.compact is None and runners[1].model.head.q is not None
     assert (int8 - ours).abs().max().item() <= 0.05
     # int8 prefill needs the compiled GEMM: without it prompt rows keep the float32 weights
-    both = run_ours(folder, prompt, decode, int8_decode=True, int8_prefill=True)
-    assert not runners[2].model.int8_prefill and not runners[2].fused_prefill
+    both = run_ours(folder, prompt, decode, weights="int8")
+    assert not runners[2].model.compact_prefill and not runners[2].fused_prefill
     assert torch.equal(both[:len(prompt)], ours[:len(prompt)])

@@ -14,11 +14,13 @@ from .tiny_models import make_tiny_model
 
 
 def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=torch.float32, kv_dtype=None,
-             int8_decode=False, int8_prefill=False, device="cpu"):
-    """Logits float32 [len(prompt) + len(decode_tokens), V]: prefill in chunks, then one decode step per token."""
+             weights="model", prefill="same", device="cpu"):
+    """Logits float32 [len(prompt) + len(decode_tokens), V]: prefill in chunks, then one decode step per token.
+
+    weights, prefill: EngineConfig.weights and prefill_weights."""
     cfg = ModelConfig.from_folder(folder)
     dev = torch.device(device)
-    model = load_model(folder, cfg, dtype, dev, int8_decode=int8_decode, int8_prefill=int8_prefill)
+    model = load_model(folder, cfg, dtype, dev, weights=weights, prefill=prefill)
     bm = BlockManager(64, block_size)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=chunk)
     runner = ModelRunner(model, cfg, 64, block_size, dev, kv_dtype or dtype)
@@ -102,7 +104,7 @@ def test_it_keeps_int8_decode_close_to_float32_on_smollm2(smollm2_dir):
     decode = tok.encode("The capital of France is Paris. It is famous for the Eiffel Tower and the Louvre museum.")
     n = len(prompt)
     exact = run_ours(smollm2_dir, prompt, decode)
-    fast = run_ours(smollm2_dir, prompt, decode, int8_decode=True)
+    fast = run_ours(smollm2_dir, prompt, decode, weights="int8", prefill="model")
     assert torch.equal(exact[:n], fast[:n])  # prefill rows keep the float32 weights
     err = (exact[n:] - fast[n:]).abs().max().item()
     assert err <= 1.5
@@ -125,7 +127,7 @@ def test_it_keeps_int8_prefill_close_to_float32_on_smollm2(smollm2_dir):
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe."}]))
     decode = tok.encode("Three rivers of Europe are the Danube, the Rhine and the Seine.")
     exact = run_ours(smollm2_dir, prompt, decode)
-    fast = run_ours(smollm2_dir, prompt, decode, int8_decode=True, int8_prefill=True)
+    fast = run_ours(smollm2_dir, prompt, decode, weights="int8")
     err = (exact - fast).abs().max().item()
     assert 0 < err <= 3.0  # logits here span about +-30; measured 2.24 on 2026-11-30
     log_p, log_q = torch.log_softmax(exact, -1), torch.log_softmax(fast, -1)
@@ -145,8 +147,8 @@ def test_int8_prefill_in_chunks_equals_one_shot(tmp_path):
         pytest.skip("int8 prefill needs the compiled CPU kernels (no C compiler here)")
     folder = make_tiny_model("llama", tmp_path / "m")
     prompt = torch.randint(3, 320, (100,), generator=torch.Generator().manual_seed(3)).tolist()
-    one_shot = run_ours(folder, prompt, [5, 6, 7], int8_decode=True, int8_prefill=True)
-    chunked = run_ours(folder, prompt, [5, 6, 7], chunk=24, block_size=8, int8_decode=True, int8_prefill=True)
+    one_shot = run_ours(folder, prompt, [5, 6, 7], weights="int8")
+    chunked = run_ours(folder, prompt, [5, 6, 7], chunk=24, block_size=8, weights="int8")
     exact = run_ours(folder, prompt, [5, 6, 7])
     assert (one_shot - exact).abs().max().item() > 1e-4  # the int8 path did run
     assert (one_shot - chunked).abs().max().item() <= 1e-4

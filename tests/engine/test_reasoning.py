@@ -87,8 +87,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def run_engine(folder, params: SamplingParams) -> list[int]:
-    engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=2 << 20, decode_weights="model",
-                                         prefill_weights="model"))
+    engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=2 << 20, weights="model"))
     seq = engine.add_request(EngineRequest(list(range(3, 15)), params, request_id="r"))
     while engine.has_work():
         engine.step()

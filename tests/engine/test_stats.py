@@ -20,7 +20,7 @@ from .tiny_models import make_tiny_model
 def engine(tmp_path_factory):
     folder = make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
     ae = AsyncEngine(LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20,
-                                            decode_weights="model", prefill_weights="model")))
+                                            weights="model")))
     yield ae
     ae.stop()
 
@@ -195,3 +195,18 @@ def test_counters_only_grow(engine):
     for earlier, later in zip(reads, reads[1:]):
         assert all(later[k] >= earlier[k] for k in earlier)
     assert reads[-1]["success_length"] - reads[0]["success_length"] == 4
+
+
+def test_a_failing_snapshot_or_stats_never_stop_the_engine(engine, monkeypatch):
+    from inference.engine import async_engine
+
+    def broken(*args):
+        raise RuntimeError("dashboard bug")
+
+    monkeypatch.setattr(async_engine, "engine_snapshot", broken)
+    with pytest.raises(RuntimeError, match="dashboard bug"):
+        engine.snapshot().result(timeout=5)
+    monkeypatch.setattr(engine.engine.stats, "record_step", broken)
+    tokens, end = run(generate(engine, list(range(3, 20)), SamplingParams(temperature=0, max_tokens=3,
+                                                                           ignore_eos=True)))
+    assert tokens == 3 and end.reason == "length"

@@ -33,7 +33,7 @@ def tok(smollm2_dir):
 @pytest.fixture(scope="module")
 def engine(smollm2_dir):
     return LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=512 << 20, max_num_seqs=96,
-                                  decode_weights="model", prefill_weights="model"))
+                                  weights="model"))
 
 
 @pytest.fixture(scope="module")

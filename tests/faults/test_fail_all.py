@@ -14,7 +14,7 @@ from tests.engine.tiny_models import make_tiny_model
 def test_fail_all_ends_every_live_request_in_band_and_the_engine_serves_on(tmp_path):
     folder = make_tiny_model("llama", tmp_path / "llama")
     engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20,
-                                    decode_weights="model", prefill_weights="model"))
+                                    weights="model"))
     ae = AsyncEngine(engine)
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 

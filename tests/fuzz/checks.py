@@ -1,5 +1,6 @@
 """What every answer to a generated body must be: never a 5xx, JSON (or a well-formed SSE stream), every
-error in OpenAI's shape, and a 400 for a body whose one mutated field is at fault naming that field."""
+error in its route's shape (OpenAI's, or Anthropic's on the Messages routes), and a 400 for a body whose one
+mutated field is at fault naming that field (in `param`; Anthropic's shape has none)."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,26 @@ def check_error(err: dict, where: str) -> None:
     assert isinstance(err["type"], str) and err["type"], (where, err)
     assert err["param"] is None or isinstance(err["param"], str), (where, err)
     assert err["code"] is None or isinstance(err["code"], str), (where, err)
+
+
+def check_anthropic_error(answer: dict, where: str) -> None:
+    assert set(answer) <= {"type", "error", "request_id"} and answer["type"] == "error", (where, answer)
+    assert set(answer["error"]) == {"type", "message"}, (where, answer)
+    assert isinstance(answer["error"]["message"], str) and answer["error"]["message"], (where, answer)
+
+
+def check_anthropic_stream(body: bytes, where: str) -> None:
+    """Every frame an `event:` line naming its data's type; message_start first; message_stop or error last."""
+    names = []
+    for frame in body.decode("utf-8").split("\n\n"):
+        if frame.strip():
+            event, data = frame.split("\n")
+            payload = json.loads(data[len("data: "):])
+            assert event == f"event: {payload['type']}", (where, frame)
+            if payload["type"] == "error":
+                check_anthropic_error(payload, where)
+            names.append(payload["type"])
+    assert names[0] == "message_start" and names[-1] in ("message_stop", "error"), (where, names)
 
 
 def sse_payloads(body: bytes) -> list:
@@ -61,13 +82,19 @@ def check_answer(route: Route, body: Body, status: int, headers: dict[str, str],
     content_type = headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
         assert status == 200, where
-        check_stream(route, content, where)
+        if route.shape == "anthropic":
+            check_anthropic_stream(content, where)
+        else:
+            check_stream(route, content, where)
         return None
     assert content_type == "application/json", where
     answer = json.loads(content)
     if status < 400:
         assert isinstance(answer, dict), where
         return None
+    if route.shape == "anthropic":
+        check_anthropic_error(answer, where)
+        return answer["error"]
     check_error(answer["error"], where)
     err = answer["error"]
     if status == 400 and body.mutated is not None and err["code"] != "invalid_json":

@@ -18,6 +18,7 @@ from inference.serving import fields as strict
 from inference.serving import protocol, thinking, tool_fields
 from inference.serving.fields import INT64_MAX, INT64_MIN
 from inference.serving.json_body import MAX_JSON_DEPTH
+from anthropic_api import protocol as anthropic
 from responses_api import protocol as responses
 
 from .routes import ROUTES, Route, declared_fields
@@ -154,6 +155,35 @@ structured_outputs = st.dictionaries(st.sampled_from(["json", "regex", "choice",
 token_ids = st.lists(st.one_of(st.integers(0, VOCAB - 1), st.integers(-5, VOCAB + 5), st.integers(0, 2**70)),
                      max_size=8)
 
+# Anthropic's Messages: blocks of every kind (media and unknown ones too), tools, tool_choice, thinking.
+_BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": text}, optional={"cache_control": any_json}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": text, "name": st.sampled_from(["f0", "f1", "bad name"]),
+                           "input": st.one_of(st.dictionaries(text, any_json, max_size=2), any_json)}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": text},
+                          optional={"content": st.one_of(text, st.lists(any_json, max_size=2)),
+                                    "is_error": st.one_of(st.booleans(), any_json)}),
+    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": text}, optional={"signature": text}),
+    st.fixed_dictionaries({"type": st.sampled_from(["redacted_thinking", "image", "document", "nope"]),
+                           "data": text}),
+    any_json)
+anthropic_messages = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "ctx", "msg", "tool", "wizard"]),
+                           "content": st.one_of(text, st.lists(_BLOCK, max_size=3), st.none())}),
+    any_json), min_size=1, max_size=4)
+anthropic_tools = st.lists(st.one_of(
+    st.fixed_dictionaries({"name": st.sampled_from(["f0", "f1", "x y"]), "input_schema": schema},
+                          optional={"description": st.one_of(text, any_json),
+                                    "type": st.sampled_from(["custom", "bash_20250124"])}),
+    any_json), max_size=3)
+anthropic_tool_choice = st.fixed_dictionaries(
+    {"type": st.sampled_from(["auto", "any", "tool", "none", "required"])},
+    optional={"name": st.sampled_from(["f0", "f1", "g"]), "disable_parallel_tool_use": st.one_of(st.booleans(),
+                                                                                               any_json)})
+anthropic_thinking = st.fixed_dictionaries(
+    {"type": st.sampled_from(["enabled", "disabled", "adaptive", "maybe"])},
+    optional={"budget_tokens": st.one_of(st.integers(-2, 64), any_json), "display": st.sampled_from(["omitted", "x"])})
+
 # Values of the right shape for the field classes that are not plain numbers, strings or booleans. A field
 # class missing here gets any JSON, and the typed kinds below come from the field's own declaration.
 BY_CLASS = {
@@ -181,6 +211,15 @@ BY_CLASS = {
     responses.TextConfigField: text_config,
     responses.ConversationRefField: st.one_of(text, st.fixed_dictionaries({"id": text})),
     responses.IncludeField: st.lists(st.sampled_from([*responses.INCLUDABLE, "everything"]), max_size=3),
+    anthropic.MessagesField: anthropic_messages,
+    anthropic.SystemField: st.one_of(text, st.lists(_BLOCK, max_size=3)),
+    anthropic.ToolsField: anthropic_tools,
+    anthropic.ToolChoiceField: anthropic_tool_choice,
+    anthropic.ThinkingField: anthropic_thinking,
+    anthropic.MetadataField: st.fixed_dictionaries({}, optional={"user_id": st.one_of(text, huge_text, any_json)}),
+    anthropic.OutputConfigField: st.fixed_dictionaries({}, optional={
+        "effort": st.one_of(text, any_json), "format": st.fixed_dictionaries(
+            {"type": st.sampled_from(["json_schema", "xml"])}, optional={"schema": schema})}),
 }
 # ObjectFields whose content has a shape of its own.
 BY_NAME = {"response_format": response_format, "structured_outputs": structured_outputs}

@@ -1,6 +1,6 @@
 """The fuzz suite in-process: generated bodies for every JSON route (its serializer's fields with their
 kinds and ranges, and the hostile kinds) through the whole ASGI stack against the scripted engine.
-No answer is a 5xx, every error is in OpenAI's shape, a field at fault is named, and afterwards the engine
+No answer is a 5xx, every error is in its route's shape, a field at fault is named, and afterwards the engine
 still serves an ordinary request."""
 import pytest
 from hypothesis import given, settings
@@ -19,7 +19,7 @@ def send(route, body, conversation: str):
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.path for r in ROUTES])
-def test_generated_bodies_get_no_5xx_and_errors_in_openai_shape(fake_rt, conversation, route):
+def test_generated_bodies_get_no_5xx_and_errors_in_the_route_s_shape(fake_rt, conversation, route):
     @settings(settings.get_profile("metrale-fuzz"), max_examples=EXAMPLES)
     @given(body=bodies(route))
     def one(body):

@@ -1,8 +1,12 @@
 """Import a Llama-family GGUF file into an HF-format model folder (config, safetensors, tokenizer).
 
-The folder holds config.json, model.safetensors (HF tensor names, dequantized),
-tokenizer.json, tokenizer_config.json and generation_config.json, so the
-engine's loader and transformers can both read it. The rules mirror
+The folder holds config.json, model.safetensors (HF tensor names), tokenizer.json,
+tokenizer_config.json and generation_config.json. By default (dtype "blocks") the
+Q4_0, Q4_1 and Q8_0 tensors stay in their GGUF blocks, as shipped (layers/blocks.py:
+`<name>.qweight` / `.scales` / `.mins`, listed under config.json's
+`quantization_config`), and every other tensor is dequantized to float32; with dtype
+"float32" or "bfloat16" everything is dequantized, a folder transformers reads too.
+The rules mirror
 transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) and llama.cpp's
 `convert_hf_to_gguf.py`, which this reverses.
 """
@@ -24,9 +28,13 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ..layers.blocks import BlockWeight, quantization_config
 from .gguf_tokenizer import build_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+IMPORT_DTYPES = ("blocks", *DTYPES)  # "blocks": the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as shipped, float32 otherwise
+# The GGUF tensor types kept as blocks by a "blocks" import, and their layers/blocks.py names.
+BLOCK_TYPES = {QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q8_0: "q8_0"}
 
 # The tensor types gguf.quants.dequantize handles at a usable speed.
 SUPPORTED_TENSOR_TYPES = frozenset(
@@ -208,20 +216,38 @@ def tokenizer_files(meta: dict) -> dict[str, str]:
     }
 
 
-def convert_tensors(reader: GGUFReader, config: dict, dtype: torch.dtype, progress: bool) -> dict:
-    """Dequantize every tensor to `dtype` under its HF name; Q and K rows un-permuted."""
-    tensors = {}
+def _qk_heads(name: str, config: dict) -> int | None:
+    if name.endswith("q_proj.weight"):
+        return config["num_attention_heads"]
+    if name.endswith("k_proj.weight"):
+        return config["num_key_value_heads"]
+    return None
+
+
+def convert_tensors(reader: GGUFReader, config: dict, dtype: str, progress: bool) -> tuple[dict, dict]:
+    """Every tensor under its HF name, Q and K rows un-permuted: (safetensors tensors, HF weight
+    name -> block format of those kept as blocks). dtype "blocks" keeps BLOCK_TYPES' tensors
+    as blocks and dequantizes the rest to float32; "float32" / "bfloat16" dequantize all."""
+    tensors, formats = {}, {}
     for t in tqdm(reader.tensors, desc="tensors", unit="tensor", disable=not progress):
         name = hf_tensor_name(t.name)
+        heads = _qk_heads(name, config)
+        if dtype == "blocks" and t.tensor_type in BLOCK_TYPES and len(t.shape) == 2:
+            rows = int(t.shape[1])
+            blocks = BlockWeight.from_gguf(np.asarray(t.data).reshape(rows, -1), BLOCK_TYPES[t.tensor_type])
+            if heads:
+                blocks = blocks.rows(torch.from_numpy(unpermute_qk(np.arange(rows), heads)))
+            tensors.update(blocks.tensors(name))
+            formats[name] = blocks.format
+            continue
         weight = dequantize(t.data, t.tensor_type)
         # ggml lists dims innermost first; HF wants [out, in].
         weight = weight.reshape([int(d) for d in reversed(t.shape)])
-        if name.endswith("q_proj.weight"):
-            weight = unpermute_qk(weight, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            weight = unpermute_qk(weight, config["num_key_value_heads"])
-        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C")).to(dtype)
-    return tensors
+        if heads:
+            weight = unpermute_qk(weight, heads)
+        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C")).to(
+            DTYPES.get(dtype, torch.float32))
+    return tensors, formats
 
 
 def _open(path: Path) -> GGUFReader:
@@ -239,28 +265,29 @@ def _open(path: Path) -> GGUFReader:
 def import_gguf(
     gguf_path: str | Path,
     out_dir: str | Path,
-    dtype: str = "float32",
+    dtype: str = "blocks",
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
     """Write the HF-format folder for a llama GGUF file at `out_dir`; return its path.
 
-    dtype: "float32" or "bfloat16" for the safetensors weights. The folder is
+    dtype: "blocks" (Q4_0 / Q4_1 / Q8_0 tensors kept as shipped, the rest float32), or
+    "float32" / "bfloat16" (every tensor dequantized to it). The folder is
     written next to `out_dir` under a temporary name and renamed into place, so
     a failed import leaves nothing behind. Raises GGUFImportError for a missing
     or non-GGUF file, an architecture other than llama, an unsupported tensor
     type or tokenizer, a bad dtype, or an existing `out_dir` without overwrite.
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    if dtype not in DTYPES:
+    if dtype not in IMPORT_DTYPES:
         raise GGUFImportError(
-            f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}"
+            f"dtype {dtype!r} is not supported; choose one of {', '.join(IMPORT_DTYPES)}"
         )
     if out_dir.exists() and not overwrite:
         raise GGUFImportError(f"{out_dir} already exists (overwrite it with --force)")
     reader = _open(gguf_path)
     meta = read_metadata(reader)
-    config = hf_config(meta, {t.name for t in reader.tensors}, dtype)
+    config = hf_config(meta, {t.name for t in reader.tensors}, "float32" if dtype == "blocks" else dtype)
     # Fail on an unknown or missing tensor before writing anything.
     missing = expected_tensor_names(config) - {hf_tensor_name(t.name) for t in reader.tensors}
     if missing:
@@ -276,7 +303,9 @@ def import_gguf(
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        tensors = convert_tensors(reader, config, DTYPES[dtype], progress)
+        tensors, formats = convert_tensors(reader, config, dtype, progress)
+        if formats:
+            config["quantization_config"] = quantization_config(formats)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         # safetensors creates the file owner-only; a model folder is readable data like the rest.
         os.chmod(tmp / "model.safetensors", 0o644)

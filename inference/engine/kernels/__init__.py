@@ -1,8 +1,9 @@
-"""Compiled CPU kernels (decode attention, int8 linear, decode layers), called on torch tensors through ctypes.
+"""Compiled CPU kernels (decode attention, int8 and block-format linears, decode layers), called on torch tensors through ctypes.
 
 `available()` says whether they can be used (CPU build succeeded and
 METRALE_CPU_KERNELS is not "0"); the callers fall back to plain torch otherwise.
-The C sources are cpu_kernels.c (decode attention), int8_gemm.c (int8 linear) and
+The C sources are cpu_kernels.c (decode attention), int8_gemm.c (int8 linear),
+block_gemm.c (GGUF-block linears and the one weight-linear entry point) and
 decode_layer.c (whole decode layers); build.py compiles and caches them.
 """
 from __future__ import annotations
@@ -49,6 +50,12 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_int8_pack.restype = None
         lib.metrale_kernels_isa.argtypes = []
         lib.metrale_kernels_isa.restype = ctypes.c_char_p
+        lib.metrale_block_isa.argtypes = []
+        lib.metrale_block_isa.restype = ctypes.c_char_p
+        lib.metrale_weight_linear.argtypes = [ctypes.POINTER(KernelWeight.Struct), _P, _P, _L, _L, _L, _I]
+        lib.metrale_weight_linear.restype = None
+        lib.metrale_block_rows.argtypes = [ctypes.POINTER(KernelWeight.Struct), _L, _P, _L, _P]
+        lib.metrale_block_rows.restype = None
         _lib = lib
         return lib
 
@@ -72,10 +79,13 @@ def available() -> bool:
 
 def instruction_set() -> str:
     """The vector paths the loaded library was compiled with (it is built with -march=native), e.g.
-    "int8 GEMM avx512-vnni, attention avx512" or "int8 GEMM avx2, attention avx2"; "unavailable"
+    "int8 GEMM avx512-vnni, attention avx512, blocks avx512-vnni" or "int8 GEMM avx2, attention
+    avx2, blocks avx2"; "unavailable"
     where the kernels are not loaded."""
     lib = _load()
-    return lib.metrale_kernels_isa().decode() if lib is not None else "unavailable"
+    if lib is None:
+        return "unavailable"
+    return f"{lib.metrale_kernels_isa().decode()}, blocks {lib.metrale_block_isa().decode()}"
 
 
 _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -153,4 +163,90 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
     out = torch.empty((m, n), dtype=torch.float32)
     lib.metrale_int8_linear(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), out.data_ptr(), m, n, k,
                             torch.get_num_threads())
+    return out
+
+
+# Weight formats of kernels.h's metrale_weight.
+FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3}
+
+
+class KernelWeight:
+    """One linear's weight as the compiled kernels read it (kernels.h metrale_weight): the packed
+    tensors, its format and whether activations stay float32 (`exact`, the reference path).
+
+    Build with `from_int8` or `from_blocks`; `shape` is (N, K); `nbytes` the packed tensors' bytes.
+    `with_exact(flag)` gives the same tensors under the other activation rule (no copy).
+    """
+
+    class Struct(ctypes.Structure):
+        _fields_ = [("format", ctypes.c_int), ("exact", ctypes.c_int), ("qs", _P), ("d", _P), ("m", _P)]
+
+    __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct")
+
+    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                 shape: tuple[int, int]):
+        self.format, self.exact, self.qs, self.d, self.m, self.shape = fmt, exact, qs, d, m, shape
+        self.struct = KernelWeight.Struct(FORMAT_CODES[fmt], int(exact), qs.data_ptr(), d.data_ptr(),
+                                          None if m is None else m.data_ptr())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+    def with_exact(self, exact: bool) -> "KernelWeight":
+        return KernelWeight(self.format, exact, self.qs, self.d, self.m, self.shape)
+
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor) -> "KernelWeight":
+        """From a per-channel int8 weight (int8 [N, K], scales [N]); int16 activations (int8_linear)."""
+        return cls("int8", False, int8_pack(q), scale.float().contiguous(), None, tuple(q.shape))
+
+    @classmethod
+    def from_blocks(cls, blocks, exact: bool = False) -> "KernelWeight":
+        """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16)."""
+        n, k = blocks.shape
+        tiles, kb = -(-n // TILE), k // 32
+        pad = tiles * TILE - n
+
+        def tile_major(t: torch.Tensor) -> torch.Tensor:  # [N, KB] -> [tiles, KB, 16]
+            t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) if pad else t
+            return t.view(tiles, TILE, kb).permute(0, 2, 1).contiguous()
+
+        codes = blocks.code_values()
+        codes = torch.cat([codes, codes.new_zeros((pad, k))]) if pad else codes
+        if blocks.format == "q8_0":  # [tiles, KB, 8 groups, 16 channels x 4 k]
+            qs = codes.view(tiles, TILE, kb, 8, 4).permute(0, 2, 3, 1, 4).contiguous().view(tiles, kb, 8, 64)
+        else:  # [tiles, KB, 4 groups, 16 channels x 4 bytes]: k 8g + i low nibble, 8g + 4 + i high
+            c = codes.view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            qs = (c[..., 0] | (c[..., 1] << 4)).contiguous().view(tiles, kb, 4, 64)
+        d = tile_major(blocks.scales).view(torch.int16)
+        m = None if blocks.mins is None else tile_major(blocks.mins).view(torch.int16)
+        return cls(blocks.format, exact, qs, d, m, (n, k))
+
+
+def weight_linear(x: torch.Tensor, w: KernelWeight) -> torch.Tensor:
+    """y = x · wᵀ through the weight's kernel (block_gemm.c metrale_weight_linear).
+
+    x: float32 [M, K]; returns float32 [M, N]. Per-channel int8: int8_linear's rule. Block
+    formats: each row quantised per block of 32 to int8 (scale amax / 127), exact int32 sums
+    per block, then the blocks' float terms summed in order; exact=True: float32 activations
+    against the dequantised blocks. Every row is computed independently of the others, and
+    every instruction-set path gives the same floats. Raises RuntimeError without the kernels.
+    """
+    lib = _required()
+    x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    lib.metrale_weight_linear(ctypes.byref(w.struct), x.data_ptr(), out.data_ptr(), m, n, k, torch.get_num_threads())
+    return out
+
+
+def block_rows(w: KernelWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (int64 [T], each in [0, N)) of a block-format weight, dequantised: float32 [T, K]
+    (e.g. embedding rows read from their Q8_0 blocks). Raises RuntimeError without the kernels."""
+    lib = _required()
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty((ids.shape[0], w.shape[1]), dtype=torch.float32)
+    lib.metrale_block_rows(ctypes.byref(w.struct), w.shape[1], ids.data_ptr(), ids.shape[0], out.data_ptr())
     return out

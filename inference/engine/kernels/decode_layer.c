@@ -2,8 +2,9 @@
  *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
  *   K/V written at the rows' slots ; attention through the block tables ;
  *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
- * with int8 weights (metrale_int8_linear, int8_gemm.c) and float32 activations
- * between the GEMMs (each GEMM quantises its input rows to int16). One call per
+ * with each linear in its weight format (metrale_weight_linear: per-channel int8 or GGUF
+ * blocks, block_gemm.c) and float32 activations between the GEMMs (each GEMM quantises its
+ * input rows itself). One call per
  * layer replaces the ~40 small torch ops a layer costs at batch sizes where each
  * takes longer to dispatch than to compute. Every row is computed independently of
  * the others (batch invariance). Rules: transformers' modeling_llama.py (RMSNorm
@@ -13,14 +14,15 @@
 #include <stdint.h>
 #include <string.h>
 #include "kernels.h"
+#include "lora.h"
 
 typedef struct {
     const float *ln1, *ln2;                     /* [hidden] RMSNorm weights */
-    const int8_t *qkv, *o, *gate_up, *down;     /* packed int8 weights (metrale_int8_pack) */
-    const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale;
+    metrale_weight qkv, o, gate_up, down;       /* the linears (kernels.h) */
     const float *qkv_bias;                      /* [q + 2 kv] or NULL */
     const float *q_norm, *k_norm;               /* [head_dim] or NULL */
     void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] */
+    const metrale_lora_layer *lora;             /* resident LoRA adapters, or NULL */
 } metrale_layer;
 
 typedef struct {
@@ -32,6 +34,7 @@ typedef struct {
     const int64_t *block_tables;                /* [M, width] */
     const int64_t *seq_lens;                    /* [M] */
     float *scratch;                             /* metrale_decode_scratch_floats(S) floats */
+    const int64_t *lora_slots;                  /* [M] each row's adapter slot (-1: none), or NULL */
 } metrale_step;
 
 long metrale_decode_scratch_floats(const metrale_step *S) {
@@ -90,6 +93,10 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
     for (; i < n; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
+/* The rows' adapter updates after a GEMM (lora.c). */
+#define LORA_ADD(which, in, out) \
+    if (L->lora && S->lora_slots) metrale_lora_add(L->lora, which, S->lora_slots, in, out, M, S->nthreads)
+
 /* Row-wise steps run on all threads once there are enough rows to share (prefill rows). */
 #define ROWS_PARALLEL _Pragma("omp parallel for schedule(static) num_threads(S->nthreads) if (M >= 16)")
 
@@ -109,7 +116,8 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
 
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
-    metrale_int8_linear(h, L->qkv, L->qkv_scale, qkv, M, qkvs, H, S->nthreads);
+    metrale_weight_linear(&L->qkv, h, qkv, M, qkvs, H, S->nthreads);
+    LORA_ADD(METRALE_LORA_QKV, h, qkv);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
         float *row = qkv + m * qkvs;
@@ -131,16 +139,19 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     }
     metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
                                            nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);
-    metrale_int8_linear(attn, L->o, L->o_scale, proj, M, H, qs, S->nthreads);
+    metrale_weight_linear(&L->o, attn, proj, M, H, qs, S->nthreads);
+    LORA_ADD(METRALE_LORA_O, attn, proj);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
         for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
-    metrale_int8_linear(h, L->gate_up, L->gate_up_scale, gu, M, 2 * I, H, S->nthreads);
+    metrale_weight_linear(&L->gate_up, h, gu, M, 2 * I, H, S->nthreads);
+    LORA_ADD(METRALE_LORA_GATE_UP, h, gu);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
-    metrale_int8_linear(act, L->down, L->down_scale, proj, M, H, I, S->nthreads);
+    metrale_weight_linear(&L->down, act, proj, M, H, I, S->nthreads);
+    LORA_ADD(METRALE_LORA_DOWN, act, proj);
     ROWS_PARALLEL
     for (long i = 0; i < M * H; i++) x[i] += proj[i];
 }

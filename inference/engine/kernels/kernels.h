@@ -1,4 +1,4 @@
-/* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, decode_layer.c). */
+/* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, decode_layer.c). */
 #ifndef METRALE_KERNELS_H
 #define METRALE_KERNELS_H
 #include <stdint.h>
@@ -57,4 +57,21 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
                                             float scale, int kv_dtype, int nthreads);
 void metrale_int8_linear(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N, long K,
                          int nthreads);
+
+/* Weight formats of metrale_weight (block_gemm.c): per-channel int8 (int8_gemm.c), GGUF blocks. */
+#define METRALE_W_INT8 0
+#define METRALE_W_Q4_0 1
+#define METRALE_W_Q4_1 2
+#define METRALE_W_Q8_0 3
+
+/* One linear's weight as the kernels read it. INT8: qs = metrale_int8_pack output, d = float32
+ * scales [N]. Q4_0 / Q4_1 / Q8_0: qs = packed codes, d (and m, Q4_1 only) = float16 bits
+ * [tiles, K / 32, 16] (block_gemm.c). exact: 1 = float32 activations against the dequantised
+ * blocks (the reference path), 0 = int8 activation blocks and exact integer sums. */
+typedef struct {
+    int format, exact;
+    const void *qs, *d, *m;
+} metrale_weight;
+
+void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads);
 #endif

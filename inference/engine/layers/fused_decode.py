@@ -2,9 +2,10 @@
 
 At small batches a decode step is dominated by dispatching ~40 small torch ops per
 layer, not by arithmetic. `FusedDecoder` hands each layer's decode rows to one C
-call that does norm, int8 GEMMs, RoPE, the KV write, paged attention and the MLP.
-It is used for float32 models on CPU with int8 decode weights and the compiled
-kernels available. With int8 prefill weights too, the rows of prompt chunks with
+call that does norm, the GEMMs (int8 or GGUF blocks), RoPE, the KV write, paged
+attention and the MLP. It is used for float32 models on CPU whose decode rows' weights
+are all kernel weights (compact ones, or blocks read exactly) with the compiled kernels
+available. When prompt rows use the same weights, the rows of prompt chunks with
 short contexts go the same way, each prompt token attending like a decode row of
 length position + 1 (model_runner.FUSED_PREFILL_MAX_CONTEXT); longer ones keep the
 torch path (flash SDPA).
@@ -22,9 +23,15 @@ _P = ctypes.c_void_p
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _P) for name in (
-        "ln1", "ln2", "qkv", "o", "gate_up", "down", "qkv_scale", "o_scale", "gate_up_scale", "down_scale",
-        "qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache")]
+    _fields_ = [("ln1", _P), ("ln2", _P)] + [(name, kernels.KernelWeight.Struct) for name in (
+        "qkv", "o", "gate_up", "down")] + [(name, _P) for name in ("qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache",
+                                                                   "lora")]
+
+
+def decode_weight(lin, compact: bool) -> kernels.KernelWeight | None:
+    """The kernel weight a linear's decode rows use: its compact one when the model's decode rows
+    are compact, else its exact blocks (or None: float weights the kernels do not read)."""
+    return lin.compact if compact else lin.exact
 
 
 class _Step(ctypes.Structure):
@@ -32,7 +39,7 @@ class _Step(ctypes.Structure):
         (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
                                           "kv_dtype", "nthreads")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
-        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch")]
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch", "lora_slots")]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -40,7 +47,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecoder:
-    """Runs decode (and short prompts') rows through every layer of a fused, int8-enabled Llama-family model.
+    """Runs decode (and short prompts') rows through every layer of a fused Llama-family model with kernel weights.
 
     Built once per model and KV cache set; `run(x, positions, meta)` updates x (float32
     [D, hidden], the embedded decode rows) in place through all layers, writing their
@@ -62,33 +69,37 @@ class FusedDecoder:
         self.rotary = model.rotary
         self._keep = []  # tensors the structs point into
         self.layers = []
+        compact = model.compact_decode
         for layer, (k_cache, v_cache) in zip(model.model.layers, kv_caches):
             attn, mlp = layer.self_attn, layer.mlp
             tensors = dict(
                 ln1=layer.input_layernorm.weight.detach().contiguous(),
                 ln2=layer.post_attention_layernorm.weight.detach().contiguous(),
-                qkv=attn.qkv.q, o=attn.out.q, gate_up=mlp.gate_up.q, down=mlp.down.q,
-                qkv_scale=attn.qkv.scale, o_scale=attn.out.scale, gate_up_scale=mlp.gate_up.scale,
-                down_scale=mlp.down.scale,
                 qkv_bias=None if attn.qkv.bias is None else attn.qkv.bias.float().contiguous(),
                 q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach().contiguous(),
                 k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach().contiguous(),
                 k_cache=k_cache, v_cache=v_cache)
+            weights = {name: decode_weight(lin, compact).struct for name, lin in (
+                ("qkv", attn.qkv), ("o", attn.out), ("gate_up", mlp.gate_up), ("down", mlp.down))}
             self._keep.append(tensors)
-            self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}))
+            self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights))
         self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
+        # layers/lora.LoraSlots points each layer's `lora` at its adapters and sets this per step:
+        # int64 [D] the rows' adapter slots (-1: none), or None when no row has an adapter.
+        self.lora_slots: torch.Tensor | None = None
 
     @staticmethod
     def supports(model, kv_dtype: torch.dtype) -> bool:
-        """True for a fused float32 CPU model whose linears all have packed int8 copies."""
+        """True for a fused float32 CPU model whose decode rows' linears all have kernel weights."""
         if not kernels.available() or not kernels.supports_kv_dtype(kv_dtype):
             return False
         if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
             return False
         layers = getattr(getattr(model, "model", None), "layers", None)
-        if not layers or model.head is None or not model.head.packed:
+        compact = getattr(model, "compact_decode", False)
+        if not layers or model.head is None or decode_weight(model.head, compact) is None:
             return False
-        return all(lin is not None and lin.packed for layer in layers
+        return all(lin is not None and decode_weight(lin, compact) is not None for layer in layers
                    for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, meta) -> None:
@@ -110,7 +121,7 @@ class FusedDecoder:
                      block_size=self._keep[0]["k_cache"].shape[1], kv_dtype=self.kv_dtype,
                      nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
                      cos=cos.data_ptr(), sin=sin.data_ptr(), slots=slots.data_ptr(), block_tables=tables.data_ptr(),
-                     seq_lens=lens.data_ptr())
+                     seq_lens=lens.data_ptr(), lora_slots=_ptr(self.lora_slots))
         scratch = torch.empty(self._scratch_floats(ctypes.byref(step)), dtype=torch.float32)
         step.scratch = scratch.data_ptr()
         xp = x.data_ptr()

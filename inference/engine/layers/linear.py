@@ -1,16 +1,16 @@
-"""Linear layers with an optional weight-only int8 copy.
+"""Linear layers in the weight format EngineConfig.weights asks for: float, per-channel int8, or GGUF blocks.
 
-Decode is memory-bound: at batch 1 a step reads every weight once. An int8 copy
-(symmetric, one scale per output channel, as gpt-fast's int8 weight-only mode) is
-a quarter of the float32 bytes. The compiled kernel in engine/kernels/int8_gemm.c
-runs it: each activation row quantised to int16 with its own scale, products summed
-exactly in int32 (vpmaddwd), weights read once per call whatever the batch. That
-is also about twice MKL's float32 GEMM rate on AVX2 CPUs, so prefill rows may use
-the int8 copy too (EngineConfig.prefill_weights). Where the kernels cannot be
-built, torch's `_weight_int8pack_mm` (bfloat16 activations) runs decode rows and
-prefill keeps the full-precision weights. Both kernels are row-independent: a row's
-result does not depend on the other rows in the batch, so greedy decoding stays
-batch-invariant.
+Decode is memory-bound: at batch 1 a step reads every weight once. A PackedLinear
+holds at most two forms of its weight: the `compact` one its compact rows use (the
+compiled kernels' KernelWeight: int8 per output channel with int16 activations, or
+Q4_0 / Q4_1 / Q8_0 blocks of 32 with int8 activations; kernels/int8_gemm.c,
+kernels/block_gemm.c), and the `exact` one the other rows use: the float weight, or,
+for a folder that ships blocks, the same blocks with float32 activations (the
+reference path: no float copy). Weights are read once per call whatever the batch,
+and every kernel is row-independent (a row's result does not depend on the other
+rows), so greedy decoding stays batch-invariant. Where the kernels cannot be built,
+torch's `_weight_int8pack_mm` (bfloat16 activations) runs int8 decode rows and
+block weights are dequantised to float once.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from .blocks import BlockWeight
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,38 +33,101 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class PackedLinear:
-    """A weight (and optional bias) plus its optional int8 copy; `__call__(x, int8)` runs the rows
-    of x [T, K] in the slice `int8` (None: none) through the int8 copy and the rest through the
-    full weight.
+    """A fused linear: `__call__(x, compact)` runs the rows of x [T, K] in the slice `compact`
+    (None: none) through the compact weight and the rest through the exact one.
 
-    Returns [T, N] in x's dtype. With the compiled kernels, `q` holds the weight packed by
-    kernels.int8_pack and `scale` is float32; otherwise `q` is int8 [N, K] and `scale`
-    bfloat16 for `_weight_int8pack_mm`.
+    Built from a float weight [N, K] or a BlockWeight (`blocks`, as loaded); `set_format`
+    chooses the forms kept. Returns [T, N] in x's dtype. `nbytes` counts what is kept.
     """
 
-    __slots__ = ("weight", "bias", "q", "scale", "packed")
+    __slots__ = ("weight", "bias", "blocks", "compact", "exact", "q", "scale")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight = weight.detach()
+    def __init__(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None):
+        self.blocks = weight if isinstance(weight, BlockWeight) else None
+        self.weight = None if self.blocks is not None else weight.detach()
         self.bias = None if bias is None else bias.detach()
-        self.q = self.scale = None
-        self.packed = False
+        self.compact: kernels.KernelWeight | None = None  # the compact rows' kernel weight
+        self.exact: kernels.KernelWeight | None = None  # the blocks with float32 activations
+        self.q = self.scale = None  # torch's int8 fallback (no compiled kernels)
 
-    def enable_int8(self) -> None:
-        if self.weight.device.type != "cpu":
-            return  # the int8 kernels are used on CPU only; CUDA keeps the model dtype
-        self.q, self.scale = quantize_int8(self.weight)
-        if kernels.available():
-            self.q, self.scale, self.packed = kernels.int8_pack(self.q), self.scale.float(), True
+    @staticmethod
+    def concat(parts: list[torch.Tensor | BlockWeight], bias: torch.Tensor | None = None) -> "PackedLinear":
+        """Stack weights along the output channels (q/k/v, gate/up). Parts in one block format
+        stay blocks; mixed parts become float32 (set_format requantises them as asked)."""
+        if all(isinstance(p, BlockWeight) for p in parts) and len({p.format for p in parts}) == 1:
+            return PackedLinear(BlockWeight.concat(parts), bias)
+        floats = [p.dequantize() if isinstance(p, BlockWeight) else p for p in parts]
+        dtype = next((p.dtype for p in parts if isinstance(p, torch.Tensor)), torch.float32)
+        return PackedLinear(torch.cat([f.to(dtype) for f in floats]), bias)
 
-    def __call__(self, x: torch.Tensor, int8: slice | None = None) -> torch.Tensor:
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.blocks.shape if self.blocks is not None else tuple(self.weight.shape)
+
+    def float_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight's values as a float tensor (dequantised from its blocks if it has no float copy)."""
+        w = self.weight if self.weight is not None else self.blocks.dequantize()
+        return w if dtype is None else w.to(dtype)
+
+    def set_format(self, fmt: str | None, compact_all_rows: bool, device: torch.device, dtype: torch.dtype) -> None:
+        """Keep the forms this linear runs in. fmt: None (no compact form), "int8", or a block
+        format ("q4_0", "q4_1", "q8_0"; blocks as loaded are kept when they are in it, else the
+        values are quantised to it). compact_all_rows: no row needs the exact form, so none is
+        kept. Without the compiled kernels (or off CPU) blocks become float `dtype` weights on
+        `device`, and int8 uses torch's kernel for decode rows."""
+        use_kernels = device.type == "cpu" and kernels.available()
+        blocks = self.blocks
+        if fmt not in (None, "int8") and (blocks is None or blocks.format != fmt):
+            blocks = BlockWeight.quantize(self.float_weight(torch.float32), fmt)
+        if not use_kernels:
+            if fmt == "int8" and device.type == "cpu":
+                self.q, self.scale = quantize_int8(self.float_weight())
+            self.weight = self.float_weight(dtype).to(device) if fmt in (None, "int8") else blocks.dequantize().to(
+                device=device, dtype=dtype)
+            self.blocks = None
+            return
+        if fmt == "int8":
+            self.compact = kernels.KernelWeight.from_int8(*quantize_int8(self.float_weight()))
+        elif fmt is not None:
+            self.compact = kernels.KernelWeight.from_blocks(blocks)
+        if not compact_all_rows or fmt is None:
+            if self.blocks is not None:  # the shipped blocks, read with float32 activations
+                self.exact = (self.compact.with_exact(True) if self.compact is not None and self.compact.format ==
+                              self.blocks.format else kernels.KernelWeight.from_blocks(self.blocks, exact=True))
+            else:
+                self.weight = self.weight.to(device=device, dtype=dtype)
+        if self.exact is not None or (self.compact is not None and compact_all_rows):
+            self.weight = None
+        self.blocks = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weight forms kept (shared tensors counted once), the bias included."""
+        seen, total = set(), 0
+        tensors = [self.weight, self.bias, self.q, self.scale]
+        for kw in (self.compact, self.exact):
+            if kw is not None:
+                tensors += [kw.qs, kw.d, kw.m]
+        for t in tensors:
+            if t is not None and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+    def _rest(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact is not None:
+            y = kernels.weight_linear(x.float(), self.exact).to(x.dtype)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+    def __call__(self, x: torch.Tensor, compact: slice | None = None) -> torch.Tensor:
         t = x.shape[0]
-        start, stop, _ = int8.indices(t) if int8 is not None else (0, 0, 1)
-        if self.q is None or stop <= start:
-            return F.linear(x, self.weight, self.bias)
+        start, stop, _ = compact.indices(t) if compact is not None else (0, 0, 1)
+        if (self.compact is None and self.q is None) or stop <= start:
+            return self._rest(x)
         rows = x[start:stop]
-        if self.packed:
-            mid = kernels.int8_linear(rows.float(), self.q, self.scale)
+        if self.compact is not None:
+            mid = kernels.weight_linear(rows.float(), self.compact)
         else:
             mid = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.q, self.scale)
         mid = mid.to(x.dtype)
@@ -71,8 +135,8 @@ class PackedLinear:
             mid = mid + self.bias
         if start == 0 and stop == t:
             return mid
-        parts = [F.linear(x[:start], self.weight, self.bias)] if start else []
+        parts = [self._rest(x[:start])] if start else []
         parts.append(mid)
         if stop < t:
-            parts.append(F.linear(x[stop:], self.weight, self.bias))
+            parts.append(self._rest(x[stop:]))
         return torch.cat(parts)

@@ -6,6 +6,8 @@ and TPOT p50/p99); transformers `generate` on the same weights and dtype; the
 memory-bandwidth floor of batch-1 decode; and the prefix cache's TTFT on a shared
 1,000-token system prompt. A script, not a test: figures depend on the machine.
 """
+import json
+import statistics
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from inference.bench.http_streams import run_http
 from inference.bench.live_server import LiveServer
 from inference.bench.offline import run_offline
 from inference.bench.own_thread import in_own_thread
+from inference.bench.peer import compare, rss_bytes
 from inference.bench.prefix import prefix_ttft
 from inference.bench.offline import chat_prompt_ids
 from inference.bench.references import copy_bandwidth_gb_s, hf_generate_tok_s, hf_same_prompts, weight_bytes
@@ -38,13 +41,26 @@ class Command(BaseCommand):
                             help="requests per concurrent stream at each concurrency (at least 3 at concurrency 1)")
         parser.add_argument("--skip-hf", action="store_true", help="skip the transformers reference runs")
         parser.add_argument("--skip-http", action="store_true")
+        parser.add_argument("--lora-only", action="store_true",
+                            help="run only the LoRA comparison (8 streams on 4 adapters vs 8 on the base)")
+        parser.add_argument("--lora-rank", type=int, default=16)
+        parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                            help="the projections the bench's adapters target (comma-separated)")
+        parser.add_argument("--lora-rounds", type=int, default=3)
+        parser.add_argument("--lora-tokens", type=int, default=64, help="output tokens per stream")
         parser.add_argument("--llama-cpp-url", default="",
-                            help="a running llama-cpp-python OpenAI server on the same model's GGUF (started with "
-                                 "--interrupt_requests False); the same HTTP workload runs against it at every "
-                                 "concurrency up to 8, and the 8-stream ratio against it is printed beside the "
-                                 "one against the reference figure")
+                            help="a running llama.cpp llama-server on the same model's GGUF (../shared/tools/"
+                                 "llama-server.sh; -t 2 -tb 2 -np 32 -c 16384): the same HTTP workloads run against "
+                                 "our server and it in interleaved rounds, with a prompt-processing probe, printed "
+                                 "as ratios")
+        parser.add_argument("--llama-cpp-pid", type=int, default=0,
+                            help="the llama-server's process id, to print its resident memory beside ours")
+        parser.add_argument("--peer-rounds", type=int, default=3, help="interleaved rounds against --llama-cpp-url")
+        parser.add_argument("--skip-offline", action="store_true", help="skip the in-process (offline) runs")
 
-    def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, **options):
+    def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, llama_cpp_pid,
+               peer_rounds, skip_offline, lora_only, lora_rank, lora_targets, lora_rounds, lora_tokens,
+               **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.runtime import engine_config
@@ -53,25 +69,31 @@ class Command(BaseCommand):
         model = base.model_path
         tokenizer = Tokenizer.from_folder(model)
         levels = [int(c) for c in concurrency.split(",")]
+        if not skip_hf and "quantization_config" in json.loads((Path(model) / "config.json").read_text()):
+            self.stdout.write("the model folder holds GGUF blocks, which transformers does not read: "
+                              "skipping the transformers references")
+            skip_hf = True
         bandwidth = in_own_thread(copy_bandwidth_gb_s)
         out = self.stdout.write
-        out(f"model {Path(model).name}; decode weights {base.decode_weights}; prefill weights "
+        out(f"model {Path(model).name}; weights {base.weights}; prefill weights "
             f"{base.prefill_weights}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
-        for dtype in dtypes.split(","):
+        for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
             ae = AsyncEngine(config=replace(base, dtype=dtype, max_num_seqs=max(levels)))
             engine = ae.engine
             wbytes = weight_bytes(engine.runner.model)
-            run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
-            for c in levels:
-                timings, wall = run_offline(ae, tokenizer, workloads[c], c)
-                rows.append(RunSummary.of("offline", c, timings, wall))
-                out(self._row(dtype, rows[-1]))
+            out(f"{dtype:<9} resident weights {wbytes / 1e6:.1f} MB ({', '.join(f'{n} {fmt}' for fmt, n in engine.runner.model.weight_formats.items())})")
+            if not skip_offline:
+                run_offline(ae, tokenizer, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)  # warm-up
+                for c in levels:
+                    timings, wall = run_offline(ae, tokenizer, workloads[c], c)
+                    rows.append(RunSummary.of("offline", c, timings, wall))
+                    out(self._row(dtype, rows[-1]))
             ae.stop()
-            total = sum(engine.phase_s.values())
+            total = sum(engine.phase_s.values()) or 1.0
             out(f"{dtype:<9} offline step time ({engine.num_steps} steps, {total:.1f} s): " + ", ".join(
                 f"{name} {seconds / total:.0%}" for name, seconds in engine.phase_s.items()))
             del ae, engine
@@ -81,19 +103,14 @@ class Command(BaseCommand):
                         {"METRALE_MODEL": model, "METRALE_DTYPE": dtype, "METRALE_MAX_NUM_SEQS": str(max(levels))},
                         Path(tmp)) as server:
                     run_http(server.url, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 2)
-                    for c in levels:
-                        timings, wall = run_http(server.url, workloads[c], c)
-                        rows.append(RunSummary.of("http", c, timings, wall))
-                        out(self._row(dtype, rows[-1]))
-                    prefix = prefix_ttft(server.url, tokenizer)
-            if llama_cpp_url:
-                url = llama_cpp_url.rstrip("/")
-                banned = sorted(tokenizer.special_ids)  # it has no ignore_eos: EOS is made impossible instead
-                run_http(url, sharegpt_like(tokenizer, 2, seed=99, output_range=(8, 8)), 1, banned)
-                for c in [c for c in levels if c <= 8]:
-                    timings, wall = run_http(url, workloads[c], c, banned)
-                    rows.append(RunSummary.of("llama.cpp", c, timings, wall))
-                    out(self._row(dtype, rows[-1]))
+                    if llama_cpp_url:
+                        self._peer(server, llama_cpp_url.rstrip("/"), llama_cpp_pid, workloads, tokenizer, peer_rounds)
+                    else:
+                        for c in levels:
+                            timings, wall = run_http(server.url, workloads[c], c)
+                            rows.append(RunSummary.of("http", c, timings, wall))
+                            out(self._row(dtype, rows[-1]))
+                        prefix = prefix_ttft(server.url, tokenizer)
             hf, same = {}, {}
             if not skip_hf:
                 for b in (1, 8, 32):
@@ -109,6 +126,47 @@ class Command(BaseCommand):
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
                         + ", ".join(f"{k} {v:.1f}" for k, v in same[b].items()))
             self._report(dtype, rows, hf, prefix, wbytes, bandwidth, same)
+        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds, lora_tokens)
+
+    def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int, output_tokens: int) -> None:
+        """8 streams on 4 adapters against 8 on the base model, interleaved (bench/lora.py)."""
+        from inference.bench.lora import lora_vs_base, make_adapters, median_line, round_line
+        from inference.engine.async_engine import AsyncEngine
+        from inference.engine.lora_control import install, read_adapter
+
+        out = self.stdout.write
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = make_adapters(base.model_path, Path(tmp), 4, rank, targets)
+            ae = AsyncEngine(config=replace(base, max_num_seqs=8, max_loras=4, enable_prefix_caching=False))
+            names = [p.name for p in paths]
+            for name, path in zip(names, paths):
+                install(ae, read_adapter(ae, name, str(path))).result()
+            out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
+                f"{base.weights} weights, offline, {output_tokens} tokens each ==")
+            rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds, output_tokens,
+                                 lambda *r: (out(round_line(*r)), self.stdout.flush()))
+            ae.stop()
+        out(median_line(rows))
+
+    def _peer(self, server, url: str, pid: int, workloads, tokenizer, rounds: int) -> None:
+        """Interleaved rounds against the llama-server at `url` (bench/peer.py), then the ratio table."""
+        out = self.stdout.write
+        ours_rss, peer_rss = rss_bytes(server.proc.pid), rss_bytes(pid)
+        banned = sorted(tokenizer.special_ids)  # it has no ignore_eos: EOS is made impossible instead
+        cmp = compare(server.url, url, workloads, tokenizer, banned, rounds, log=out)
+        out(f"\n== side by side with llama-server ({url}), medians of {rounds} interleaved rounds; CPU "
+            f"{cpuinfo_field('model name') or 'unknown'} ==")
+        out("| | ours tok/s | llama-server tok/s | ratio | TPOT ours / llama-server |")
+        out("| --- | --- | --- | --- | --- |")
+        for c in workloads:
+            a, b = cmp.median_tok_s("ours", c), cmp.median_tok_s("peer", c)
+            out(f"| {c} stream{'s' if c > 1 else ''} | {a:.1f} | {b:.1f} | {a / b:.2f}x | "
+                f"{cmp.median_tpot('ours', c) * 1000:.1f} / {cmp.median_tpot('peer', c) * 1000:.1f} ms |")
+        pa, pb = statistics.median(cmp.prompt["ours"]), statistics.median(cmp.prompt["peer"])
+        out(f"| prompt processing (1,000 tokens) | {pa:.0f} | {pb:.0f} | {pa / pb:.2f}x | |")
+        if ours_rss and peer_rss:
+            out(f"resident memory at idle: ours {ours_rss / 2**20:.0f} MiB, llama-server {peer_rss / 2**20:.0f} MiB "
+                f"({ours_rss / peer_rss:.2f}x)")
 
     @staticmethod
     def _row(dtype: str, r: RunSummary) -> str:

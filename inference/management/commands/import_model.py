@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.checkpoints import GGUFImportError, import_gguf
-from inference.engine.checkpoints.gguf import DTYPES
+from inference.engine.checkpoints.gguf import IMPORT_DTYPES
 
 
 class Command(BaseCommand):
@@ -14,9 +14,10 @@ class Command(BaseCommand):
         parser.add_argument("out_dir", help="the folder to create")
         parser.add_argument(
             "--dtype",
-            choices=sorted(DTYPES),
-            default="float32",
-            help="dtype of the dequantized weights (default float32)",
+            choices=IMPORT_DTYPES,
+            default="blocks",
+            help="blocks (default): keep the Q4_0 / Q4_1 / Q8_0 tensors as shipped, the rest float32; "
+            "float32 or bfloat16: dequantize every tensor (a folder transformers reads too)",
         )
         parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
 

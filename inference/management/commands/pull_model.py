@@ -76,7 +76,7 @@ class Command(BaseCommand):
                 import_gguf(
                     gguf_path,
                     out,
-                    dtype="float32",
+                    dtype="blocks",
                     overwrite=out.exists(),
                     progress=options["verbosity"] > 0,
                 )

@@ -1,0 +1,427 @@
+/* Linear layers on GGUF-style weight blocks (Q4_0, Q4_1, Q8_0: 32 weights per block with
+ * float16 scales) and the one entry point every decode-layer GEMM goes through
+ * (metrale_weight_linear, which also runs the per-channel int8 format of int8_gemm.c).
+ *
+ * Values (ggml's rules, gguf-py's dequantize): Q4_0 w = d * (q - 8), q in 0..15;
+ * Q4_1 w = d * q + m; Q8_0 w = q * d, q in -128..127. d and m are float16 per block.
+ *
+ * Fast path (exact = 0): each activation row is quantised per block of 32 to int8 with
+ * its own scale dx = amax / 127 (llama.cpp's Q8 activations; round half to even), and
+ * each (row, channel, block) integer dot product is summed exactly in int32 (AVX-512
+ * VNNI vpdpbusd, AVX2 vpmaddubsw + vpmaddwd, or scalar: no path can overflow or
+ * saturate), then y = sum over blocks in order of float(isum) * (d * dx), plus
+ * m * (dx * float(sum of the block's activations)) for Q4_1. The float steps are the
+ * same operations per output channel in every path, so every instruction-set path
+ * gives bitwise the same y, and a row's result never depends on the other rows.
+ *
+ * Reference path (exact = 1): the blocks dequantised inside the kernel exactly as
+ * gguf-py does (float32), dot products with float32 activations summed in k order:
+ * transformers' logits on the dequantised weights up to float32 summation order.
+ *
+ * Packed layout (kernels/__init__.py block_pack): output channels in tiles of 16
+ * (zero past N), K a multiple of 32, KB = K / 32 blocks.
+ *   Q4: qs uint8 [tiles, KB, 4, 64]: group g holds k = 8g .. 8g + 7 of the block;
+ *       byte 4 j + i = q[j][8g + i] | q[j][8g + 4 + i] << 4 (j: channel in the tile).
+ *   Q8: qs int8 [tiles, KB, 8, 64]: group g holds k = 4g .. 4g + 3: byte 4 j + i = q[j][4g + i].
+ *   d (and m for Q4_1): float16 [tiles, KB, 16].
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "kernels.h"
+#if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define BLK_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define BLK_VNNI512 1
+#endif
+#endif
+
+#define BT 16  /* output channels per tile */
+#define BR 4   /* rows per micro-kernel */
+#define BMC 64 /* rows per cache block: the weights are read once per BMC rows */
+
+/* The packed bytes of one (tile, block): codes and the float16 scales. */
+static long codes_per_tile_block(int format) { return format == METRALE_W_Q8_0 ? 512 : 256; }
+
+const char *metrale_block_isa(void) {
+#if defined(BLK_VNNI512)
+    return "avx512-vnni";
+#elif defined(BLK_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+/* float16 bits -> float32 (exact; subnormals, inf and NaN included). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            uint32_t m = man;
+            do { e++; m <<= 1; } while (!(m & 0x400u));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline void halves_to_floats(const uint16_t *h, float *f) {
+#if defined(BLK_VNNI512)
+    _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+#elif defined(BLK_AVX2) && defined(__F16C__)
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+    _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
+#else
+    for (int j = 0; j < BT; j++) f[j] = half_to_float(h[j]);
+#endif
+}
+
+/* One row of activations as int8 blocks: a [K], dx [KB] (amax / 127), asum [KB] (the sum of
+ * the block's int8 values) and sa [KB] = dx * float(asum). A block holding inf or NaN gets
+ * dx = NaN (so every output it feeds is NaN); an all-zero block dx = 0. */
+static void quantize_row_blocks(const float *x, long K, int8_t *a, float *dx, int32_t *asum, float *sa) {
+    const long KB = K / 32;
+    for (long b = 0; b < KB; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.f;
+        int bad = 0;
+        for (int i = 0; i < 32; i++) {
+            amax = fmaxf(amax, fabsf(xb[i]));
+            bad |= !isfinite(xb[i]);
+        }
+        int8_t *ab = a + b * 32;
+        if (bad || amax == 0.f) {
+            memset(ab, 0, 32);
+            dx[b] = bad ? NAN : 0.f;
+            asum[b] = 0;
+            sa[b] = bad ? NAN : 0.f;
+            continue;
+        }
+        const float inv = 127.f / amax;
+        int32_t s = 0;
+        for (int i = 0; i < 32; i++) {
+            long v = lrintf(xb[i] * inv); /* round half to even (the default rounding mode) */
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            ab[i] = (int8_t)v;
+            s += (int32_t)v;
+        }
+        dx[b] = amax / 127.f;
+        asum[b] = s;
+        sa[b] = dx[b] * (float)s;
+    }
+}
+
+/* Exact int32 sums of `rows` activation rows (a, lda int8 apart; block b) against one
+ * tile-block's codes: isum[r][j] = sum_k w_code[j][k] * a[r][k] with the format's offset
+ * removed (Q4_0: q - 8; Q8_0: signed q), i.e. the dot product of the block's integer values. */
+static inline __attribute__((always_inline)) void block_sums(int format, const uint8_t *qs, const int8_t *a,
+                                                             long lda, const int32_t *asum, long ldsum, int rows,
+                                                             int32_t *isum) {
+#if defined(BLK_VNNI512)
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    if (format == METRALE_W_Q8_0) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        __m512i w[8];
+        for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g)), flip);
+        for (int r = 0; r < rows; r++) {
+            const int8_t *ar = a + r * lda;
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+            for (int g = 0; g < 8; g += 2) {
+                int32_t p0, p1;
+                memcpy(&p0, ar + 4 * g, 4);
+                memcpy(&p1, ar + 4 * g + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(p0));
+                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(p1));
+            }
+            /* (q + 128) * a summed, minus 128 * sum(a) */
+            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * asum[r * ldsum]));
+            _mm512_storeu_si512((void *)(isum + r * BT), s);
+        }
+        return;
+    }
+    __m512i lo[4], hi[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
+        lo[g] = _mm512_and_si512(v, low);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    for (int r = 0; r < rows; r++) {
+        const int8_t *ar = a + r * lda;
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+        for (int g = 0; g < 4; g++) {
+            int32_t p0, p1;
+            memcpy(&p0, ar + 8 * g, 4);
+            memcpy(&p1, ar + 8 * g + 4, 4);
+            s0 = _mm512_dpbusd_epi32(s0, lo[g], _mm512_set1_epi32(p0));
+            s1 = _mm512_dpbusd_epi32(s1, hi[g], _mm512_set1_epi32(p1));
+        }
+        __m512i s = _mm512_add_epi32(s0, s1);
+        if (format == METRALE_W_Q4_0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * asum[r * ldsum]));
+        _mm512_storeu_si512((void *)(isum + r * BT), s);
+    }
+#elif defined(BLK_AVX2)
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++) { /* channels 8 * half .. 8 * half + 7: bytes 32 half .. of each group */
+        if (format == METRALE_W_Q8_0) {
+            __m256i w[8], aw[8];
+            for (int g = 0; g < 8; g++) {
+                w[g] = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32 * half));
+                aw[g] = _mm256_abs_epi8(w[g]);
+            }
+            for (int r = 0; r < rows; r++) {
+                const int8_t *ar = a + r * lda;
+                __m256i s = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++) {
+                    int32_t p;
+                    memcpy(&p, ar + 4 * g, 4);
+                    /* |q| * (a with q's sign): each int16 pair sum is at most 2 * 128 * 127 */
+                    const __m256i prod = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(_mm256_set1_epi32(p), w[g]));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                }
+                _mm256_storeu_si256((__m256i *)(isum + r * BT + 8 * half), s);
+            }
+            continue;
+        }
+        const __m256i low = _mm256_set1_epi8(0x0f);
+        __m256i lo[4], hi[4];
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32 * half));
+            lo[g] = _mm256_and_si256(v, low);
+            hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int8_t *ar = a + r * lda;
+            /* 16 products of at most 15 * 127 per int16 lane: below 32767, so int16 sums are exact */
+            __m256i s16 = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                int32_t p0, p1;
+                memcpy(&p0, ar + 8 * g, 4);
+                memcpy(&p1, ar + 8 * g + 4, 4);
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[g], _mm256_set1_epi32(p0)));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[g], _mm256_set1_epi32(p1)));
+            }
+            __m256i s = _mm256_madd_epi16(s16, ones);
+            if (format == METRALE_W_Q4_0) s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * asum[r * ldsum]));
+            _mm256_storeu_si256((__m256i *)(isum + r * BT + 8 * half), s);
+        }
+    }
+#else
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < BT; j++) {
+            const int8_t *ar = a + r * lda;
+            int32_t s = 0;
+            if (format == METRALE_W_Q8_0) {
+                for (int g = 0; g < 8; g++)
+                    for (int i = 0; i < 4; i++) s += (int32_t)((const int8_t *)qs)[64 * g + 4 * j + i] * ar[4 * g + i];
+            } else {
+                for (int g = 0; g < 4; g++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t byte = qs[64 * g + 4 * j + i];
+                        s += (int32_t)(byte & 0x0f) * ar[8 * g + i] + (int32_t)(byte >> 4) * ar[8 * g + 4 + i];
+                    }
+                if (format == METRALE_W_Q4_0) s -= 8 * asum[r * ldsum];
+            }
+            isum[r * BT + j] = s;
+        }
+#endif
+}
+
+/* acc[r][j] += float(isum[r][j]) * (d[j] * dx[r]) (+ m[j] * sa[r]): the same steps per lane everywhere. */
+static inline __attribute__((always_inline)) void block_finish(const int32_t *isum, const float *d, const float *m,
+                                                               const float *dx, const float *sa, long ldq, int rows,
+                                                               float *acc) {
+#if defined(BLK_VNNI512)
+    const __m512i *is = (const __m512i *)isum;
+    const __m512 dv = _mm512_loadu_ps(d);
+    for (int r = 0; r < rows; r++) {
+        __m512 c = _mm512_loadu_ps(acc + r * BT);
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(is + r)));
+        c = _mm512_add_ps(c, _mm512_mul_ps(f, _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * ldq]))));
+        if (m) c = _mm512_add_ps(c, _mm512_mul_ps(_mm512_loadu_ps(m), _mm512_set1_ps(sa[r * ldq])));
+        _mm512_storeu_ps(acc + r * BT, c);
+    }
+#else
+    for (int r = 0; r < rows; r++) {
+        const float x = dx[r * ldq];
+#pragma GCC ivdep
+        for (int j = 0; j < BT; j++) acc[r * BT + j] = acc[r * BT + j] + (float)isum[r * BT + j] * (d[j] * x);
+        if (m) {
+            const float s = sa[r * ldq];
+#pragma GCC ivdep
+            for (int j = 0; j < BT; j++) acc[r * BT + j] = acc[r * BT + j] + m[j] * s;
+        }
+    }
+#endif
+}
+
+/* The 16 x 32 dequantised weights of one tile-block, w[kk][j] (k-major so that a row's dot
+ * product runs over channels in the vector lanes), exactly as gguf-py computes them. */
+static void dequant_tile_block(int format, const uint8_t *qs, const float *d, const float *m, float *w) {
+    for (int j = 0; j < BT; j++) {
+        if (format == METRALE_W_Q8_0) {
+            for (int g = 0; g < 8; g++)
+                for (int i = 0; i < 4; i++) w[(4 * g + i) * BT + j] = (float)((const int8_t *)qs)[64 * g + 4 * j + i] * d[j];
+            continue;
+        }
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t byte = qs[64 * g + 4 * j + i];
+                const int q0 = byte & 0x0f, q1 = byte >> 4;
+                if (format == METRALE_W_Q4_0) {
+                    w[(8 * g + i) * BT + j] = d[j] * (float)(q0 - 8);
+                    w[(8 * g + 4 + i) * BT + j] = d[j] * (float)(q1 - 8);
+                } else {
+                    w[(8 * g + i) * BT + j] = d[j] * (float)q0 + m[j];
+                    w[(8 * g + 4 + i) * BT + j] = d[j] * (float)q1 + m[j];
+                }
+            }
+    }
+}
+
+/* Output channels of one tile for rows [m0, m1): the fast path. */
+static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
+                      const float *sa, long m0, long m1, float *y, long N) {
+    const long cb = codes_per_tile_block(W->format);
+    const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
+    const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
+    const uint16_t *mh = W->m ? (const uint16_t *)W->m + t * KB * BT : NULL;
+    const long K = KB * 32, n0 = t * BT;
+    const int nc = (int)(N - n0 < BT ? N - n0 : BT);
+    for (long m = m0; m < m1; m += BR) {
+        const int rows = (int)(m1 - m < BR ? m1 - m : BR);
+        float acc[BR * BT] __attribute__((aligned(64)));
+        int32_t isum[BR * BT] __attribute__((aligned(64)));
+        memset(acc, 0, sizeof acc);
+        for (long b = 0; b < KB; b++) {
+            float d[BT], mv[BT];
+            halves_to_floats(dh + b * BT, d);
+            if (mh) halves_to_floats(mh + b * BT, mv);
+            block_sums(W->format, qs + b * cb, a + m * K + b * 32, K, asum + m * KB + b, KB, rows, isum);
+            block_finish(isum, d, mh ? mv : NULL, dx + m * KB + b, sa + m * KB + b, KB, rows, acc);
+        }
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+    }
+}
+
+/* Output channels of one tile for rows [m0, m1): the reference path (float32 activations). */
+static void tile_exact(const metrale_weight *W, long t, long KB, const float *x, long m0, long m1, float *y, long N) {
+    const long cb = codes_per_tile_block(W->format);
+    const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
+    const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
+    const uint16_t *mh = W->m ? (const uint16_t *)W->m + t * KB * BT : NULL;
+    const long K = KB * 32, n0 = t * BT;
+    const int nc = (int)(N - n0 < BT ? N - n0 : BT);
+    for (long m = m0; m < m1; m += BR) {
+        const int rows = (int)(m1 - m < BR ? m1 - m : BR);
+        float acc[BR * BT];
+        memset(acc, 0, sizeof acc);
+        for (long b = 0; b < KB; b++) {
+            float d[BT], mv[BT], w[32 * BT];
+            for (int j = 0; j < BT; j++) d[j] = half_to_float(dh[b * BT + j]);
+            if (mh)
+                for (int j = 0; j < BT; j++) mv[j] = half_to_float(mh[b * BT + j]);
+            dequant_tile_block(W->format, qs + b * cb, d, mv, w);
+            for (int r = 0; r < rows; r++) {
+                const float *xr = x + (m + r) * K + b * 32;
+                float *c = acc + r * BT;
+                for (int kk = 0; kk < 32; kk++) {
+                    const float xv = xr[kk];
+#pragma GCC ivdep
+                    for (int j = 0; j < BT; j++) c[j] = c[j] + w[kk * BT + j] * xv;
+                }
+            }
+        }
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+    }
+}
+
+/* y = x · wᵀ for x float32 [M, K], W a block-format weight of N output channels (K a multiple
+ * of 32), y float32 [M, N]. Tiles are shared among the threads; each is read once per BMC rows. */
+static void block_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads) {
+    const long KB = K / 32, tiles = (N + BT - 1) / BT;
+    int8_t *a = NULL;
+    float *dx = NULL, *sa = NULL;
+    int32_t *asum = NULL;
+    if (!W->exact) {
+        a = (int8_t *)malloc((size_t)(M * K));
+        dx = (float *)malloc(sizeof(float) * (size_t)(M * KB));
+        sa = (float *)malloc(sizeof(float) * (size_t)(M * KB));
+        asum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * KB));
+        if (!a || !dx || !sa || !asum) {
+            free(a); free(dx); free(sa); free(asum);
+            for (long i = 0; i < M * N; i++) y[i] = NAN; /* out of memory: never silently zeros */
+            return;
+        }
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        if (!W->exact) {
+#pragma omp for schedule(static)
+            for (long m = 0; m < M; m++) quantize_row_blocks(x + m * K, K, a + m * K, dx + m * KB, asum + m * KB, sa + m * KB);
+        }
+        for (long m0 = 0; m0 < M; m0 += BMC) {
+            const long m1 = m0 + BMC < M ? m0 + BMC : M;
+#pragma omp for schedule(static)
+            for (long t = 0; t < tiles; t++) {
+                if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
+                else tile_fast(W, t, KB, a, dx, asum, sa, m0, m1, y, N);
+            }
+        }
+    }
+    free(a); free(dx); free(sa); free(asum);
+}
+
+void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads) {
+    if (W->format == METRALE_W_INT8) {
+        metrale_int8_linear(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, nthreads);
+        return;
+    }
+    block_linear(W, x, y, M, N, K, nthreads);
+}
+
+/* Rows `ids` of a block-format weight, dequantised to float32 (out [n, K]), e.g. embedding
+ * rows read from their Q8_0 blocks; the values are gguf-py's dequantize's. */
+void metrale_block_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out) {
+    const long KB = K / 32, cb = codes_per_tile_block(W->format);
+    for (long r = 0; r < n; r++) {
+        const long row = ids[r], t = row / BT;
+        const int j = (int)(row % BT);
+        for (long b = 0; b < KB; b++) {
+            const uint8_t *qs = (const uint8_t *)W->qs + (t * KB + b) * cb;
+            const float d = half_to_float(((const uint16_t *)W->d)[(t * KB + b) * BT + j]);
+            const float m = W->m ? half_to_float(((const uint16_t *)W->m)[(t * KB + b) * BT + j]) : 0.f;
+            float *o = out + r * K + b * 32;
+            if (W->format == METRALE_W_Q8_0) {
+                for (int g = 0; g < 8; g++)
+                    for (int i = 0; i < 4; i++) o[4 * g + i] = (float)((const int8_t *)qs)[64 * g + 4 * j + i] * d;
+                continue;
+            }
+            for (int g = 0; g < 4; g++)
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t byte = qs[64 * g + 4 * j + i];
+                    const int q0 = byte & 0x0f, q1 = byte >> 4;
+                    if (W->format == METRALE_W_Q4_0) {
+                        o[8 * g + i] = d * (float)(q0 - 8);
+                        o[8 * g + 4 + i] = d * (float)(q1 - 8);
+                    } else {
+                        o[8 * g + i] = d * (float)q0 + m;
+                        o[8 * g + 4 + i] = d * (float)q1 + m;
+                    }
+                }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+"""Speculative decoding without a draft model: drafts from prompt lookup (n-grams) or a Predicted Output, and the gate.
+
+A sequence that speculates proposes up to `num_draft_tokens` tokens after its last one;
+the scheduler adds them to its decode item (`ScheduledBatch.drafts`), the model runner
+computes every drafted position as a decode row of its own context length, and
+`verify.py` accepts drafts by sample-and-compare, so the output is token for token
+what decoding without drafts gives.
+
+Drafts come from (1) a request's `prediction` (OpenAI's Predicted Outputs): the
+prediction's tokens after the place that matches the output's last tokens, found again
+after a rejection (llama.cpp's lookup decoding, PR #12127); or (2) prompt lookup (vLLM's
+n-gram proposer, Saxena 2023): the last n tokens (n from ngram_max down to ngram_min)
+found earlier in the prompt or the output, and what followed them.
+
+The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts whenever a draft
+exists; "auto" drafts while the batch has at most `max_batch` decodes and the sequence's
+drafts pay: its draft length doubles after a fully accepted draft and falls to what was
+accepted plus one after a rejection, and a sequence whose recent acceptance falls below
+`min_acceptance` pauses drafting for a number of steps that doubles each time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """The speculation knobs, as EngineConfig.speculative_config() gives them (their defaults live there).
+    Raises ValueError on a bad value."""
+
+    mode: str
+    num_draft_tokens: int
+    ngram_max: int
+    ngram_min: int
+    max_batch: int
+    min_acceptance: float
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"speculative mode must be auto, on or off, got {self.mode!r}")
+        if self.num_draft_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("speculative draft tokens >= 1 and 1 <= ngram_min <= ngram_max are required")
+        if self.max_batch < 1 or not 0 <= self.min_acceptance <= 1:
+            raise ValueError("speculative max_batch must be >= 1 and min_acceptance in [0, 1]")
+
+
+class NgramIndex:
+    """n-gram -> where its latest earlier occurrence's continuation starts, over a growing token list.
+
+    For each n in [ngram_min, ngram_max], every n-gram that ends before the list's last token
+    is indexed once (positions only grow), so a lookup costs O(ngram_max) dictionary probes,
+    never a scan of the whole context.
+    """
+
+    __slots__ = ("sizes", "maps", "indexed")
+
+    def __init__(self, ngram_min: int, ngram_max: int):
+        self.sizes = range(ngram_max, ngram_min - 1, -1)
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.indexed = 0  # n-grams ending before this position are in the maps
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the longest earlier match of the list's last n tokens ([] when none)."""
+        end = len(tokens) - 1  # index n-grams ending at positions < end (the suffix itself is not a match)
+        for e in range(self.indexed, end):
+            for n in self.sizes:
+                if e + 1 >= n:
+                    self.maps[n][tuple(tokens[e + 1 - n:e + 1])] = e + 1
+        self.indexed = max(self.indexed, end)
+        for n in self.sizes:
+            if len(tokens) < n + 1:
+                continue
+            start = self.maps[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start:start + k]
+        return []
+
+
+class PredictionDraft:
+    """A Predicted Output's token ids and where the output is in them.
+
+    `pointer`: the prediction index expected to follow the output's last token. When the
+    prediction's token before it is not that last token (a rejection, or an edit), the
+    output is aligned again: among the prediction positions holding the last token, the one
+    whose preceding tokens match the output's longest, nearest after the pointer on ties.
+    """
+
+    __slots__ = ("tokens", "pointer", "where")
+    MATCH = 16  # output tokens compared when aligning
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = list(tokens)
+        self.pointer = 0
+        self.where: dict[int, list[int]] = {}
+        for i, t in enumerate(self.tokens):
+            self.where.setdefault(t, []).append(i)
+
+    def align(self, output: list[int]) -> int | None:
+        """The prediction index of the next token after `output`, or None when its last token is not in it."""
+        if not output:
+            return 0
+        last = output[-1]
+        p = self.pointer
+        if 0 < p <= len(self.tokens) and self.tokens[p - 1] == last:
+            return p
+        best, best_key = None, None
+        for c in self.where.get(last, ()):
+            n = 1
+            while n < self.MATCH and n < len(output) and c - n >= 0 and self.tokens[c - n] == output[-1 - n]:
+                n += 1
+            key = (n, c + 1 >= p, -abs(c + 1 - p))
+            if best_key is None or key > best_key:
+                best, best_key = c + 1, key
+        return best
+
+    def propose(self, output: list[int], k: int) -> tuple[int | None, list[int]]:
+        """(aligned index, up to k prediction tokens from it)."""
+        at = self.align(output)
+        return at, ([] if at is None else self.tokens[at:at + k])
+
+
+class SpecState:
+    """One sequence's speculation: its drafter, its adaptive draft length and pause, and its counts.
+
+    drafted / accepted: all draft tokens proposed and accepted. For a request with a prediction,
+    accepted_prediction / rejected_prediction count its prediction's drafted tokens (usage's
+    accepted_prediction_tokens and rejected_prediction_tokens).
+    """
+
+    __slots__ = ("prediction", "ngrams", "window", "pause", "backoff", "recent", "drafted", "accepted",
+                 "_at")
+
+    def __init__(self, cfg: SpeculativeConfig, prediction: list[int] | None):
+        self.prediction = PredictionDraft(prediction) if prediction else None
+        self.ngrams = None if prediction else NgramIndex(cfg.ngram_min, cfg.ngram_max)
+        self.window = 1 if prediction is None else 2
+        self.pause = 0
+        self.backoff = 1
+        self.recent = 1.0  # exponential average of accepted / drafted per verify
+        self.drafted = 0
+        self.accepted = 0
+        self._at: int | None = None
+
+    def propose(self, tokens: list[int], num_prompt: int, k: int) -> list[int]:
+        """Up to k draft tokens to follow `tokens` (prompt + output ids)."""
+        if self.prediction is not None:
+            self._at, draft = self.prediction.propose(tokens[num_prompt:], k)
+            return draft
+        return self.ngrams.propose(tokens, k)
+
+    def record(self, cfg: SpeculativeConfig, num_drafted: int, num_accepted: int) -> None:
+        """Fold in one verify's outcome: counts, the prediction's pointer, the window and the pause."""
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        if self.prediction is not None and self._at is not None:
+            self.prediction.pointer = self._at + num_accepted + 1
+        if num_accepted == num_drafted:
+            self.window = min(cfg.num_draft_tokens, self.window * 2)
+        else:
+            self.window = max(1, num_accepted + 1)
+        self.recent = 0.7 * self.recent + 0.3 * (num_accepted / num_drafted)
+        if cfg.mode == "auto" and self.recent < cfg.min_acceptance:
+            self.pause, self.backoff = self.backoff, min(self.backoff * 2, 64)
+            self.recent = cfg.min_acceptance  # retried at the threshold after the pause
+        elif num_accepted:
+            self.backoff = 1
+
+    @property
+    def accepted_prediction(self) -> int:
+        return self.accepted if self.prediction is not None else 0
+
+    @property
+    def rejected_prediction(self) -> int:
+        return self.drafted - self.accepted if self.prediction is not None else 0
+
+
+class Speculator:
+    """Plans the drafts of one step's decodes (called by Scheduler.schedule) and keeps the engine's counters.
+
+    exact: whether the model runner computes each decode row independently of the others (the
+    compiled decode layers); drafts are never planned otherwise, since only then is a verify
+    row bitwise the decode row it stands for.
+    """
+
+    def __init__(self, cfg: SpeculativeConfig, exact: bool):
+        self.cfg = cfg
+        self.enabled = exact and cfg.mode != "off"
+        self.num_drafted_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_verifies = 0
+        # Called with (drafted, accepted) after each verify (LLMEngine: stats.EngineStats.record_spec_decode).
+        self.observe = None
+
+    def state_for(self, prediction: list[int] | None) -> SpecState | None:
+        """A new sequence's SpecState (None when speculation is off for this engine)."""
+        return SpecState(self.cfg, prediction) if self.enabled else None
+
+    def plan(self, seq, num_decodes: int, budget: int, max_model_len: int | None) -> list[int]:
+        """The draft tokens of decode `seq` this step (may be []), within `budget` tokens and its limits."""
+        state = seq.spec
+        cfg = self.cfg
+        if state is None or budget <= 0:
+            return []
+        auto = cfg.mode == "auto"
+        if auto and num_decodes > cfg.max_batch:
+            return []
+        if state.pause > 0:
+            state.pause -= 1
+            return []
+        k = min(cfg.num_draft_tokens if not auto else state.window, budget,
+                seq.params.max_tokens - seq.num_output_tokens - 1)
+        if max_model_len is not None:
+            k = min(k, max_model_len - len(seq.token_ids))
+        if k <= 0:
+            return []
+        return state.propose(seq.token_ids, seq.num_prompt_tokens, k)
+
+    def record(self, seq, num_drafted: int, num_accepted: int) -> None:
+        """Count one verify of `seq` (engine totals and its own state)."""
+        self.num_drafted_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        self.num_verifies += 1
+        seq.spec.record(self.cfg, num_drafted, num_accepted)
+        if self.observe is not None:
+            self.observe(num_drafted, num_accepted)

@@ -1,0 +1,313 @@
+"""GGUF weight blocks (Q4_0, Q4_1, Q8_0): the block kernels against their rule bit for bit on every
+instruction-set path, the import that keeps a GGUF's blocks, the loader that quantises a float
+checkpoint on request, and logits against transformers on the dequantised weights."""
+import ctypes
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from inference.engine import kernels
+from inference.engine.checkpoints import import_gguf
+from inference.engine.config import ModelConfig
+from inference.engine.kernels.build import build, cpu_flags_text
+from inference.engine.layers.blocks import BlockWeight, block_formats
+from inference.engine.models.loader import load_model
+
+from .test_model_parity import reference_logits, run_ours
+from .tiny_models import make_tiny_model
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
+FORMATS = ("q4_0", "q4_1", "q8_0")
+
+
+def block_linear_reference(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
+    """The documented fast rule of kernels.weight_linear on blocks, in plain torch: each row's blocks of
+    32 quantised to int8 with dx = amax / 127 (x * (127 / amax), round half to even), exact integer
+    dot products per block with the weights' integer values, then, block by block in order,
+    acc = acc + float(isum) * (d * dx) (+ m * (dx * float(sum a)) for Q4_1)."""
+    n, k = bw.shape
+    xb = x.view(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    a = torch.round(xb * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int64)
+    dx = amax / 127.0
+    q = bw.code_values().to(torch.int64).view(n, -1, 32)
+    if bw.format == "q4_0":
+        q = q - 8
+    isum = torch.einsum("mbk,nbk->mnb", a, q)
+    d = bw.scales.float()
+    sa = dx * a.sum(-1).float()
+    acc = torch.zeros(x.shape[0], n)
+    for b in range(k // 32):
+        acc = acc + isum[:, :, b].float() * (d[None, :, b] * dx[:, b:b + 1])
+        if bw.format == "q4_1":
+            acc = acc + bw.mins.float()[None, :, b] * sa[:, b:b + 1]
+    return acc
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n, k", [(96, 64), (100, 96), (17, 32), (576, 1536)])
+def test_block_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(fmt, n, k):
+    g = torch.Generator().manual_seed(n + k)
+    bw = BlockWeight.quantize(torch.randn(n, k, generator=g), fmt)
+    kw = kernels.KernelWeight.from_blocks(bw)
+    exact = bw.dequantize().double()
+    for m in (1, 2, 3, 4, 5, 7, 9, 33, 70):  # every micro-kernel shape, remainders, two cache blocks
+        x = torch.randn(m, k, generator=g)
+        y = kernels.weight_linear(x, kw)
+        assert y.shape == (m, n) and torch.equal(y, block_linear_reference(x, bw))
+        # against float activations: within half an activation step per term
+        ref = x.double() @ exact.T
+        step = x.view(m, -1, 32).abs().amax(-1).double() / 127  # [m, blocks]
+        bound = 0.5 * torch.einsum("mb,nb->mn", step, exact.abs().view(n, -1, 32).sum(-1)) + 1e-4
+        assert bool(((y.double() - ref).abs() <= bound).all())
+        # the reference path: float32 activations on the dequantised blocks
+        ye = kernels.weight_linear(x, kw.with_exact(True))
+        assert (ye.double() - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+        for row in range(m):
+            assert torch.equal(kernels.weight_linear(x[row:row + 1], kw)[0], y[row])
+            assert torch.equal(kernels.weight_linear(x[row:row + 1], kw.with_exact(True))[0], ye[row])
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_block_rows_are_gguf_dequantize_exactly(fmt):
+    from gguf import GGMLQuantizationType as QType
+    from gguf.quants import dequantize, quantize
+
+    w = torch.randn(50, 96, generator=torch.Generator().manual_seed(1)).numpy()
+    qtype = getattr(QType, fmt.upper())
+    data = quantize(w, qtype)
+    expected = torch.from_numpy(dequantize(data, qtype)).reshape(50, 96)
+    bw = BlockWeight.from_gguf(data.reshape(50, -1), fmt)
+    assert torch.equal(bw.dequantize(), expected)
+    ids = torch.tensor([0, 49, 7, 7, 16, 31])
+    assert torch.equal(kernels.block_rows(kernels.KernelWeight.from_blocks(bw), ids), expected[ids])
+
+
+@needs_kernels
+def test_block_linear_keeps_zero_blocks_zero_and_does_not_hide_inf_or_nan():
+    bw = BlockWeight.quantize(torch.randn(40, 64), "q4_1")
+    kw = kernels.KernelWeight.from_blocks(bw)
+    x = torch.randn(4, 64)
+    x[1] = 0
+    x[2, 5] = float("inf")
+    x[3, 40] = float("nan")
+    y = kernels.weight_linear(x, kw)
+    assert torch.equal(y[1], torch.zeros(40))
+    assert bool(y[2:].isnan().all())
+    assert torch.equal(y[0], kernels.weight_linear(x[:1], kw)[0])
+
+
+def _narrower_builds():
+    flags = set(cpu_flags_text().split())
+    out = []
+    if "avx512_vnni" in flags:
+        out.append(("-mno-avx512f",))
+    if "avx2" in flags:
+        out.append(("-mno-avx2",))
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
+    reason="this CPU has neither AVX2 nor AVX-512 VNNI: the portable path is the only one and is tested above"))])
+def test_every_instruction_set_path_gives_the_same_block_linear_bitwise(extra):
+    """AVX-512 VNNI (vpdpbusd), AVX2 (vpmaddubsw) and portable builds sum the same integers and
+    apply the same float steps per channel: one machine's build and its narrower ones agree."""
+    lib = ctypes.CDLL(str(build(extra)))
+    lib.metrale_block_isa.restype = ctypes.c_char_p
+    assert lib.metrale_block_isa().decode() == ("avx2" if extra == ("-mno-avx512f",) else "portable")
+    lib.metrale_weight_linear.argtypes = [ctypes.POINTER(kernels.KernelWeight.Struct)] + [ctypes.c_void_p] * 2 + [
+        ctypes.c_long] * 3 + [ctypes.c_int]
+    g = torch.Generator().manual_seed(9)
+    for fmt in FORMATS:
+        for n, k in ((576, 576), (37, 64), (100, 1536)):
+            kw = kernels.KernelWeight.from_blocks(BlockWeight.quantize(torch.randn(n, k, generator=g), fmt))
+            for m in (1, 3, 8, 70):
+                x = torch.randn(m, k, generator=g)
+                for w in (kw, kw.with_exact(True)):
+                    y = torch.empty(m, n)
+                    lib.metrale_weight_linear(ctypes.byref(w.struct), x.data_ptr(), y.data_ptr(), m, n, k, 2)
+                    assert torch.equal(y, kernels.weight_linear(x, w)), (extra, fmt, n, k, m, w.exact)
+
+
+def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0) -> None:
+    """A 2-layer llama GGUF (hidden 64, 4 heads, 2 KV heads, ffn 96, untied head) whose 2-D tensors are
+    quantised as `qtypes` says per GGUF tensor-name part ("attn_q", "ffn_down", "token_embd", ...)."""
+    import gguf
+    from gguf import GGMLQuantizationType as QType
+    from gguf.quants import quantize
+
+    from .conftest import tiny_vocab
+
+    rng = np.random.default_rng(seed)
+    h, heads, kv, ffn, layers = 64, 4, 2, 96, 2
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(h // heads)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def add(name, *shape):
+        value = (rng.standard_normal(shape) * (0.3 if len(shape) == 2 else 1.0)).astype(np.float32)
+        if len(shape) == 1:
+            value = 1.0 + 0.1 * value
+        part = name.split(".")[-2]
+        fmt = qtypes.get(part)
+        if fmt:
+            qtype = getattr(QType, fmt.upper())
+            w.add_tensor(name, quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, value)
+
+    add("token_embd.weight", len(tokens), h)
+    add("output_norm.weight", h)
+    add("output.weight", len(tokens), h)
+    for i in range(layers):
+        for part, shape in (("attn_q", (h, h)), ("attn_k", (kv * h // heads, h)), ("attn_v", (kv * h // heads, h)),
+                            ("attn_output", (h, h)), ("ffn_gate", (ffn, h)), ("ffn_up", (ffn, h)),
+                            ("ffn_down", (h, ffn)), ("attn_norm", (h,)), ("ffn_norm", (h,))):
+            add(f"blk.{i}.{part}.weight", *shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+MIXED = {"attn_q": "q4_1", "attn_k": "q4_1", "attn_v": "q4_1", "attn_output": "q4_0", "ffn_gate": "q4_0",
+         "ffn_up": "q4_0", "ffn_down": "q8_0", "token_embd": "q8_0", "output": "q4_1"}
+
+
+def test_import_keeps_the_blocks_as_shipped(tmp_path):
+    from gguf import GGUFReader
+    from safetensors.torch import load_file
+
+    write_block_gguf(tmp_path / "m.gguf", MIXED)
+    out = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
+    floats = import_gguf(tmp_path / "m.gguf", tmp_path / "float", dtype="float32", progress=False)
+    formats = block_formats(json.loads((out / "config.json").read_text()))
+    assert formats["model.layers.1.self_attn.q_proj.weight"] == "q4_1"
+    assert formats["model.layers.0.mlp.up_proj.weight"] == "q4_0"
+    assert formats["model.embed_tokens.weight"] == "q8_0" and formats["lm_head.weight"] == "q4_1"
+    assert len(formats) == 2 + 2 * 7
+    state, reference = load_file(out / "model.safetensors"), load_file(floats / "model.safetensors")
+    for name, fmt in formats.items():  # the blocks hold exactly the numbers the float import holds
+        assert torch.equal(BlockWeight.pop_from(state, name, fmt).dequantize(), reference[name]), name
+    assert set(state) == {n for n in reference if n not in formats}  # the norms stay float
+    # the codes are the file's bytes: the import copies, it does not requantise
+    reader = GGUFReader(tmp_path / "m.gguf")
+    down = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    q8 = load_file(out / "model.safetensors")["model.layers.0.mlp.down_proj.qweight"]
+    assert torch.equal(q8.view(torch.uint8), torch.from_numpy(np.asarray(down.data).reshape(64, -1, 34)[..., 2:].copy()
+                                                              ).reshape(64, -1))
+
+
+@needs_kernels
+@pytest.mark.parametrize("prefill", ["same", "model"])
+def test_blocks_read_exactly_give_transformers_logits_on_the_dequantised_weights(tmp_path, prefill):
+    """weights="model" on a block folder: the shipped blocks with float32 activations (the
+    reference path), no float copy of any linear; transformers reads the float import."""
+    write_block_gguf(tmp_path / "m.gguf", MIXED)
+    blocks = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
+    floats = import_gguf(tmp_path / "m.gguf", tmp_path / "float", dtype="float32", progress=False)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, 250, (40,), generator=g).tolist()
+    decode = torch.randint(3, 250, (10,), generator=g).tolist()
+    ours = run_ours(blocks, prompt, decode, chunk=16, prefill=prefill)
+    ref = reference_logits(floats, prompt + decode)
+    assert (ours - ref).abs().max().item() <= 1e-4
+    model = load_model(blocks, ModelConfig.from_folder(blocks), torch.float32, torch.device("cpu"))
+    assert all(lin.weight is None and lin.exact is not None and lin.compact is None for lin in model.packed())
+    # the fast path (int8 activation blocks) on the same blocks stays close
+    fast = run_ours(blocks, prompt, decode, chunk=16, weights="auto")
+    assert 0 < (fast - ours).abs().max().item() <= 0.1 * ours.abs().max().item()
+
+
+@needs_kernels
+def test_the_loader_quantises_a_float_checkpoint_on_request(tmp_path):
+    folder = make_tiny_model("llama3", tmp_path / "m")  # tied embeddings
+    cfg = ModelConfig.from_folder(folder)
+    model = load_model(folder, cfg, torch.float32, torch.device("cpu"), weights="q4")
+    assert model.weight_formats == {"q8_0": 1, "q4_1": 4 * cfg.num_hidden_layers}
+    assert all(lin.weight is None and lin.exact is None for lin in model.packed())  # no float copy left
+    # the embedding rows are the head's Q8_0 values, read from its blocks
+    from safetensors.torch import load_file
+
+    embed = load_file(folder / "model.safetensors")["model.embed_tokens.weight"]
+    q8 = BlockWeight.quantize(embed, "q8_0").dequantize()
+    assert torch.equal(model.model.embed_tokens(torch.arange(cfg.vocab_size)), q8)
+    q8_model = load_model(folder, cfg, torch.float32, torch.device("cpu"), weights="q8")
+    assert q8_model.weight_formats == {"q8_0": 1 + 4 * cfg.num_hidden_layers}
+    assert q8_model.weight_bytes() < model.weight_bytes() * 2 < load_model(
+        folder, cfg, torch.float32, torch.device("cpu")).weight_bytes()
+
+
+@needs_kernels
+def test_smollm2_blocks_read_exactly_give_transformers_logits(smollm2_blocks_dir, smollm2_dir):
+    """The GGUF's own Q4_1 / Q8_0 blocks with float32 activations (weights="model") against
+    transformers on the same GGUF dequantised to float32 (smollm2_dir)."""
+    tok_ids = list(range(1000, 1064))
+    decode = list(range(2000, 2016))
+    ours = run_ours(smollm2_blocks_dir, tok_ids, decode)
+    ref = reference_logits(smollm2_dir, tok_ids + decode)
+    assert (ours - ref).abs().max().item() <= 1e-3
+
+
+def kl_and_agreement(exact: torch.Tensor, fast: torch.Tensor, margin: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """KL(exact || fast) per row in nats; whether the argmaxes agree on the rows where exact's
+    top-two margin exceeds `margin`; and how many such rows there are."""
+    log_p, log_q = torch.log_softmax(exact, -1), torch.log_softmax(fast, -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    top2 = exact.topk(2, dim=-1).values
+    confident = (top2[:, 0] - top2[:, 1]) > margin
+    return kl, torch.equal(exact.argmax(-1)[confident], fast.argmax(-1)[confident]), int(confident.sum())
+
+
+@needs_kernels
+def test_smollm2_int8_activation_blocks_stay_close_to_float32_activations(smollm2_blocks_dir):
+    """The default fast path (int8 activation blocks x the shipped Q4_1 / Q8_0 blocks, exact integer
+    sums) against the same blocks with float32 activations, on every prompt and decode row."""
+    from inference.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(smollm2_blocks_dir)
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe."}]))
+    decode = tok.encode("Three rivers of Europe are the Danube, the Rhine and the Seine. The Danube flows "
+                        "through Vienna and Budapest.")
+    exact = run_ours(smollm2_blocks_dir, prompt, decode, chunk=24)
+    fast = run_ours(smollm2_blocks_dir, prompt, decode, chunk=24, weights="auto")
+    kl, agree, confident = kl_and_agreement(exact, fast, margin=1.0)
+    assert kl.mean().item() <= 0.01 and kl.max().item() <= 0.1
+    assert confident >= 20 and agree
+
+
+@needs_kernels
+def test_smollm2_resident_weights_are_the_ggufs_bytes(smollm2_blocks_dir, smollm2_gguf):
+    """The default weights keep the GGUF's blocks: the resident bytes are at most 110% of the file's
+    tensor bytes, the embedding rows come from the tied head's Q8_0 blocks, and no float copy stays."""
+    from gguf import GGUFReader
+
+    gguf_bytes = sum(int(t.n_bytes) for t in GGUFReader(smollm2_gguf).tensors)
+    model = load_model(smollm2_blocks_dir, ModelConfig.from_folder(smollm2_blocks_dir), torch.float32,
+                       torch.device("cpu"), weights="auto")
+    assert model.weight_formats == {"q8_0": 1, "q4_1": 4 * 30}
+    assert model.model.embed_tokens.weight_blocks is model.head.compact
+    assert all(lin.weight is None and lin.exact is None for lin in model.packed())
+    assert model.weight_bytes() <= 1.10 * gguf_bytes

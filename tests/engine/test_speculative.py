@@ -1,0 +1,265 @@
+"""Speculative decoding: token-for-token the output of decoding without drafts, greedy and seeded, in mixed
+batches, with predictions exact, partial and junk; the KV pool whole after rejections, preemption and
+cancels; the sampled distribution unchanged; the drafters and the gate."""
+import collections
+
+import pytest
+import torch
+
+from inference.engine.outputs import TokenEvent
+from inference.engine.request import EngineRequest
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.speculative import NgramIndex, PredictionDraft, SpeculativeConfig, SpecState
+
+from .test_async_engine import make_engine, prompts
+from .tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
+
+
+def spec_engine(folder, mode, **kw):
+    """int8 weights: the compiled decode layers, where drafts are verified bitwise."""
+    return make_engine(folder, weights="int8", speculative=mode, **kw)
+
+
+def drive(engine, requests, abort_after: dict | None = None):
+    """Run every request to its end; per request (token ids, logprobs, finish_reason, its TokenEvents).
+    abort_after: request index -> abort it once it has at least that many tokens."""
+    seqs = [engine.add_request(r) for r in requests]
+    events = {id(s): [] for s in seqs}
+    while engine.has_work():
+        for seq, evs in engine.step():
+            events[id(seq)].extend(evs)
+        for i, n in (abort_after or {}).items():
+            seq = seqs[i]
+            if not seq.is_finished and sum(isinstance(e, TokenEvent) for e in events[id(seq)]) >= n:
+                engine.abort(seq)
+    out = []
+    for s in seqs:
+        toks = [e for e in events[id(s)] if isinstance(e, TokenEvent)]
+        out.append(([e.token_id for e in toks], [e.logprobs for e in toks], s.finish_reason, toks))
+    return out
+
+
+def assert_pool_whole(engine):
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_count == 0 for b in bm.blocks)
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def corpus():
+    """Prompts of random tokens, prompts that repeat themselves (prompt lookup finds them) and one long one."""
+    base = prompts(5, seed=3)
+    return base + [base[0] * 3, base[1][:10] * 6, (base[2] * 12)[:230]]
+
+
+GREEDY = dict(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def test_greedy_output_is_identical_with_speculation_on_and_off_over_a_corpus(tiny_folder):
+    reqs = lambda: [EngineRequest(p, SamplingParams(**GREEDY, logprobs=2)) for p in corpus()]  # noqa: E731
+    off = drive(spec_engine(tiny_folder, "off"), reqs())
+    engine = spec_engine(tiny_folder, "on")
+    on = drive(engine, reqs())
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    assert engine.speculator.num_accepted_tokens > 0  # drafts were verified and some accepted
+    assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens  # and some rejected
+    assert_pool_whole(engine)
+    # The metrics' counters (vLLM's spec_decode_* names) are the speculator's.
+    assert engine.stats.spec_decode_num_draft_tokens == engine.speculator.num_drafted_tokens
+    assert engine.stats.spec_decode_num_accepted_tokens == engine.speculator.num_accepted_tokens
+    assert engine.stats.generation_tokens == sum(len(r[0]) for r in on)
+
+
+def mixed_requests(corpus_prompts, greedy_out):
+    """Speculating rows (predictions exact, partial, junk; prompt lookup) and plain sampled ones in one batch,
+    with the controls whose state advances per token: penalties, DRY, min_tokens, bias, stop ids, logprobs."""
+    junk = torch.randint(3, 320, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    exact = greedy_out[0]
+    partial = exact[:8] + junk[:5] + exact[10:]
+    return [
+        EngineRequest(corpus_prompts[0], SamplingParams(**GREEDY), prediction_token_ids=exact),
+        EngineRequest(corpus_prompts[0], SamplingParams(**GREEDY), prediction_token_ids=partial),
+        EngineRequest(corpus_prompts[0], SamplingParams(**GREEDY), prediction_token_ids=junk),
+        EngineRequest(corpus_prompts[5], SamplingParams(temperature=0.8, seed=1, max_tokens=24, ignore_eos=True,
+                                                        logprobs=1)),
+        EngineRequest(corpus_prompts[5], SamplingParams(temperature=1.0, top_p=0.9, seed=2, max_tokens=24,
+                                                        presence_penalty=0.4, frequency_penalty=0.2)),
+        EngineRequest(corpus_prompts[6], SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.3,
+                                                        min_tokens=10, stop_token_ids=[7, 9])),
+        EngineRequest(corpus_prompts[6], SamplingParams(temperature=0.7, seed=3, max_tokens=24, dry_multiplier=0.8,
+                                                        dry_allowed_length=2, logit_bias={11: 3.0})),
+        EngineRequest(corpus_prompts[7], SamplingParams(temperature=1.2, top_k=20, seed=4, max_tokens=24,
+                                                        min_p=0.05), prediction_token_ids=exact),
+        EngineRequest(corpus_prompts[1], SamplingParams(**GREEDY)),
+    ]
+
+
+def test_mixed_batches_of_speculating_and_plain_rows_seeded_and_greedy_are_identical(tiny_folder):
+    greedy_out = [r[0] for r in drive(spec_engine(tiny_folder, "off"), [EngineRequest(corpus()[0],
+                                                                                      SamplingParams(**GREEDY))])]
+    c = corpus()
+    off = drive(spec_engine(tiny_folder, "off"), mixed_requests(c, greedy_out))
+    engine = spec_engine(tiny_folder, "on")
+    on = drive(engine, mixed_requests(c, greedy_out))
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    exact, partial, junk = on[0][3], on[1][3], on[2][3]
+    accepted = lambda toks: sum(e.accepted_prediction for e in toks)  # noqa: E731
+    rejected = lambda toks: sum(e.rejected_prediction for e in toks)  # noqa: E731
+    assert accepted(exact) >= 20 and rejected(exact) == 0
+    assert accepted(partial) > 0 and rejected(partial) > 0
+    assert rejected(junk) > 0 and accepted(junk) < accepted(exact)
+    assert_pool_whole(engine)
+
+
+def test_the_kv_pool_comes_back_whole_after_rejections_preemption_and_cancels(tiny_folder):
+    """A pool of 10 blocks of 16 tokens for 7 sequences growing to ~70 tokens: the scheduler preempts; two are
+    cancelled part-way."""
+    c = corpus()
+    batch = prompts(5, length=30, seed=3) + [c[5][:40], c[6][:40]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = spec_engine(tiny_folder, "on", kv_cache_bytes=10 * 2 * 2 * 16 * 2 * 16 * 4)
+    assert engine.block_manager.num_blocks == 10
+    on = drive(engine, [EngineRequest(p, params) for p in batch], abort_after={1: 5, 4: 9})
+    assert engine.scheduler.num_preemptions > 0 and engine.speculator.num_drafted_tokens > 0
+    assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens > 0
+    assert on[1][2] == "cancelled" and on[4][2] == "cancelled"
+    assert_pool_whole(engine)
+    assert all(len(r[0]) == 40 and r[2] == "length" for i, r in enumerate(on) if i not in (1, 4))
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_with_and_without_drafts(tiny_folder):
+    c = corpus()
+    params = [SamplingParams(temperature=t, seed=s, max_tokens=30, ignore_eos=True, top_k=k)
+              for t, s, k in ((0.5, 1, 0), (0.9, 2, 10), (1.5, 3, 40), (0.3, 4, 3))]
+    for p in params:
+        req = lambda: [EngineRequest(c[5], p)]  # noqa: E731
+        assert drive(spec_engine(tiny_folder, "on"), req())[0][:3] == drive(spec_engine(tiny_folder, "off"),
+                                                                             req())[0][:3]
+
+
+def test_rejection_sampling_leaves_the_output_distribution_that_of_plain_sampling(tiny_folder):
+    """Unseeded draws (the engine's shared generator) at temperature 1, top_k 2, over 500 requests each way,
+    every one with the greedy output as its prediction, so positions 1 and 2 come from verified draft rows.
+    Statistic: the total variation distance between the empirical distributions of the first two and the
+    first three tokens (at most 4 and 8 outcomes). Tolerance 0.1: the sampling noise of two 500-sample
+    histograms over 8 outcomes is about 0.05; a verifier that kept a draft more often than its probability
+    shifts the mass of the drafted path by that excess."""
+    prompt = corpus()[0]
+    greedy = drive(spec_engine(tiny_folder, "off"), [EngineRequest(prompt, SamplingParams(**GREEDY))])[0][0]
+    params = SamplingParams(temperature=1.0, top_k=2, max_tokens=3, ignore_eos=True)
+    n = 500
+
+    def histograms(mode):
+        engine = spec_engine(tiny_folder, mode, max_num_seqs=128)
+        out = drive(engine, [EngineRequest(prompt, params, prediction_token_ids=greedy) for _ in range(n)])
+        if mode == "on":
+            assert engine.speculator.num_accepted_tokens > 0
+            assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens
+        return [collections.Counter(tuple(r[0][:k]) for r in out) for k in (2, 3)]
+
+    for on, off in zip(histograms("on"), histograms("off")):
+        tv = 0.5 * sum(abs(on[t] - off[t]) for t in set(on) | set(off)) / n
+        assert len(on) > 2 and tv < 0.1, (tv, on, off)
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram():
+    index = NgramIndex(2, 3)
+    tokens = [5, 6, 7, 8, 9, 1, 6, 7]
+    assert index.propose(tokens, 3) == [8, 9, 1]
+    assert index.propose(tokens + [4], 3) == []  # [7, 4] never occurred
+    index = NgramIndex(2, 3)
+    assert index.propose([1, 2, 1, 2], 4) == [1, 2]  # the suffix itself is no match; the earlier one is
+
+
+def test_a_prediction_is_aligned_again_after_an_edit():
+    pred = PredictionDraft([10, 11, 12, 13, 14, 15, 16])
+    assert pred.propose([10], 3) == (1, [11, 12, 13])
+    pred.pointer = 4  # 10 11 12 13 accepted
+    assert pred.propose([10, 11, 12, 13], 2) == (4, [14, 15])
+    # The model wrote 99 instead of 14, then 15: aligned on 15.
+    assert pred.propose([10, 11, 12, 13, 99, 15], 2) == (6, [16])
+    assert pred.propose([10, 11, 12, 13, 99, 98], 2) == (None, [])
+
+
+def test_the_gate_pauses_a_sequence_whose_drafts_are_refused():
+    cfg = SpeculativeConfig(mode="auto", num_draft_tokens=8, ngram_max=4, ngram_min=2, max_batch=8,
+                            min_acceptance=0.3)
+    state = SpecState(cfg, None)
+    state.record(cfg, 1, 1)
+    assert state.window == 2
+    for _ in range(4):
+        state.record(cfg, 2, 0)
+    assert state.pause > 0 and state.window == 1
+    with pytest.raises(ValueError):
+        SpeculativeConfig("sometimes", 8, 4, 2, 8, 0.3)
+
+
+def test_auto_drafts_nothing_for_a_batch_past_max_batch(tiny_folder):
+    engine = spec_engine(tiny_folder, "auto", speculative_max_batch=2)
+    c = corpus()
+    drive(engine, [EngineRequest(p, SamplingParams(**GREEDY)) for p in c[5:8] * 2])
+    assert engine.speculator.num_drafted_tokens == 0
+    engine = spec_engine(tiny_folder, "auto", speculative_max_batch=8)
+    drive(engine, [EngineRequest(c[5], SamplingParams(**GREEDY))])
+    assert engine.speculator.num_drafted_tokens > 0
+
+
+def test_without_the_compiled_decode_layers_nothing_is_drafted(tiny_folder):
+    engine = make_engine(tiny_folder, speculative="on")  # float decode weights: torch rows, not batch-invariant
+    out = drive(engine, [EngineRequest(corpus()[5], SamplingParams(**GREEDY))])
+    assert len(out[0][0]) == 24 and engine.speculator.num_drafted_tokens == 0
+
+
+def test_a_request_finishes_inside_its_drafts_at_max_tokens_and_at_eos(tiny_folder):
+    greedy = drive(spec_engine(tiny_folder, "off"), [EngineRequest(corpus()[0], SamplingParams(**GREEDY))])[0][0]
+    for max_tokens in (1, 2, 5, 9):
+        p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        engine = spec_engine(tiny_folder, "on")
+        out = drive(engine, [EngineRequest(corpus()[0], p, prediction_token_ids=greedy)])
+        assert out[0][0] == greedy[:max_tokens] and out[0][2] == "length"
+        assert_pool_whole(engine)
+    stop = greedy[6]
+    p = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop])
+    on = drive(spec_engine(tiny_folder, "on"), [EngineRequest(corpus()[0], p, prediction_token_ids=greedy)])
+    off = drive(spec_engine(tiny_folder, "off"), [EngineRequest(corpus()[0], p)])
+    assert on[0][:3] == off[0][:3] and on[0][0][-1] == stop and on[0][2] == "stop"
+
+
+def test_grammar_penalties_and_min_tokens_keep_their_state_through_verified_drafts_on_smollm2(smollm2_dir):
+    """SmolLM2 (compact weights), a JSON-schema grammar, penalties and min_tokens, each with the unconstrained
+    greedy output as its prediction: identical with drafting and without, and drafts were accepted."""
+    from inference.engine.config import EngineConfig
+    from inference.engine.grammar import GrammarCompiler, GrammarSpec
+    from inference.engine.grammar_state import StructuredOutput
+    from inference.engine.llm_engine import LLMEngine
+    from inference.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(smollm2_dir)
+    engine = LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=64 << 20, speculative="on"))
+    prompt = tok.encode_chat([{"role": "user", "content": 'Repeat exactly: {"name": "Ada", "age": 36, '
+                                                          '"tags": ["math", "engines", "notes"]}'}])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "tags": {"type": "array", "items": {"type": "string"}}},
+              "required": ["name", "age", "tags"]}
+    compiled = GrammarCompiler(tok).compile(GrammarSpec.json_schema(schema))
+
+    def requests(prediction):
+        return [EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=40, structured=StructuredOutput(
+                    compiled)), prediction_token_ids=prediction),
+                EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.1,
+                                                     min_tokens=30), prediction_token_ids=prediction),
+                EngineRequest(prompt, SamplingParams(temperature=0.8, seed=5, max_tokens=40, dry_multiplier=0.5),
+                              prediction_token_ids=prediction)]
+
+    engine.speculator.enabled = False
+    off = drive(engine, requests(None))
+    engine.speculator.enabled = True
+    on = drive(engine, requests(off[0][0]))
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    assert sum(e.accepted_prediction for e in on[0][3]) > 5
+    assert_pool_whole(engine)
