@@ -36,10 +36,12 @@ STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal", "tool_calls
 
 
 def new_message_id() -> str:
+    """A message id in Anthropic's form: `msg_` and 24 random hex digits."""
     return f"msg_{secrets.token_hex(12)}"
 
 
 def new_tool_use_id() -> str:
+    """A tool_use block id in Anthropic's form: `toolu_` and 24 random hex digits."""
     return f"toolu_{secrets.token_hex(12)}"
 
 
@@ -80,6 +82,8 @@ class MessageStream:
         self.made_calls = False
 
     def start(self) -> list[dict]:
+        """message_start: the message with no content yet, usage counting the whole prompt as input
+        (how much of it the prefix cache held is known at the end: message_delta's usage)."""
         message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0,

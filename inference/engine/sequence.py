@@ -58,6 +58,8 @@ class Sequence:
     prompt_logprobs: list | None = None
     # reasoning.ReasoningTracker while params.reasoning is set: the budget and the grammar read this one.
     reasoning: object = None
+    # lora.LoraAdapter the sequence runs with (resident in a slot), or None for the base model.
+    lora: object = None
     # speculative.SpecState while the engine may draft for it (None: it decodes one token a step).
     spec: object = None
     # The output ended in a repeated pattern (repetition.py): finish_reason "stop", metrics' "repetition".

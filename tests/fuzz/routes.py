@@ -40,9 +40,10 @@ ROUTES = (
     Route("/v1/conversations", ConversationCreateRequest, {}),
     Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
     Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
-    Route("/v1/messages", MessagesRequest, {"model": "m", "max_tokens": 4, "messages": USER}, generates=True,
+    Route("/v1/messages", MessagesRequest, {"model": "smollm2-135m-instruct", "max_tokens": 4, "messages": USER},
+          generates=True, shape="anthropic"),
+    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "smollm2-135m-instruct", "messages": USER},
           shape="anthropic"),
-    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "m", "messages": USER}, shape="anthropic"),
 )
 
 
@@ -77,4 +78,20 @@ def context_for(name: str, route: Route) -> dict:
         return {"stream": True}
     if name == "top_logprobs" and route.serializer is ChatCompletionRequest:
         return {"logprobs": True}
+    if name.startswith("repetition_detection.") and name != "repetition_detection.max_pattern_size":
+        return {"repetition_detection": {"max_pattern_size": 512}}
     return {}
+
+
+def merged(*bodies: dict) -> dict:
+    """The bodies merged left to right, nested objects key by key."""
+    out: dict = {}
+    for body in bodies:
+        for key, value in body.items():
+            out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def body_for(route: Route, name: str, value) -> dict:
+    """The route's base body with `value` at the dotted `name` and the context it needs."""
+    return merged(route.base, context_for(name, route), nested(name, value))
