@@ -40,9 +40,9 @@ ROUTES = (
     Route("/v1/conversations", ConversationCreateRequest, {}),
     Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
     Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
-    Route("/v1/messages", MessagesRequest, {"model": "m", "max_tokens": 4, "messages": USER}, generates=True,
+    Route("/v1/messages", MessagesRequest, {"model": "smollm2-135m-instruct", "max_tokens": 4, "messages": USER}, generates=True,
           shape="anthropic"),
-    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "m", "messages": USER}, shape="anthropic"),
+    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "smollm2-135m-instruct", "messages": USER}, shape="anthropic"),
 )
 
 
