@@ -55,7 +55,8 @@ def claim(batch_id: str) -> bool:
 
 def run_here(batch_id: str) -> str | None:
     """Claim and run the batch to its end on this process's engine (loading it if needed), from
-    a thread with no event loop; its final status, or None when another live process owns it."""
+    a thread with no event loop; its final status, or None when another live process owns it.
+    A run that raises releases the batch (release) and raises again."""
     heartbeat.start()
     if not claim(batch_id):
         log.info("batch %s: owned by another live process (or ended); not run here", batch_id)
@@ -65,9 +66,21 @@ def run_here(batch_id: str) -> str | None:
         raise RuntimeError(f"the model could not be loaded: {runtime.status()[1]}")
     from .runner import run_batch
 
-    status = asyncio.run(run_batch(batch_id, rt))
+    try:
+        status = asyncio.run(run_batch(batch_id, rt))
+    except BaseException:
+        release(batch_id)  # handed on again (embedded: at the next heartbeat; Celery: the task's retry)
+        raise
     log.info("batch %s: %s", batch_id, status)
     return status
+
+
+def release(batch_id: str) -> None:
+    """Give up this process's claim on an unfinished batch (after its run failed)."""
+    try:
+        Batch.objects.filter(pk=batch_id, worker=heartbeat.process_id()).update(worker=None)
+    except Exception:  # the database is away: the heartbeat's end hands it on instead
+        log.exception("batch %s: releasing it failed", batch_id)
 
 
 class EmbeddedRunner:

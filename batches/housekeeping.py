@@ -45,5 +45,5 @@ def purge_expired() -> dict:
     """Delete stored files (with their content) and finished batches past their expires_at."""
     now = timezone.now()
     files = store.expired_files(now)
-    batches, _ = Batch.objects.expired(now).exclude(status__in=store.ACTIVE).delete()
-    return {"files": files, "batches": batches}
+    _, deleted = Batch.objects.expired(now).exclude(status__in=store.ACTIVE).delete()
+    return {"files": files, "batches": deleted.get("batches.Batch", 0)}

@@ -100,11 +100,14 @@ def parse_input(data: bytes, endpoint: str) -> list[Line]:
     return lines
 
 
-def output_line(custom_id: str, status_code: int, request_id: str, body: dict) -> str:
-    """One line of the output or error file (BatchRequestOutput), as JSON."""
-    return json.dumps({"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id,
-                       "response": {"status_code": status_code, "request_id": request_id, "body": body},
-                       "error": None}, ensure_ascii=False, separators=(",", ":"))
+def output_line(custom_id: str, status_code: int | None = None, request_id: str | None = None,
+                body: dict | None = None, *, error: dict | None = None) -> str:
+    """One line of the output or error file (BatchRequestOutput), as JSON: the response the line's
+    request got, or (for a request never run, e.g. batch_expired) `error` {code, message} and a
+    null response."""
+    response = None if error is not None else {"status_code": status_code, "request_id": request_id, "body": body}
+    return json.dumps({"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id, "response": response,
+                       "error": error}, ensure_ascii=False, separators=(",", ":"))
 
 
 async def run_line(endpoint: str, line: Line, rt, *, tenant, cache_salt: str):

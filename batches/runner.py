@@ -12,9 +12,7 @@ owns the batch (execution.claim) while this runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import secrets
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.conf import settings
@@ -58,12 +56,8 @@ def _quota_error() -> dict:
                       "code": "batch_token_quota_exceeded"}}
 
 
-def _expired_line(custom_id: str) -> str:
-    return json.dumps({"id": f"batch_req_{secrets.token_hex(16)}",
-                       "custom_id": custom_id, "response": None,
-                       "error": {"code": "batch_expired", "message": "This request could not be executed "
-                                                                     "before the completion window expired."}},
-                      separators=(",", ":"))
+EXPIRED = {"code": "batch_expired", "message": "This request could not be executed before the completion window "
+                                           "expired."}
 
 
 class BatchRun:
@@ -72,7 +66,7 @@ class BatchRun:
     def __init__(self, batch: Batch, rt):
         self.batch = batch
         self.rt = rt
-        self.stopped: str | None = None  # "cancelling" or "expired" once the run must stop
+        self.stopped: str | None = None  # "cancelling", "expired" or "shutdown" once the run must stop
         self.concurrency = runtime.engine_config().batch_max_num_seqs
 
     async def run(self) -> str:
@@ -160,9 +154,9 @@ class BatchRun:
             for line in lines:
                 if line.custom_id not in done:
                     await db(store.record_result, b, line.custom_id, line.number, True,
-                             _expired_line(line.custom_id), None)
+                             output_line(line.custom_id, error=EXPIRED), None)
             await db(self._files)
-            await db(store.transition, b.id, Status.EXPIRED, only_from=(Status.IN_PROGRESS,))
+            await db(store.transition, b.id, Status.EXPIRED, only_from=(Status.IN_PROGRESS, Status.CANCELLING))
         elif status == Status.CANCELLING:
             await db(self._files)
             await db(store.transition, b.id, Status.CANCELLED, only_from=(Status.CANCELLING,))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
@@ -16,6 +18,7 @@ from django.dispatch import Signal
 
 from inference.engine.config import EngineConfig
 from inference.engine.model_folder import ModelFolder
+from inference.serving.fingerprint import combine_fingerprint, model_fingerprint
 
 log = logging.getLogger("metrale")
 
@@ -29,6 +32,22 @@ class Runtime:
     model_id: str
     model_path: Path
     created: int
+    # The LoRA adapters requests may name (serving.model_names.ServedAdapter by name); the adapters
+    # app keeps it in step with the engine's slots.
+    adapters: dict = field(default_factory=dict)
+    # system_fingerprint of the base model: a digest of its folder and the engine settings.
+    fingerprint: str = ""
+    # Requests per adapter name not yet added to the adapters app's rows (its flush_served).
+    adapter_requests: Counter = field(default_factory=Counter)
+
+    def fingerprint_of(self, adapter: str | None) -> str | None:
+        """The system_fingerprint of a response by the base model (None) or by adapter `adapter`."""
+        if not self.fingerprint:
+            return None
+        found = self.adapters.get(adapter) if adapter else None
+        if found is None or not found.digest:
+            return self.fingerprint
+        return combine_fingerprint(self.fingerprint, found.digest)
 
     @property
     def folder(self) -> ModelFolder:
@@ -45,6 +64,7 @@ ENGINE_SETTINGS = {
     "KV_CACHE_DTYPE": "kv_cache_dtype", "ENABLE_PREFIX_CACHING": "enable_prefix_caching",
     "WEIGHTS": "weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
     "STEP_LOG": "step_log", "MAX_WAITING_REQUESTS": "max_waiting_requests",
+    "MAX_LORAS": "max_loras", "MAX_LORA_RANK": "max_lora_rank",
     "SPECULATIVE": "speculative", "SPECULATIVE_DRAFT_TOKENS": "speculative_draft_tokens",
     "SPECULATIVE_NGRAM_MAX": "speculative_ngram_max", "SPECULATIVE_NGRAM_MIN": "speculative_ngram_min",
     "SPECULATIVE_MAX_BATCH": "speculative_max_batch",
@@ -71,23 +91,72 @@ runtime_starting = Signal()
 """Sent once per process from the loading thread, before the model loads: apps do their
 restart work here (responses_api fails the responses a dead process left unfinished)."""
 
+runtime_ready = Signal()
+"""Sent from the loading thread with `runtime=` the loaded Runtime, before it is served (/health
+answers "loading" until the receivers return): the adapters app loads the startup adapters here.
+`swap=True` when it is the new model of a swap (inference.swap), not the process's first."""
+
 
 def served_model_name() -> str:
     """The model id reported by /v1/models: METRALE_SERVED_MODEL_NAME, else the folder's name."""
     return settings.METRALE["SERVED_MODEL_NAME"] or Path(settings.METRALE["MODEL"]).name
 
 
-def _load() -> Runtime:
+# Set by the adapters app: () -> (folder, served name or None) of the model the operators chose
+# (the ServedModel row every replica follows), or None to serve METRALE_MODEL.
+model_choice: Callable[[], tuple[str, str | None] | None] | None = None
+
+
+def load_runtime(model_path: str | None = None, served_name: str | None = None) -> Runtime:
+    """A new Runtime (engine thread, tokenizer, fingerprint) for `model_path` (default: the operators'
+    choice, else METRALE_MODEL) under `served_name` (default: METRALE_SERVED_MODEL_NAME for the
+    configured folder, else the folder's name), with the other engine settings from METRALE.
+    Raises what the engine raises for a folder it cannot load (ConfigError, OSError, ...)."""
     import time
 
     from inference.engine.async_engine import AsyncEngine
     from inference.engine.tokenizer import Tokenizer
 
+    if model_path is None and model_choice is not None:
+        model_path, served_name = model_choice() or (None, None)
     config = engine_config()
+    if model_path is not None and Path(model_path) != Path(config.model_path):
+        config.model_path = str(model_path)
+        served_name = served_name or Path(model_path).name
     path = Path(config.model_path)
     tokenizer = Tokenizer.from_folder(path)
+    fp = model_fingerprint(path, fingerprint_settings(config))
     engine = AsyncEngine(config=config, on_fatal=_engine_died)
-    return Runtime(engine, tokenizer, served_model_name(), path, int(time.time()))
+    return Runtime(engine, tokenizer, served_name or served_model_name(), path, int(time.time()), fingerprint=fp)
+
+
+_unavailable: str | None = None
+
+
+def set_unavailable(reason: str | None) -> None:
+    """While no model is installed on purpose (a swap that drains the old model first), why; None after."""
+    global _unavailable
+    _unavailable = reason
+
+
+def install(rt: Runtime | None) -> None:
+    """Serve `rt` from now on: every request that starts after this call gets it (the swap's switch;
+    requests already running keep the Runtime they took). None: no model until the next install."""
+    global _runtime
+    _runtime = rt
+
+
+def _load() -> Runtime:
+    return load_runtime()
+
+
+# The engine settings that change what a model answers (so they are part of system_fingerprint).
+FINGERPRINT_SETTINGS = ("dtype", "device", "kv_cache_dtype", "weights", "prefill_weights", "max_model_len")
+
+
+def fingerprint_settings(config: EngineConfig) -> dict:
+    """The settings of `config` that system_fingerprint covers (FINGERPRINT_SETTINGS)."""
+    return {name: getattr(config, name) for name in FINGERPRINT_SETTINGS}
 
 
 # The exit status when the engine thread dies: EX_SOFTWARE (sysexits.h), an internal software error.
@@ -115,6 +184,7 @@ def _load_guarded() -> None:
         log.exception("loading the model failed")
         _error = f"{type(exc).__name__}: {exc}"
         return
+    runtime_ready.send_robust(sender=None, runtime=rt)
     _runtime = rt
 
 
@@ -128,12 +198,19 @@ def start_loading() -> None:
 
 
 def status() -> tuple[str, str | None]:
-    """("ready" | "loading" | "failed" | "idle", error message or None)."""
+    """("ready" | "swapping" | "loading" | "failed" | "idle", error message or None)."""
     if _runtime is not None:
         return "ready", None
+    if _unavailable is not None:
+        return "swapping", _unavailable
     if _error is not None:
         return "failed", _error
     return ("loading", None) if _thread is not None else ("idle", None)
+
+
+def current() -> Runtime | None:
+    """The Runtime serving now, without starting a load (None while none is installed)."""
+    return _runtime
 
 
 def get_runtime(wait: bool = True, timeout_s: float | None = None) -> Runtime | None:

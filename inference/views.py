@@ -15,7 +15,7 @@ import time
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from . import runtime
+from . import runtime, swap
 from .api import admit, openai_endpoint
 from .surfaces import chat_call, completions_call
 from .engine.outputs import EngineOverloaded, RequestRejected
@@ -23,7 +23,7 @@ from .serving import chat, tokenize
 from .serving import completions as legacy_completions
 from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
-from .serving.model_names import find_model, model_object
+from .serving.model_names import find_model, model_cards, model_object
 from .serving.prepare import Prepared, cpu_work
 from .stored_objects import tenant_of
 
@@ -50,6 +50,9 @@ def ready_runtime():
     rt = runtime.get_runtime(wait=False)
     if rt is None:
         state, error = runtime.status()
+        if state == "swapping":
+            raise ApiError(503, f"The model is not loaded: {error}; retry shortly.", type="server_error",
+                           code="model_not_loaded", headers={"Retry-After": "5"})
         msg = "The model is still loading; retry shortly." if state != "failed" else f"The model failed to load: {error}"
         raise ApiError(503, msg, type="server_error", code="model_not_ready", headers={"Retry-After": "5"})
     return rt
@@ -112,10 +115,16 @@ def _ids(request) -> dict:
 
 
 async def health(request):
-    """GET /health: 200 {"status": "ready", "model"} once loaded, else 503 {"status": "loading"}."""
+    """GET /health: 200 {"status": "ready", "model", "system_fingerprint", "adapters", "swap"} once loaded; 503
+    {"status": "swapping"} (Retry-After) while a swap drains the old model first, else {"status": "loading"}."""
     state, error = runtime.status()
-    if state == "ready":
-        return JsonResponse({"status": "ready", "model": runtime.served_model_name()})
+    rt = runtime.current()
+    if state == "ready" and rt is not None:
+        return JsonResponse({"status": "ready", "model": rt.model_id, "system_fingerprint": rt.fingerprint or None,
+                             "adapters": sorted(rt.adapters), "swap": swap.status()})
+    if state == "swapping":
+        return JsonResponse({"status": "swapping", "error": error, "swap": swap.status()}, status=503,
+                            headers={"Retry-After": "5"})
     body = {"status": "failed", "error": error} if state == "failed" else {"status": "loading"}
     return JsonResponse(body, status=503)
 
@@ -129,19 +138,25 @@ async def health_live(request):
 @openai_endpoint
 @allow("GET")
 async def list_models(request):
-    """GET /v1/models: the served model (OpenAI's list of Model objects)."""
+    """GET /v1/models: the served model and the LoRA adapters this tenant may use (OpenAI's list of
+    Model objects, with vLLM's root and parent)."""
     rt = runtime.get_runtime(wait=False)
-    created = rt.created if rt else int(time.time())
-    return JsonResponse({"object": "list", "data": [model_object(runtime.served_model_name(), created)]})
+    if rt is None:
+        return JsonResponse({"object": "list", "data": [model_object(runtime.served_model_name(), int(time.time()))]})
+    cards = model_cards(rt.model_id, rt.created, str(rt.model_path), rt.adapters, cache_salt_of(request),
+                        rt.engine.max_model_len)
+    return JsonResponse({"object": "list", "data": cards})
 
 
 @openai_endpoint
 @allow("GET")
 async def retrieve_model(request, model_id: str):
-    """GET /v1/models/{id} (ids may contain '/'): the served model or an alias, else 404."""
+    """GET /v1/models/{id} (ids may contain '/'): the served model, an alias or an adapter, else 404."""
     rt = runtime.get_runtime(wait=False)
-    created = rt.created if rt else int(time.time())
-    return JsonResponse(find_model(model_id, runtime.served_model_name(), created))
+    if rt is None:
+        return JsonResponse(find_model(model_id, runtime.served_model_name(), int(time.time())))
+    return JsonResponse(find_model(model_id, rt.model_id, rt.created, str(rt.model_path), rt.adapters,
+                                   cache_salt_of(request)))
 
 
 @openai_endpoint(generates=True)

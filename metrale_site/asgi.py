@@ -32,6 +32,8 @@ from inference import runtime  # noqa: E402
 from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
 from inference.error_shapes import shape_for_path  # noqa: E402
 
+from . import spooled_body  # noqa: E402
+
 
 class LimitedRequest(http_protocol.WebRequest):
     """daphne's request with the body limit applied where the body arrives, and form bodies left alone.
@@ -42,7 +44,8 @@ class LimitedRequest(http_protocol.WebRequest):
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
     the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
-    connection closes. And twisted parses multipart and urlencoded POST bodies itself,
+    connection closes. A body twisted spooled to a file reaches the application as it reads it
+    (spooled_body.py), not queued whole. And twisted parses multipart and urlencoded POST bodies itself,
     answering one it cannot parse with a bare `400` and no body: the application reads bodies here.
     """
 
@@ -84,6 +87,11 @@ class LimitedRequest(http_protocol.WebRequest):
         if not self._refused:
             return super().requestReceived(command, path, version)
         self._answer_too_large(path)
+
+    def process(self):
+        if spooled_body.is_spooled(self.content):  # fed as the application reads, not queued whole
+            spooled_body.hand_over(self)
+        return super().process()
 
     def _answer_too_large(self, path: bytes):
         if self._answered or self.channel is None:  # answered already (Expect: 100-continue)

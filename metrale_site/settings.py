@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "responses_api",
     "batches",
     "anthropic_api",
+    "adapters",
     "console",
 ]
 
@@ -115,9 +116,11 @@ else:
 # The channel layer: the dashboard's websocket and operator commands between replicas
 # (inference/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
 # replica's dashboard reaches every other replica.
+# channels-redis waits for messages with BZPOPMIN for up to 5 s; redis-py (8.x) gives up reading a
+# socket after 5 s by default, which ended every such wait with a TimeoutError: reads get 30 s here.
 if _redis_url:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [_redis_url],
+                                  "CONFIG": {"hosts": [{"address": _redis_url, "socket_timeout": 30}],
                                              "prefix": envstr("METRALE_CACHE_KEY_PREFIX", "metrale") + ":asgi"}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
@@ -175,8 +178,20 @@ METRALE = {
     "SERVED_MODEL_NAME": envstr("METRALE_SERVED_MODEL_NAME"),
     # Other names the served model answers to (comma-separated), like vLLM's extra served model names.
     "MODEL_ALIASES": envlist("METRALE_MODEL_ALIASES"),
-    # Accept any `model` name in requests (as llama.cpp's server does); off: other names are a 404.
-    "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", True),
+    # Accept any `model` name in requests (as llama.cpp's server does: it reaches the base model).
+    # Off (the default, as OpenAI and vLLM): another name is a 404 model_not_found, so a client
+    # asking for an adapter or a swapped-out model never silently gets the base.
+    "ACCEPT_ANY_MODEL_NAME": envbool("METRALE_ACCEPT_ANY_MODEL_NAME", False),
+    # LoRA adapters loaded at startup: name=path pairs, comma-separated (also `serve --lora`).
+    "LORA_ADAPTERS": envlist("METRALE_LORA_ADAPTERS"),
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (operators only) exist only when on.
+    "ALLOW_RUNTIME_LORA": envbool("METRALE_ALLOW_RUNTIME_LORA", False),
+    # Adapter slots resident at once (0: adapters off) and the largest rank an adapter may have
+    # (unset: EngineConfig's 4 and 64).
+    "MAX_LORAS": envint("METRALE_MAX_LORAS", None),
+    "MAX_LORA_RANK": envint("METRALE_MAX_LORA_RANK", None),
+    # Seconds between two reads of the served-model setting (manage.py swap_model, the admin).
+    "SWAP_POLL_S": envfloat("METRALE_SWAP_POLL_S", 2.0),
     # Sampling defaults used when neither the request nor the model's generation_config.json sets
     # a field, as a JSON object, e.g. {"temperature": 0.7, "top_p": 0.9}.
     "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),

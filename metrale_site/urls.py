@@ -18,6 +18,7 @@ urlpatterns = [
     path("", include("responses_api.urls")),
     path("", include("batches.urls")),
     path("", include("anthropic_api.urls")),
+    path("", include("adapters.urls")),
     *fallback_urlpatterns,
     # `v1/<path:rest>` needs a non-empty rest; the API's root answers in OpenAI's shape too (no redirect).
     path("v1", unknown_route),

@@ -156,6 +156,19 @@ class AsyncEngine:
             self._wake.set()
         return handle
 
+    def call(self, fn: Callable[[LLMEngine], object]) -> concurrent.futures.Future:
+        """Run fn(engine) on the engine thread between two steps (engine/lora_control.py loads and
+        unloads adapters this way); the future gets its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            fatal = self._fatal
+            if fatal is None:
+                self._commands.append(("call", None, (fn, future)))
+        if fatal is not None:
+            future.set_exception(RuntimeError(fatal))
+        self._wake.set()
+        return future
+
     def fail_all(self, message: str) -> None:
         """End every request in flight with Failed(message) at the next step boundary, freeing
         their KV blocks (a server shutting down past its grace period ends them in-band this
@@ -235,6 +248,12 @@ class AsyncEngine:
             if seq is not None and not seq.is_finished:
                 self.engine.abort(seq, arg)
                 self._retire(seq)
+        elif kind == "call":
+            fn, future = arg
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # the caller's to handle
+                future.set_exception(exc)
         elif kind == "cancel":
             request_id, future = arg
             named = [h.seq for h in self._handles.values()
@@ -308,7 +327,7 @@ class AsyncEngine:
             self._fatal = message
             queued = [handle for kind, handle, _ in self._commands if kind == "add"]
             waiting = [arg if kind == "snapshot" else arg[1] for kind, _, arg in self._commands
-                       if kind in ("snapshot", "cancel")]
+                       if kind in ("snapshot", "cancel", "call")]
             self._commands.clear()
         for future in waiting:  # an operator's call waiting on the loop gets the reason, not silence
             if not future.done():

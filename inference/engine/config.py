@@ -121,6 +121,8 @@ class EngineConfig:
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
     EngineOverloaded (0: unbounded).
+    max_loras: LoRA adapter slots resident at once (0: no adapters); max_lora_rank: the largest
+    rank an adapter may have.
     speculative: auto | on | off, speculative decoding from prompt lookup and Predicted Outputs
     (speculative.py: "auto" drafts while it pays); speculative_draft_tokens: the most draft tokens
     per sequence and step; speculative_ngram_max / _min: the n-gram sizes prompt lookup matches;
@@ -153,6 +155,8 @@ class EngineConfig:
     num_threads: int | None = None
     step_log: bool = False
     max_waiting_requests: int = 0
+    max_loras: int = 4
+    max_lora_rank: int = 64
     speculative: str = "auto"
     speculative_draft_tokens: int = 8
     speculative_ngram_max: int = 4
@@ -185,6 +189,8 @@ class EngineConfig:
             raise ConfigError("kv_cache_fraction must be in (0, 1]")
         if self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_loras < 0 or self.max_lora_rank <= 0:
+            raise ConfigError("max_loras must be >= 0 and max_lora_rank positive")
         if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
             raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
         if self.max_waiting_requests < 0:

@@ -11,6 +11,8 @@ import torch
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
+from .layers.lora import LoraSlots
+from .lora import LoraAdapter
 from .model_folder import ModelFolder
 from .model_runner import ModelRunner, RunResult
 from .models.loader import load_model
@@ -89,6 +91,8 @@ class LLMEngine:
         # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
         self.speculator = Speculator(config.speculative_config(), exact=self.runner.fused is not None)
         self.scheduler.speculator = self.speculator
+        self.loras = LoraSlots(model, config.max_loras, self.runner.fused) if config.max_loras else None
+        self.runner.lora = self.loras
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=10000)
         # Where step time goes, in seconds summed over all steps (see bench's per-step report).
         self.phase_s = dict.fromkeys(("schedule", "prepare", "forward", "sample", "postprocess"), 0.0)
@@ -139,6 +143,8 @@ class LLMEngine:
         rid = request_id or request.request_id or "req"
         try:
             seq = self._admit(request, rid, deadline)
+        except RequestRejected:
+            raise
         except Exception as exc:
             raise RequestRejected(f"the request's parameters cannot be used: {exc}") from exc
         if arrival_time is not None:
@@ -147,11 +153,46 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
+    def add_lora(self, adapter: LoraAdapter, replace: bool = False) -> None:
+        """Make a LoRA adapter (lora.load_adapter) resident for new requests naming it; with `replace`,
+        the adapter loaded under its name keeps serving its requests in flight and then goes.
+        Raises ValueError when adapters are off (max_loras 0), the name is loaded and not
+        `replace`, or every slot is taken."""
+        if self.loras is None:
+            raise ValueError("LoRA adapters are off (METRALE_MAX_LORAS is 0)")
+        self.collect_loras()
+        self.loras.add(adapter, replace)
+
+    def remove_lora(self, name: str) -> None:
+        """New requests can no longer name `name`; its slot is freed once its requests in flight end.
+        Raises KeyError for a name that is not loaded."""
+        if self.loras is None or name not in self.loras.by_name:
+            raise KeyError(name)
+        self.loras.remove(name)
+        self.collect_loras()
+
+    def collect_loras(self) -> None:
+        """Free the slots of removed adapters that no waiting or running sequence uses."""
+        if self.loras is not None and self.loras.retired:
+            live = self.scheduler.running + list(self.scheduler.waiting)
+            self.loras.collect({seq.lora.slot for seq in live if seq.lora is not None})
+
+    def _lora_for(self, name: str | None) -> LoraAdapter | None:
+        if name is None:
+            return None
+        adapter = self.loras.by_name.get(name) if self.loras is not None else None
+        if adapter is None:
+            raise RequestRejected(f"the LoRA adapter {name!r} is not loaded")
+        return adapter
+
     def _admit(self, request: EngineRequest, rid: str, deadline: float | None) -> Sequence:
         vocab_size = self.model_config.vocab_size
         params = request.params.for_engine(vocab_size)
-        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline,
-                       cache_salt=request.cache_salt, priority=request.priority)
+        lora = self._lora_for(request.lora_name)
+        # The adapter (this load of it) is part of the prefix-cache key: its KV is its own.
+        salt = request.cache_salt if lora is None else f"{request.cache_salt}\x00lora:{lora.uid}"
+        seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline, cache_salt=salt,
+                       priority=request.priority, lora=lora)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         device = self.runner.device
@@ -190,6 +231,7 @@ class LLMEngine:
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
         outputs += self.scheduler.postprocess(batch, result)
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
+        self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)
         return outputs

@@ -71,6 +71,8 @@ class ModelRunner:
         self.fused_prefill = self.fused is not None and getattr(model, "compact_prefill", False) == getattr(
             model, "compact_decode", False)
         self.item_rows: list[int] = []
+        # layers/lora.LoraSlots once the engine installs adapter slots (each step's row groups).
+        self.lora = None
         self.draft_rows: dict[int, list[int]] = {}
         # Seconds the last execute() spent building tensors, in the forward (with the LM head) and sampling.
         self.last_phase_s: dict[str, float] = {}
@@ -152,6 +154,10 @@ class ModelRunner:
                                               computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        if self.lora is not None:
+            spans = [(seq, item_rows[i], n + len(batch.drafts.get(i) or ()))
+                     for i, (seq, n) in enumerate(batch.items)]
+            self.lora.begin_step(spans, len(ids), meta.num_decodes if self.fused is not None else 0)
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()

@@ -18,6 +18,7 @@ class EngineRequest:
     timeout_s: seconds from submission after which it ends with finish reason "timeout"
     (None: no deadline). cache_salt: prefix-cache blocks are shared only between requests with
     the same salt (the tenant's), so one tenant's cached prompt never serves another.
+    lora_name: the resident LoRA adapter to run with (None: the base model).
     prediction_token_ids: a Predicted Output's token ids (OpenAI's `prediction`): the engine
     drafts from them (speculative.py); the output is what it would be without them.
     priority: 0 for interactive work; higher values (batch lines: BATCH_PRIORITY) are admitted
@@ -30,6 +31,7 @@ class EngineRequest:
     request_id: str | None = None
     timeout_s: float | None = None
     cache_salt: str = ""
+    lora_name: str | None = None
     prediction_token_ids: list[int] | None = None
     priority: int = 0
 

@@ -58,6 +58,8 @@ class Sequence:
     prompt_logprobs: list | None = None
     # reasoning.ReasoningTracker while params.reasoning is set: the budget and the grammar read this one.
     reasoning: object = None
+    # lora.LoraAdapter the sequence runs with (resident in a slot), or None for the base model.
+    lora: object = None
     # speculative.SpecState while the engine may draft for it (None: it decodes one token a step).
     spec: object = None
     # The output ended in a repeated pattern (repetition.py): finish_reason "stop", metrics' "repetition".
@@ -92,4 +94,4 @@ class Sequence:
         ttft = self.first_token_time - self.arrival_time if self.first_token_time is not None else None
         return Finished(self.finish_reason or "stop", self.num_prompt_tokens, self.num_output_tokens, ttft,
                         time.monotonic() - self.arrival_time, self.num_cached_tokens, self.prompt_logprobs,
-                        self.stopped_by_repetition)
+                        repetition=self.stopped_by_repetition)

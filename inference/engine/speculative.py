@@ -27,14 +27,15 @@ MODES = ("auto", "on", "off")
 
 @dataclass(slots=True)
 class SpeculativeConfig:
-    """The speculation knobs (EngineConfig.speculative_*). Raises ValueError on a bad value."""
+    """The speculation knobs, as EngineConfig.speculative_config() gives them (their defaults live there).
+    Raises ValueError on a bad value."""
 
-    mode: str = "auto"
-    num_draft_tokens: int = 8
-    ngram_max: int = 4
-    ngram_min: int = 2
-    max_batch: int = 8
-    min_acceptance: float = 0.3
+    mode: str
+    num_draft_tokens: int
+    ngram_max: int
+    ngram_min: int
+    max_batch: int
+    min_acceptance: float
 
     def __post_init__(self):
         if self.mode not in MODES:

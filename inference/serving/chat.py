@@ -43,7 +43,8 @@ def generation_request(req: dict) -> GenerationRequest:
         n=req.get("n") or 1, max_tokens=ChatCompletionRequest.max_tokens_of(req), sampling=req,
         logprobs=(req.get("top_logprobs") or 0) if req.get("logprobs") else None,
         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
-        structured=requested_grammar(req), timeout_s=req.get("timeout"), prediction=req.get("prediction"))
+        structured=requested_grammar(req), timeout_s=req.get("timeout"), prediction=req.get("prediction"),
+        beam=req.get("beam"))
 
 
 class ChatWire:
@@ -77,7 +78,8 @@ class ChatWire:
         p = self.prepared
         enc = ChatChunkEncoder(self.completion_id, p.model, include_usage=self.include_usage,
                                continuous_usage=self.continuous_usage, created=p.created,
-                               service_tier=self.service_tier, return_token_ids=self.return_token_ids)
+                               service_tier=self.service_tier, return_token_ids=self.return_token_ids,
+                               fingerprint=p.fingerprint)
         assemblers = [ChatCompletionAssembler(i) for i in range(len(run))]
         for i in range(len(run)):
             yield sse(enc.role_chunk(i, p.prompt_ids[0] if self.return_token_ids and i == 0 else None))
@@ -116,7 +118,7 @@ class ChatWire:
               token_ids: list[list[int]] | None = None) -> dict:
         p = self.prepared
         body = chat_completion_body(self.completion_id, p.model, p.created, [a.choice() for a in assemblers],
-                                    run.usage)
+                                    run.usage, p.fingerprint)
         if self.service_tier is not None:
             body["service_tier"] = self.service_tier
         if token_ids is not None:

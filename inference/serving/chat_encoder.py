@@ -30,9 +30,10 @@ class ChatChunkEncoder:
 
     def __init__(self, completion_id: str, model: str, *, include_usage: bool = False,
                  continuous_usage: bool = False, created: int | None = None, service_tier: str | None = None,
-                 return_token_ids: bool = False):
+                 return_token_ids: bool = False, fingerprint: str | None = None):
         self.id = completion_id
         self.model = model
+        self.fingerprint = fingerprint
         self.created = created or int(time.time())
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
@@ -43,7 +44,7 @@ class ChatChunkEncoder:
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "system_fingerprint": None, "choices": choices}
+                 "system_fingerprint": self.fingerprint, "choices": choices}
         if self.service_tier is not None:
             chunk["service_tier"] = self.service_tier
         if usage is not None:
@@ -148,7 +149,8 @@ class ChatCompletionAssembler:
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
-def chat_completion_body(completion_id: str, model: str, created: int, choices: list[dict], usage: Usage) -> dict:
+def chat_completion_body(completion_id: str, model: str, created: int, choices: list[dict], usage: Usage,
+                         fingerprint: str | None = None) -> dict:
     """The blocking `chat.completion` object."""
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": None, "choices": choices, "usage": usage.to_openai()}
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage.to_openai()}

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from inference.request_context import current_record
 
+from .beam_search import BeamChoices
 from .deltas import Error, Finish, StreamDelta, Usage
 from .pipeline import Generation
 
@@ -32,7 +33,9 @@ class Choices:
         if self._record is not None:
             self._record.attach(self)
         try:
-            for gen in prepared.inputs:
+            if getattr(prepared, "beam", None) is not None:
+                self.generations = BeamChoices(engine, tokenizer, prepared).generations
+            for gen in prepared.inputs if not self.generations else ():
                 self.generations.append(Generation(engine, tokenizer, gen))
         except BaseException:
             self.abort()

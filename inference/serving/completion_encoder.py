@@ -13,9 +13,11 @@ from .deltas import Usage
 class CompletionChunkEncoder:
     """Builds one response's chunk dicts. `continuous_usage` adds the running usage to every chunk."""
 
-    def __init__(self, completion_id: str, model: str, created: int, *, continuous_usage: bool = False):
+    def __init__(self, completion_id: str, model: str, created: int, *, continuous_usage: bool = False,
+                 fingerprint: str | None = None):
         self.id = completion_id
         self.model = model
+        self.fingerprint = fingerprint
         self.created = created
         self.continuous_usage = continuous_usage
 
@@ -26,7 +28,7 @@ class CompletionChunkEncoder:
         if token_ids is not None:
             choice["token_ids"] = token_ids
         body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": [choice]}
+                "system_fingerprint": self.fingerprint, "choices": [choice]}
         if self.continuous_usage and usage is not None:
             body["usage"] = usage.to_openai()
         return body
@@ -34,10 +36,11 @@ class CompletionChunkEncoder:
     def usage_chunk(self, usage: Usage) -> dict:
         """The include_usage chunk: `choices: []` and the whole request's usage."""
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": [], "usage": usage.to_openai()}
+                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage.to_openai()}
 
 
-def completion_body(completion_id: str, model: str, created: int, choices: list[dict], usage: Usage) -> dict:
+def completion_body(completion_id: str, model: str, created: int, choices: list[dict], usage: Usage,
+                    fingerprint: str | None = None) -> dict:
     """The blocking `text_completion` object."""
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": None, "choices": choices, "usage": usage.to_openai()}
+            "system_fingerprint": fingerprint, "choices": choices, "usage": usage.to_openai()}

@@ -43,7 +43,7 @@ def generation_request(req: dict) -> GenerationRequest:
         sampling=req, logprobs=logprobs,
         prompt_logprobs=logprobs if req["echo"] and logprobs is not None else None,
         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
-        structured=requested_grammar(req), timeout_s=req.get("timeout"))
+        structured=requested_grammar(req), timeout_s=req.get("timeout"), beam=req.get("beam"))
 
 
 class CompletionWire:
@@ -75,7 +75,8 @@ class CompletionWire:
         """SSE frames: per choice its echo (if asked), text chunks and a finish chunk; then the usage chunk
         if asked and [DONE]. An engine error is sent in-band as data: {"error": ...} then [DONE]."""
         p = self.prepared
-        enc = CompletionChunkEncoder(self.completion_id, p.model, p.created, continuous_usage=self.continuous_usage)
+        enc = CompletionChunkEncoder(self.completion_id, p.model, p.created, continuous_usage=self.continuous_usage,
+                                     fingerprint=p.fingerprint)
         defer = self.echo and self.logprobs
         held: dict[int, list[bytes]] = {j: [] for j in range(len(run))}
         legacy = [LegacyLogprobs(len(self._prompt_text(j)) if self.echo else 0) for j in range(len(run))]
@@ -150,4 +151,4 @@ class CompletionWire:
                 choice["prompt_token_ids"] = p.prompt_ids[p.prompt_of(j)]
                 choice["token_ids"] = token_ids[j]
             out.append(choice)
-        return completion_body(self.completion_id, p.model, p.created, out, run.usage)
+        return completion_body(self.completion_id, p.model, p.created, out, run.usage, p.fingerprint)

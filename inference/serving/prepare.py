@@ -112,6 +112,8 @@ class GenerationRequest:
     priority: int = 0
     # A Predicted Output's text (chat's `prediction`): the engine drafts from its tokens.
     prediction: str | None = None
+    # beam_search.BeamSpec: the choices come from one beam search (blocking requests only).
+    beam: object = None
 
 
 @dataclass(slots=True)
@@ -130,6 +132,10 @@ class Prepared:
     prompt_texts: list[str]
     inputs: list[GenerationInput]
     messages: list[dict] | None = None
+    # beam_search.BeamSpec when the choices are a beam search's best beams (None: each choice its own request).
+    beam: object = None
+    # The system_fingerprint of the model (and adapter) that answers (Runtime.fingerprint_of).
+    fingerprint: str | None = None
 
     def prompt_of(self, choice: int) -> int:
         """The index of the prompt choice `choice` continues."""
@@ -233,7 +239,7 @@ async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
     truncation), for counting (Anthropic's count_tokens). Raises ApiError as `prepare` does for the
     model name and the template, and 400 for a prompt longer in characters than the context could
     hold."""
-    check_model(greq.model, rt.model_id)
+    check_model(greq.model, rt.model_id, rt.adapters)
     _, _, ids = await cpu_work(_render_and_tokenize, rt, greq, rt.engine.max_request_tokens, 1)
     return ids
 
@@ -248,7 +254,9 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     ids, a prompt longer than the context in characters or, with max_tokens, in tokens
     (context_length_exceeded, naming `greq.param` and the numbers), an invalid grammar or schema.
     """
-    check_model(greq.model, rt.model_id)
+    lora = check_model(greq.model, rt.model_id, rt.adapters, cache_salt)
+    if lora is not None:
+        rt.adapter_requests[lora] += 1
     limit = rt.engine.max_request_tokens
     tok = rt.tokenizer
     setup = text_setup(rt, greq.tools, greq.tool_choice, greq.parallel_tool_calls, greq.thinking,
@@ -281,11 +289,13 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                                      seed_offset=i, reasoning=reasoning, structured=structured)
             j = len(inputs)
             request = EngineRequest(ids, params, f"{request_id}-{j}" if request_id else None, timeout_s, cache_salt,
-                                    priority=greq.priority, prediction_token_ids=prediction_ids)
+                                    priority=greq.priority, prediction_token_ids=prediction_ids,
+                                    lora_name=lora)
             inputs.append(GenerationInput(request, stop=greq.stop,
                                           include_stop_str_in_output=greq.include_stop_str_in_output,
                                           text=text_spec))
-    return Prepared(rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages)
+    return Prepared(lora or rt.model_id, int(time.time()), greq.n, prompt_ids, prompt_texts, inputs, messages,
+                    beam=greq.beam, fingerprint=rt.fingerprint_of(lora))
 
 
 __all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare", "prompt_ids"]

@@ -17,6 +17,7 @@ from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, 
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .json_body import parse_json_body
 from .messages import normalize_messages
+from .beam_search import MAX_BEAMS, beam_spec
 from .prediction import prediction_text
 from .structured import check_request as check_structured_request
 from .thinking import REASONING_EFFORTS, ThinkingField
@@ -119,10 +120,16 @@ class GenerationRequest(SamplingExtensions):
     service_tier = StringField(**opt(choices=SERVICE_TIERS))
     response_format = ObjectField(**opt())
     structured_outputs = ObjectField(**opt())
+    # Beam search (serving/beam_search.py): vLLM's use_beam_search, length_penalty, early_stopping, and the width.
+    use_beam_search = BooleanField(required=False, default=False)
+    num_beams = IntegerField(**opt(low=1, high=MAX_BEAMS))
+    length_penalty = NumberField(**opt(low=-10, high=10))
+    early_stopping = BooleanField(required=False, default=False)
 
     def validate(self, attrs):
         """Cross-field rules: stream_options needs stream (vLLM answers 400 too); min_tokens <= max_tokens;
-        response_format / structured_outputs well formed and at most one of them (structured.check_request)."""
+        response_format / structured_outputs well formed and at most one of them (structured.check_request).
+        Subclasses then set attrs["beam"] (beam_search.beam_spec: its own 400s)."""
         if attrs.get("stop") is None:
             attrs["stop"] = []
         if attrs.get("stream_options") is not None and not attrs["stream"]:
@@ -193,6 +200,7 @@ class ChatCompletionRequest(GenerationRequest):
         check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
         attrs["prediction"] = prediction_text(attrs.get("prediction"),
                                               {**attrs, "functions": self.initial_data.get("functions")})
+        attrs["beam"] = beam_spec(attrs)
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")
         if attrs.get("modalities") and set(attrs["modalities"]) != {"text"}:
@@ -244,6 +252,11 @@ class CompletionRequest(GenerationRequest):
             raise bad_request("'best_of' cannot be used with 'stream'.", "best_of")
         if attrs.get("suffix") and attrs["echo"]:
             raise bad_request("'echo' cannot be used with 'suffix'.", "echo")
+        attrs["beam"] = beam_spec(attrs)
+        if attrs["beam"] is not None and len(attrs["prompt"]) > 1:
+            raise bad_request("'use_beam_search' takes one prompt.", "prompt")
+        if attrs["beam"] is not None and attrs["echo"]:
+            raise bad_request("'echo' cannot be used with 'use_beam_search'.", "echo")
         return attrs
 
 

@@ -56,7 +56,7 @@ def tokenize(raw_body: bytes, rt) -> dict:
     Raises ApiError 400 on bad input or a text longer than the context could hold in characters
     (prepare.check_prompt_chars), 404 on a bad model."""
     req = validate(TokenizeRequest, parse_json_body(raw_body))
-    check_model(req["model"], rt.model_id)
+    check_model(req["model"], rt.model_id, rt.adapters)
     tok = rt.tokenizer
     if req.get("messages") is not None:
         text = render_chat(tok, req, resolve_thinking(req))
@@ -75,6 +75,6 @@ def tokenize(raw_body: bytes, rt) -> dict:
 def detokenize(raw_body: bytes, rt) -> dict:
     """The text of token ids (special tokens kept). Raises ApiError 400 for ids outside the vocabulary."""
     req = validate(DetokenizeRequest, parse_json_body(raw_body))
-    check_model(req["model"], rt.model_id)
+    check_model(req["model"], rt.model_id, rt.adapters)
     check_token_ids(req["tokens"], rt.tokenizer.vocab_size, "tokens")
     return {"prompt": rt.tokenizer.decode(req["tokens"], skip_special_tokens=False)}

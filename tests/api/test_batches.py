@@ -72,7 +72,7 @@ def test_lines_run_at_batch_priority_and_interactive_requests_at_zero(fake_rt, a
 
 def test_completions_lines_equal_the_endpoints_body(fake_rt, as_tenant):
     tc = as_tenant()
-    body = {"model": "m", "prompt": "Once", "max_tokens": 4}
+    body = {"model": "smollm2-135m-instruct", "prompt": "Once", "max_tokens": 4}
     batch = batch_of(tc, jsonl({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": body}),
                      endpoint="/v1/completions")
     assert run_batch(fake_rt, batch["id"]) == "completed"
@@ -283,3 +283,55 @@ def test_on_shutdown_a_run_stops_unfinished_and_the_next_owner_finishes_it(fake_
     assert run_batch(fake_rt, batch["id"]) == "completed"
     assert tc.get(f"/v1/batches/{batch['id']}").json()["request_counts"] == {"total": 8, "completed": 8,
                                                                                "failed": 0}
+
+
+def test_batch_usage_is_in_the_admin_per_tenant_and_day(fake_rt, as_tenant, admin_client):
+    tc = as_tenant("acme")
+    batch = batch_of(tc, jsonl(chat_line("a"), chat_line("b")))
+    run_batch(fake_rt, batch["id"])
+    usage = BatchUsage.objects.get(tenant=tc.tenant)
+    page = admin_client.get("/admin/batches/batchusage/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "acme" in html and str(usage.total_tokens) in html
+    assert admin_client.get(f"/admin/batches/batch/{batch['id']}/change/").status_code == 200
+
+
+def test_the_purge_deletes_expired_files_with_their_content_and_ended_batches(fake_rt, as_tenant):
+    import os
+
+    from batches.housekeeping import purge_expired
+    from batches.models import StoredFile
+
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))
+    run_batch(fake_rt, batch["id"])
+    live = batch_of(tc, jsonl(chat_line("b")))  # still validating: kept
+    paths = [f.content.path for f in StoredFile.objects.all()]
+    past = timezone.now() - timedelta(seconds=1)
+    StoredFile.objects.update(expires_at=past)
+    Batch.objects.update(expires_at=past)
+    assert purge_expired() == {"files": len(paths), "batches": 1}
+    assert not StoredFile.objects.exists() and not any(os.path.exists(p) for p in paths)
+    assert list(Batch.objects.values_list("id", flat=True)) == [live["id"]]
+
+
+def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant, monkeypatch):
+    from batches import execution, runner
+    from inference import runtime
+
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))
+    monkeypatch.setattr(runtime, "get_runtime", lambda wait=True: fake_rt)
+    monkeypatch.setattr(execution.heartbeat, "start", lambda: None)
+
+    async def broken(batch_id, rt):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(runner, "run_batch", broken)
+    with pytest.raises(RuntimeError):
+        execution.run_here(batch["id"])
+    assert Batch.objects.get(pk=batch["id"]).worker is None
+    handed = []
+    monkeypatch.setattr(execution.embedded, "submit", handed.append)
+    assert execution.hand_on_orphans() == 1 and handed == [batch["id"]]

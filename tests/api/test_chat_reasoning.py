@@ -25,7 +25,7 @@ def thinking_rt(fake_rt, monkeypatch):
 
 
 def chat(**body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, **body})
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, **body})
 
 
 def prompt_of(rt, i=-1) -> str:

@@ -9,7 +9,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def chat(**body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, **body})
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, **body})
 
 
 def choice_chunks(events, index=0):
@@ -252,6 +252,8 @@ def test_token_ids_outside_the_vocabulary_are_a_400(fake_rt):
 
 
 def test_model_names_the_served_id_and_aliases_and_any_name_when_allowed(fake_rt, settings):
+    assert chat(model="anything").status == 404  # off by default
+    settings.METRALE = {**settings.METRALE, "ACCEPT_ANY_MODEL_NAME": True}
     assert chat(model="anything").status == 200
     assert chat(model="anything").json()["model"] == "smollm2-135m-instruct"
     settings.METRALE = {**settings.METRALE, "ACCEPT_ANY_MODEL_NAME": False, "MODEL_ALIASES": ["org/smol"]}

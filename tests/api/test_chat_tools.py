@@ -20,7 +20,7 @@ ARGS = {"city": "Paris", "days": 3}
 
 
 def chat(**body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, "tools": [WEATHER], **body})
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "tools": [WEATHER], **body})
 
 
 def chunks(events):
@@ -192,5 +192,5 @@ def test_the_tool_call_parser_setting_is_honoured(fake_rt, settings, tool_parser
 
 def test_without_tools_smollm2_output_is_content_as_generated(fake_rt):
     fake_rt.engine.script = reply(fake_rt.tokenizer, CALL)
-    body = call("POST", "/v1/chat/completions", {"model": "m", "messages": USER}).json()
+    body = call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER}).json()
     assert body["choices"][0]["message"]["content"] == CALL

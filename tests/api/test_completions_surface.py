@@ -3,7 +3,7 @@ from .fake_engine import call, reply
 
 
 def complete(**body):
-    return call("POST", "/v1/completions", {"model": "m", **body})
+    return call("POST", "/v1/completions", {"model": "smollm2-135m-instruct", **body})
 
 
 def test_a_string_prompt_gives_a_text_completion(fake_rt):

@@ -78,7 +78,7 @@ def test_a_staff_user_gets_snapshots_of_a_running_request_and_cancels_it(real_rt
         assert (await communicator.connect())[0]
         first = await receive(communicator, "snapshot")
         req = await request("POST", "/v1/chat/completions", {
-            "model": "m", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True},
+            "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True},
             headers={"x-request-id": "req_dash"}).start()
         await req.chunk()
         running = await receive(communicator, "snapshot", where=lambda m: m["running"])

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from inference.serving.fields import INT64_MAX, INT64_MIN
-from tests.fuzz.routes import ROUTES, context_for, declared_fields, nested, numeric_fields
+from tests.fuzz.routes import ROUTES, body_for, declared_fields, numeric_fields
 
 from .fake_engine import call
 
@@ -47,7 +47,7 @@ def past_the_bounds(limits: dict) -> list:
 @pytest.mark.parametrize("route, name, limits", NUMERIC, ids=[f"{r.path}:{n}" for r, n, _ in NUMERIC])
 def test_a_number_past_its_range_is_a_400_naming_the_field(fake_rt, route, name, limits):
     for value in past_the_bounds(limits):
-        body = {**route.base, **context_for(name, route), **nested(name, value)}
+        body = body_for(route, name, value)
         answer = call("POST", route.path, body)
         assert answer.status == 400, (name, value, answer.body[:300])
         assert_names(route, answer, name, value)
@@ -92,7 +92,7 @@ TYPED = [(route, name, kind) for route in ROUTES for name, field in declared_fie
 @pytest.mark.parametrize("route, name, kind", TYPED, ids=[f"{r.path}:{n}" for r, n, _ in TYPED])
 def test_a_value_of_the_wrong_json_type_is_a_400_naming_the_field(fake_rt, route, name, kind):
     for value in WRONG[kind]:
-        body = {**route.base, **context_for(name, route), **nested(name, value)}
+        body = body_for(route, name, value)
         answer = call("POST", route.path, body)
         assert answer.status == 400, (name, value, answer.body[:300])
         assert_names(route, answer, name, value)

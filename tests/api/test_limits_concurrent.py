@@ -50,7 +50,7 @@ def test_32_at_once_against_a_limit_of_5_admit_exactly_5(fake_rt, cache_backend,
         gate = asyncio.Event()
         monkeypatch.setattr(engine, "submit", lambda request: GatedHandle(
             submit(request).events, gate))
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+        body = json.dumps({"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}],
                            "max_tokens": 4, "stream": True}).encode()
         headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
         requests = [AsgiRequest("POST", "/v1/chat/completions", headers, body)

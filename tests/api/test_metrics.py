@@ -17,7 +17,7 @@ LONG_SYSTEM = "You are a careful assistant who answers briefly. " * 8  # several
 
 
 def chat(max_tokens=3, **body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "max_tokens": max_tokens, "temperature": 0,
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "max_tokens": max_tokens, "temperature": 0,
                                                  "messages": [{"role": "user", "content": "Hi"}], **body})
 
 
@@ -93,7 +93,7 @@ def test_a_client_that_disconnects_is_an_abort_and_running_is_zero_at_once(real_
 
     async def go_away():
         req = await request("POST", "/v1/chat/completions", {
-            "model": "m", "max_tokens": 300, "stream": True, "ignore_eos": True,
+            "model": "smollm2-135m-instruct", "max_tokens": 300, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Tell me a long story."}]}).start()
         await req.chunk()
         await req.chunk()
@@ -115,7 +115,7 @@ def test_metrale_counts_http_requests_by_route_and_status(fake_rt):
     route = {"route": "v1/chat/completions", "method": "POST"}
     before = scrape()
     chat()
-    call("POST", "/v1/chat/completions", {"model": "m"})  # no messages: 400
+    call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct"})  # no messages: 400
     after = scrape()
     assert value(after, "metrale:http_requests_total", status="200", **route) - \
         value(before, "metrale:http_requests_total", status="200", **route) == 1

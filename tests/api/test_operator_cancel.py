@@ -42,7 +42,7 @@ async def stream_then_cancel(path: str, body: dict, request_id: str, chunks_firs
 def test_a_cancelled_chat_stream_ends_with_an_error_frame_then_done(real_rt):
     aborts = value(scrape(), "vllm:request_success_total", finished_reason="abort", **MODEL)
     body = asyncio.run(stream_then_cancel("/v1/chat/completions", {
-        "model": "m", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True}, "req_cancel_chat"))
+        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True}, "req_cancel_chat"))
     events = frames(body)
     assert events[-1] == (None, "[DONE]")
     _, error = events[-2]
@@ -56,7 +56,7 @@ def test_a_cancelled_chat_stream_ends_with_an_error_frame_then_done(real_rt):
 
 def test_a_cancelled_completion_stream_ends_with_an_error_frame_then_done(real_rt):
     body = asyncio.run(stream_then_cancel("/v1/completions", {
-        "model": "m", "prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True},
+        "model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True},
         "req_cancel_completion"))
     events = frames(body)
     assert events[-1] == (None, "[DONE]") and events[-2][1]["error"]["code"] == "cancelled"
@@ -64,7 +64,7 @@ def test_a_cancelled_completion_stream_ends_with_an_error_frame_then_done(real_r
 
 def test_a_cancelled_response_stream_ends_with_status_cancelled(real_rt):
     body = asyncio.run(stream_then_cancel("/v1/responses", {
-        "model": "m", "input": "Tell me a very long story.", "max_output_tokens": 400, "stream": True},
+        "model": "smollm2-135m-instruct", "input": "Tell me a very long story.", "max_output_tokens": 400, "stream": True},
         "req_cancel_response", chunks_first=4))
     name, last = frames(body)[-1]
     assert name == last["type"] == "response.incomplete"
@@ -73,7 +73,7 @@ def test_a_cancelled_response_stream_ends_with_status_cancelled(real_rt):
 
 def test_a_cancelled_messages_stream_ends_with_an_error_event(real_rt):
     body = asyncio.run(stream_then_cancel("/v1/messages", {
-        "model": "m", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4))
+        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4))
     name, last = frames(body)[-1]
     assert name == "error" and last["type"] == "error"
     assert not any(event == "message_stop" for event, _ in frames(body))
@@ -81,7 +81,7 @@ def test_a_cancelled_messages_stream_ends_with_an_error_event(real_rt):
 
 def test_a_cancelled_blocking_chat_is_a_500_not_to_be_retried(real_rt):
     async def scenario():
-        req = request("POST", "/v1/chat/completions", {"model": "m", "messages": STORY, "max_tokens": 400,
+        req = request("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400,
                                                        "ignore_eos": True}, headers={"x-request-id": "req_cancel_b"})
         task = asyncio.create_task(req.start(timeout_s=60))
         for _ in range(500):

@@ -16,7 +16,7 @@ def test_a_full_waiting_queue_is_a_503_with_retry_after(fake_rt, monkeypatch, pa
         raise EngineOverloaded("the server is at capacity: 8 requests are already waiting", retry_after_s=3)
 
     monkeypatch.setattr(fake_rt.engine, "submit", overloaded)
-    r = call("POST", path, {"model": "m", "stream": stream, **body})
+    r = call("POST", path, {"model": "smollm2-135m-instruct", "stream": stream, **body})
     assert r.status == 503
     assert r.headers["retry-after"] == "3"
     err = r.json()["error"]

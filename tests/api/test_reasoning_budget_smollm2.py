@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 def test_smollm2_reasoning_is_closed_by_the_engine_after_the_budget(real_rt):
     body = call("POST", "/v1/chat/completions", {
-        "model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "thinking_token_budget": 5, "max_tokens": 16, "temperature": 0, "ignore_eos": True}).json()
     message = body["choices"][0]["message"]
     close = real_rt.tokenizer.encode("</think>")

@@ -20,7 +20,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 def chat(**body):
-    return call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, **body})
+    return call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, **body})
 
 
 def specs(fake_rt) -> list:
@@ -55,9 +55,9 @@ def test_each_mode_becomes_its_spec(fake_rt, field, spec):
 
 
 def test_completions_take_response_format_and_structured_outputs(fake_rt):
-    r = call("POST", "/v1/completions", {"model": "m", "prompt": "x", "structured_outputs": {"choice": ["a", "b"]}})
+    r = call("POST", "/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "x", "structured_outputs": {"choice": ["a", "b"]}})
     assert r.status == 200, r.body
-    r = call("POST", "/v1/completions", {"model": "m", "prompt": ["x", "y"],
+    r = call("POST", "/v1/completions", {"model": "smollm2-135m-instruct", "prompt": ["x", "y"],
                                          "response_format": {"type": "json_object"}})
     assert r.status == 200, r.body
     assert specs(fake_rt) == [GrammarSpec.choice(["a", "b"])] + [GrammarSpec.json_schema({"type": "object"})] * 2

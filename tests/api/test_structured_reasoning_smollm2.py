@@ -19,7 +19,7 @@ SCHEMA = {"type": "object", "properties": {"capital": {"type": "string", "maxLen
 
 def test_the_schema_constrains_the_answer_after_the_reasoning(real_rt):
     body = call("POST", "/v1/chat/completions", {
-        "model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "thinking_token_budget": 5, "max_tokens": 40, "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}).json()
     message = body["choices"][0]["message"]

@@ -31,13 +31,13 @@ def test_rows_keyed_by_tenant_key_get_their_tenant_and_come_back(settings):
     conversations = old.get_model("responses_api", "Conversation")
     for rid, key in (("resp_d", "default"), ("resp_a", str(acme.pk)), ("resp_gone", "99999"),
                      ("resp_junk", "a")):
-        responses.objects.create(id=rid, tenant_key=key, model="m", created_at=now, expires_at=now)
+        responses.objects.create(id=rid, tenant_key=key, model="smollm2-135m-instruct", created_at=now, expires_at=now)
     old.get_model("responses_api", "ResponseItem").objects.create(
         response_id="resp_gone", position=0, direction="input", item_id="msg_1", type="message", data={})
     for cid, key in (("conv_a", str(acme.pk)), ("conv_gone", "99999")):
         conversations.objects.create(id=cid, tenant_key=key, created_at=now, expires_at=now)
     old.get_model("inference", "StoredChatCompletion").objects.create(
-        id="chatcmpl-old", model="m", response={"id": "chatcmpl-old"})
+        id="chatcmpl-old", model="smollm2-135m-instruct", response={"id": "chatcmpl-old"})
 
     new = migrate(None)
     responses = new.get_model("responses_api", "StoredResponse").objects.filter(

@@ -44,5 +44,5 @@ CHAT = [
 
 @pytest.mark.parametrize("fields, expected", CHAT, ids=[json.dumps(f)[:70] for f, _ in CHAT])
 def test_chat_tool_and_thinking_field(fake_rt, fields, expected):
-    check("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields},
+    check("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], **fields},
           expected)

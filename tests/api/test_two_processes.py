@@ -176,7 +176,7 @@ def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(da
 
         def create(max_output_tokens):
             return httpx.post(first + "/v1/responses", timeout=30, json={
-                "model": "m", "input": "Count from one to a thousand.", "background": True,
+                "model": "smollm2-135m-instruct", "input": "Count from one to a thousand.", "background": True,
                 "max_output_tokens": max_output_tokens, "ignore_eos": True}).json()["id"]
 
         finishing, running = create(40), create(2000)

@@ -11,7 +11,7 @@ OK = "ok"
 
 # (field values merged into a chat body, expected: OK or the 400's param)
 CHAT = [
-    ({"model": "any-name"}, OK), ({"model": ""}, OK), ({"model": 5}, "model"), ({"model": None}, "model"),
+    ({"model": "smollm2-135m-instruct"}, OK), ({"model": ""}, OK), ({"model": 5}, "model"), ({"model": None}, "model"),
     ({"messages": []}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": None}, "messages"),
     ({"messages": [5]}, "messages[0]"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -191,12 +191,12 @@ def check(path: str, body: dict, expected: str):
 
 @pytest.mark.parametrize("fields, expected", CHAT, ids=[json.dumps(f)[:60] for f, _ in CHAT])
 def test_chat_field(fake_rt, fields, expected):
-    check("/v1/chat/completions", {"model": "m", "messages": USER, **fields}, expected)
+    check("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, **fields}, expected)
 
 
 @pytest.mark.parametrize("fields, expected", COMPLETIONS, ids=[json.dumps(f)[:60] for f, _ in COMPLETIONS])
 def test_completions_field(fake_rt, fields, expected):
-    check("/v1/completions", {"model": "m", **fields}, expected)
+    check("/v1/completions", {"model": "smollm2-135m-instruct", **fields}, expected)
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", b"null", "{\"messages\": \"\u00e9\"}".encode("latin-1"),

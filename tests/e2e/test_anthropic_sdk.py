@@ -50,7 +50,7 @@ def test_create_and_the_stream_give_the_same_message(client):
 
 
 def test_a_forced_tool_call_validates_against_its_schema(client):
-    kwargs = {"model": "m", "max_tokens": 64, "tools": [WEATHER],
+    kwargs = {"model": "smollm2-135m-instruct", "max_tokens": 64, "tools": [WEATHER],
               "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
               "messages": [{"role": "user", "content": "What is the weather in Paris?"}], "extra_body": GREEDY}
     created = client.messages.create(**kwargs)
@@ -66,7 +66,7 @@ def test_a_forced_tool_call_validates_against_its_schema(client):
 
 
 def test_a_tool_result_round_trip(client):
-    first = client.messages.create(model="m", max_tokens=64, tools=[WEATHER],
+    first = client.messages.create(model="smollm2-135m-instruct", max_tokens=64, tools=[WEATHER],
                                    tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
                                    messages=[{"role": "user", "content": "Weather in Oslo?"}], extra_body=GREEDY)
     call = next(b for b in first.content if b.type == "tool_use")
@@ -74,29 +74,29 @@ def test_a_tool_result_round_trip(client):
                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                              "content": "It is 4 degrees C and snowing in Oslo."}]}]
-    answer = client.messages.create(model="m", max_tokens=8, tools=[WEATHER], messages=history, extra_body=GREEDY)
+    answer = client.messages.create(model="smollm2-135m-instruct", max_tokens=8, tools=[WEATHER], messages=history, extra_body=GREEDY)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    with_result = client.messages.count_tokens(model="m", tools=[WEATHER], messages=history).input_tokens
-    without = client.messages.count_tokens(model="m", tools=[WEATHER], messages=history[:2]).input_tokens
+    with_result = client.messages.count_tokens(model="smollm2-135m-instruct", tools=[WEATHER], messages=history).input_tokens
+    without = client.messages.count_tokens(model="smollm2-135m-instruct", tools=[WEATHER], messages=history[:2]).input_tokens
     assert with_result > without
 
 
 def test_a_stop_sequence_is_reported(client):
-    free = client.messages.create(model="m", max_tokens=24, messages=ASK, extra_body=GREEDY)
+    free = client.messages.create(model="smollm2-135m-instruct", max_tokens=24, messages=ASK, extra_body=GREEDY)
     words = text_of(free).split()
     assert len(words) >= 3
     stop = words[2]
-    stopped = client.messages.create(model="m", max_tokens=24, messages=ASK, extra_body=GREEDY, stop_sequences=[stop])
+    stopped = client.messages.create(model="smollm2-135m-instruct", max_tokens=24, messages=ASK, extra_body=GREEDY, stop_sequences=[stop])
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
     assert text_of(stopped) == text_of(free)[:text_of(free).index(stop)]
-    with client.messages.stream(model="m", max_tokens=24, messages=ASK, extra_body=GREEDY, stop_sequences=[stop]) as s:
+    with client.messages.stream(model="smollm2-135m-instruct", max_tokens=24, messages=ASK, extra_body=GREEDY, stop_sequences=[stop]) as s:
         streamed = s.get_final_message()
     assert (streamed.stop_reason, streamed.stop_sequence, text_of(streamed)) == \
         ("stop_sequence", stop, text_of(stopped))
 
 
 def test_count_tokens_equals_the_prompt_of_the_same_request(client):
-    kwargs = {"model": "m", "system": "You answer in one word.", "tools": [WEATHER],
+    kwargs = {"model": "smollm2-135m-instruct", "system": "You answer in one word.", "tools": [WEATHER],
               "messages": [{"role": "user", "content": "Capital of Peru, in one word, with a zebra?"}]}
     counted = client.messages.count_tokens(**kwargs).input_tokens
     usage = client.messages.create(max_tokens=4, **kwargs).usage
@@ -109,7 +109,7 @@ def test_a_second_claude_code_turn_reads_the_prefix_cache(client):
     def turn(cch: str, history: list[dict]):
         system = [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.154; cc_entrypoint=cli; cch={cch};"},
                   {"type": "text", "text": instructions, "cache_control": {"type": "ephemeral"}}]
-        return client.messages.create(model="m", max_tokens=8, system=system, messages=history, extra_body=GREEDY)
+        return client.messages.create(model="smollm2-135m-instruct", max_tokens=8, system=system, messages=history, extra_body=GREEDY)
 
     history = [{"role": "user", "content": "List the files in this folder, please, for turn one of many."}]
     first = turn("5f1a2", history)
@@ -120,19 +120,19 @@ def test_a_second_claude_code_turn_reads_the_prefix_cache(client):
 
 
 def test_sampling_fields_reach_the_server_through_extra_body(client):
-    message = client.messages.create(model="m", max_tokens=8, messages=ASK, extra_body={
+    message = client.messages.create(model="smollm2-135m-instruct", max_tokens=8, messages=ASK, extra_body={
         "top_k": 1, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3})
     assert message.usage.output_tokens > 0
 
 
 def test_sdk_errors_map_to_its_exceptions(client, metrale_server):
     with pytest.raises(anthropic.BadRequestError) as bad:
-        client.messages.create(model="m", max_tokens=8, messages=ASK, extra_body={"temperature": 3})
+        client.messages.create(model="smollm2-135m-instruct", max_tokens=8, messages=ASK, extra_body={"temperature": 3})
     assert bad.value.body["error"]["type"] == "invalid_request_error" and "temperature" in str(bad.value)
     assert bad.value.request_id and bad.value.request_id.startswith("req_")
     with_v1 = anthropic.Anthropic(base_url=metrale_server.url + "/v1", api_key="k", max_retries=0)
     with pytest.raises(anthropic.NotFoundError):
-        with_v1.messages.create(model="m", max_tokens=8, messages=ASK)
+        with_v1.messages.create(model="smollm2-135m-instruct", max_tokens=8, messages=ASK)
 
 
 def test_x_api_key_and_bearer_authenticate(auth_server):
@@ -140,15 +140,15 @@ def test_x_api_key_and_bearer_authenticate(auth_server):
     by_key = anthropic.Anthropic(base_url=auth_server.url, api_key=key, max_retries=0, timeout=120)
     by_token = anthropic.Anthropic(base_url=auth_server.url, auth_token=key, max_retries=0, timeout=120)
     for sdk in (by_key, by_token):
-        assert sdk.messages.count_tokens(model="m", messages=ASK).input_tokens > 0
+        assert sdk.messages.count_tokens(model="smollm2-135m-instruct", messages=ASK).input_tokens > 0
     wrong = anthropic.Anthropic(base_url=auth_server.url, api_key="mk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as denied:
-        wrong.messages.count_tokens(model="m", messages=ASK)
+        wrong.messages.count_tokens(model="smollm2-135m-instruct", messages=ASK)
     assert denied.value.body["error"]["type"] == "authentication_error"
 
 
 def test_the_raw_stream_frames_every_event(metrale_server):
-    body = {"model": "m", "max_tokens": 64, "stream": True, "tools": [WEATHER],
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 64, "stream": True, "tools": [WEATHER],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
             "messages": [{"role": "user", "content": "Weather in Rome?"}], **GREEDY}
     answer = httpx.post(metrale_server.url + "/v1/messages", json=body, timeout=120,

@@ -54,7 +54,7 @@ PROMPTS = [
 def test_it_batches_eight_concurrent_streams_with_the_same_output_as_alone(openai_client, metrale_server):
     def ask(prompt):
         stream = openai_client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=24, stream=True)
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=24, stream=True)
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     alone = [ask(p) for p in PROMPTS]
@@ -73,7 +73,7 @@ def test_it_batches_eight_concurrent_streams_with_the_same_output_as_alone(opena
 @pytest.mark.parametrize("body, param", [
     (b"{not json", None),
     (b"[1, 2]", None),
-    (json.dumps({"model": "m"}).encode(), "messages"),
+    (json.dumps({"model": "smollm2-135m-instruct"}).encode(), "messages"),
     (json.dumps({"messages": "hi"}).encode(), "messages"),
     (json.dumps({"messages": []}).encode(), "messages"),
     (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages[0].role"),
@@ -97,7 +97,7 @@ def test_it_answers_bad_input_with_400_in_openai_shape(metrale_server, body, par
 
 
 def test_it_drops_a_stream_from_the_batch_when_the_client_disconnects(metrale_server):
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 3000,
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 3000,
             "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", metrale_server.url + "/v1/chat/completions", json=body, timeout=60) as r:
         seen = 0

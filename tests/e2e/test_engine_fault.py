@@ -17,7 +17,7 @@ def test_the_process_exits_non_zero_within_seconds_when_the_engine_thread_dies(s
     try:
         server.wait_ready()
         started = time.monotonic()
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as r:
             text = r.read().decode()
         assert r.status_code == 200 and "injected engine-thread fault" in text  # an in-band error, not a hang

@@ -1,5 +1,5 @@
 """Predicted Outputs and repetition detection through the official openai SDK against a live daphne (SmolLM2,
-int8 decode: speculation in auto): the text with a prediction (exact, junk, partial) is the text without one;
+compact weights: speculation in auto): the text with a prediction (exact, junk, partial) is the text without one;
 accepted / rejected prediction tokens in blocking and streamed usage; the restrictions as 400s; a repeating
 output stopped."""
 import openai

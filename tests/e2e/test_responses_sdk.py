@@ -75,7 +75,7 @@ def test_a_streamed_response_ends_equal_to_the_blocking_one(openai_client):
 
 def test_retrieve_delete_and_paginated_input_items(openai_client):
     items = [{"role": "user", "content": f"Note {i}."} for i in range(5)]
-    r = openai_client.responses.create(model="m", input=items, max_output_tokens=4, temperature=0)
+    r = openai_client.responses.create(model="smollm2-135m-instruct", input=items, max_output_tokens=4, temperature=0)
     assert openai_client.responses.retrieve(r.id).output_text == r.output_text
 
     page = openai_client.responses.input_items.list(r.id, limit=2)
@@ -99,7 +99,7 @@ def test_conversations_through_the_sdk(openai_client):
         conv.id, items=[{"type": "message", "role": "assistant", "content": "Gladly."}])
     assert len(added.data) == 1
 
-    r = openai_client.responses.create(model="m", input=QUESTION, conversation=conv.id,
+    r = openai_client.responses.create(model="smollm2-135m-instruct", input=QUESTION, conversation=conv.id,
                                        max_output_tokens=16, temperature=0)
     assert r.conversation.id == conv.id
     items = list(openai_client.conversations.items.list(conv.id, order="asc"))
@@ -120,17 +120,17 @@ def test_conversations_through_the_sdk(openai_client):
 
 
 def test_a_three_turn_chain_with_a_function_call_keeps_the_context(openai_client, smollm2_dir):
-    first = openai_client.responses.create(model="m", input="My name is Ada.",
+    first = openai_client.responses.create(model="smollm2-135m-instruct", input="My name is Ada.",
                                            instructions="Be brief.", max_output_tokens=12,
                                            temperature=0)
     second = openai_client.responses.create(
-        model="m", previous_response_id=first.id, tools=[WEATHER_TOOL], max_output_tokens=12,
+        model="smollm2-135m-instruct", previous_response_id=first.id, tools=[WEATHER_TOOL], max_output_tokens=12,
         temperature=0, input=[
             {"role": "user", "content": "What's the weather in Paris?"},
             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
              "arguments": '{"city": "Paris"}'},
             {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 24C"}])
-    third = openai_client.responses.create(model="m", previous_response_id=second.id,
+    third = openai_client.responses.create(model="smollm2-135m-instruct", previous_response_id=second.id,
                                            input="What is my name?", max_output_tokens=12,
                                            temperature=0)
     # Turn 1's instructions are not carried over; SmolLM2's template ignores tool_calls, so the
@@ -152,7 +152,7 @@ def test_a_three_turn_chain_with_a_function_call_keeps_the_context(openai_client
 
 def test_a_disconnected_background_stream_resumes_after_the_last_event_seen(
         openai_client, metrale_server):
-    body = {"model": "m", "input": "Tell me a story about a lighthouse.", "background": True,
+    body = {"model": "smollm2-135m-instruct", "input": "Tell me a story about a lighthouse.", "background": True,
             "stream": True, "max_output_tokens": 48, "temperature": 0}
     with httpx.stream("POST", metrale_server.url + "/v1/responses", json=body, timeout=60) as r:
         seen = []
@@ -184,7 +184,7 @@ def test_a_disconnected_background_stream_resumes_after_the_last_event_seen(
 
 def test_a_background_response_is_polled_then_cancelled_and_stops_generating(
         openai_client, metrale_server):
-    r = openai_client.responses.create(model="m", input="Count to one thousand.",
+    r = openai_client.responses.create(model="smollm2-135m-instruct", input="Count to one thousand.",
                                        background=True, max_output_tokens=2000, temperature=0,
                                        extra_body={"ignore_eos": True})
     assert r.status == "queued" and r.background is True
@@ -208,7 +208,7 @@ def test_a_background_response_is_polled_then_cancelled_and_stops_generating(
 
 
 def test_deleting_a_running_background_response_stops_it(openai_client, metrale_server):
-    r = openai_client.responses.create(model="m", input="Count to one thousand.",
+    r = openai_client.responses.create(model="smollm2-135m-instruct", input="Count to one thousand.",
                                        background=True, max_output_tokens=2000,
                                        extra_body={"ignore_eos": True})
     wait_status(openai_client, r.id, {"in_progress"})
@@ -222,7 +222,7 @@ def test_deleting_a_running_background_response_stops_it(openai_client, metrale_
 
 
 def test_only_background_responses_can_be_cancelled(openai_client):
-    r = openai_client.responses.create(model="m", input="Hi", max_output_tokens=2)
+    r = openai_client.responses.create(model="smollm2-135m-instruct", input="Hi", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError) as info:
         openai_client.responses.cancel(r.id)
     assert "background" in info.value.message

@@ -21,7 +21,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def spec_engine(folder, mode, **kw):
-    """int8 decode weights: the compiled decode layers, where drafts are verified bitwise."""
+    """int8 weights: the compiled decode layers, where drafts are verified bitwise."""
     return make_engine(folder, weights="int8", speculative=mode, **kw)
 
 
@@ -187,7 +187,8 @@ def test_a_prediction_is_aligned_again_after_an_edit():
 
 
 def test_the_gate_pauses_a_sequence_whose_drafts_are_refused():
-    cfg = SpeculativeConfig(mode="auto", num_draft_tokens=8, min_acceptance=0.3)
+    cfg = SpeculativeConfig(mode="auto", num_draft_tokens=8, ngram_max=4, ngram_min=2, max_batch=8,
+                            min_acceptance=0.3)
     state = SpecState(cfg, None)
     state.record(cfg, 1, 1)
     assert state.window == 2
@@ -195,7 +196,7 @@ def test_the_gate_pauses_a_sequence_whose_drafts_are_refused():
         state.record(cfg, 2, 0)
     assert state.pause > 0 and state.window == 1
     with pytest.raises(ValueError):
-        SpeculativeConfig(mode="sometimes")
+        SpeculativeConfig("sometimes", 8, 4, 2, 8, 0.3)
 
 
 def test_auto_drafts_nothing_for_a_batch_past_max_batch(tiny_folder):
@@ -227,3 +228,38 @@ def test_a_request_finishes_inside_its_drafts_at_max_tokens_and_at_eos(tiny_fold
     on = drive(spec_engine(tiny_folder, "on"), [EngineRequest(corpus()[0], p, prediction_token_ids=greedy)])
     off = drive(spec_engine(tiny_folder, "off"), [EngineRequest(corpus()[0], p)])
     assert on[0][:3] == off[0][:3] and on[0][0][-1] == stop and on[0][2] == "stop"
+
+
+def test_grammar_penalties_and_min_tokens_keep_their_state_through_verified_drafts_on_smollm2(smollm2_dir):
+    """SmolLM2 (compact weights), a JSON-schema grammar, penalties and min_tokens, each with the unconstrained
+    greedy output as its prediction: identical with drafting and without, and drafts were accepted."""
+    from inference.engine.config import EngineConfig
+    from inference.engine.grammar import GrammarCompiler, GrammarSpec
+    from inference.engine.grammar_state import StructuredOutput
+    from inference.engine.llm_engine import LLMEngine
+    from inference.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(smollm2_dir)
+    engine = LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=64 << 20, speculative="on"))
+    prompt = tok.encode_chat([{"role": "user", "content": 'Repeat exactly: {"name": "Ada", "age": 36, '
+                                                          '"tags": ["math", "engines", "notes"]}'}])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "tags": {"type": "array", "items": {"type": "string"}}},
+              "required": ["name", "age", "tags"]}
+    compiled = GrammarCompiler(tok).compile(GrammarSpec.json_schema(schema))
+
+    def requests(prediction):
+        return [EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=40, structured=StructuredOutput(
+                    compiled)), prediction_token_ids=prediction),
+                EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.1,
+                                                     min_tokens=30), prediction_token_ids=prediction),
+                EngineRequest(prompt, SamplingParams(temperature=0.8, seed=5, max_tokens=40, dry_multiplier=0.5),
+                              prediction_token_ids=prediction)]
+
+    engine.speculator.enabled = False
+    off = drive(engine, requests(None))
+    engine.speculator.enabled = True
+    on = drive(engine, requests(off[0][0]))
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    assert sum(e.accepted_prediction for e in on[0][3]) > 5
+    assert_pool_whole(engine)

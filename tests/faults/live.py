@@ -28,7 +28,7 @@ class ChatStream(threading.Thread):
         self.error: Exception | None = None
 
     def run(self):
-        body = {"model": "m", "messages": [{"role": "user", "content": self.prompt}],
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": self.prompt}],
                 "max_tokens": self.max_tokens, "stream": True, "ignore_eos": True,
                 "temperature": 0}
         try:

@@ -36,13 +36,13 @@ def test_kill_9_during_background_responses_loses_nothing(smollm2_dir, tmp_path)
         server.wait_ready()
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0,
                                timeout=60)
-        finished = client.responses.create(model="m", input="Say hi.", max_output_tokens=4)
+        finished = client.responses.create(model="smollm2-135m-instruct", input="Say hi.", max_output_tokens=4)
         killed = [client.responses.create(
-            model="m", input=f"Count from {i} to a thousand.", background=True,
+            model="smollm2-135m-instruct", input=f"Count from {i} to a thousand.", background=True,
             max_output_tokens=1500, extra_body={"ignore_eos": True}).id for i in range(4)]
         streamed: list[str] = []
         reader = threading.Thread(target=stream_response, daemon=True, args=(server.url, {
-            "model": "m", "input": "Name every country.", "max_output_tokens": 1500,
+            "model": "smollm2-135m-instruct", "input": "Name every country.", "max_output_tokens": 1500,
             "ignore_eos": True}, streamed))
         reader.start()
         wait_for(lambda: streamed, 60, "the streamed response to start")

@@ -42,7 +42,7 @@ def test_a_server_process_whose_engine_died_is_started_again(smollm2_dir, tmp_pa
     try:
         server.wait_ready()
         (first,) = children(server.proc.pid)
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code >= 500
         wait_for(lambda: f"The server process {first} exited with status {ENGINE_DIED_EXIT_STATUS}"
                  in server.log(), 30, "the engine-death exit")

@@ -26,7 +26,7 @@ def test_sigterm_lets_running_work_finish_then_ends_the_rest_and_exits_0(smollm2
         short.start()
         long.start()
         background = httpx.post(server.url + "/v1/responses", json={
-            "model": "m", "input": "Count from one to a thousand.", "background": True,
+            "model": "smollm2-135m-instruct", "input": "Count from one to a thousand.", "background": True,
             "max_output_tokens": 1500, "ignore_eos": True}, timeout=30).json()
         db = ServerDb(server.db)
         wait_for(lambda: db.deltas(background["id"]) >= 2, 60, "the background response's text")
@@ -37,7 +37,7 @@ def test_sigterm_lets_running_work_finish_then_ends_the_rest_and_exits_0(smollm2
             "status": "draining"} and r, 10, "the drain to begin")
         assert health.status_code == 503
         refused = httpx.post(server.url + "/v1/chat/completions", timeout=10, json={
-            "model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+            "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}]})
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
         error = refused.json()["error"]
         assert (error["type"], error["code"]) == ("server_error", "server_shutting_down")

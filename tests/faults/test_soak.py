@@ -83,7 +83,7 @@ class Tally:
 
 def chat_body(rng: random.Random) -> tuple[dict, int]:
     n = rng.choice((1, 1, 2))
-    body = {"model": "m", "stream": True, "n": n, "max_tokens": rng.randint(1, 16),
+    body = {"model": "smollm2-135m-instruct", "stream": True, "n": n, "max_tokens": rng.randint(1, 16),
             "messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, 30)))}]}
     options = {"temperature": rng.choice((0, 0.7, 1.3)), "top_p": rng.choice((1.0, 0.9, 0.5)),
                "top_k": rng.choice((-1, 20)), "min_p": rng.choice((0.0, 0.05)),
@@ -98,7 +98,7 @@ def chat_body(rng: random.Random) -> tuple[dict, int]:
 
 
 def responses_body(rng: random.Random) -> dict:
-    body = {"model": "m", "stream": True, "store": rng.random() < 0.5,
+    body = {"model": "smollm2-135m-instruct", "stream": True, "store": rng.random() < 0.5,
             "input": " ".join(rng.choices(WORDS, k=rng.randint(1, 30))),
             "max_output_tokens": rng.randint(1, 16), "temperature": rng.choice((0, 0.8)),
             "ignore_eos": rng.random() < 0.3}

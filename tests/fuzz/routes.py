@@ -31,6 +31,7 @@ class Route:
     shape: str = "openai"
 
 
+SERVED = "smollm2-135m-instruct"  # the fixtures' model id (any other name is a 404)
 ROUTES = (
     Route("/v1/chat/completions", ChatCompletionRequest, {"messages": USER, "max_tokens": 4}, generates=True),
     Route("/v1/completions", CompletionRequest, {"prompt": "hi", "max_tokens": 4}, generates=True),
@@ -40,9 +41,9 @@ ROUTES = (
     Route("/v1/conversations", ConversationCreateRequest, {}),
     Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
     Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
-    Route("/v1/messages", MessagesRequest, {"model": "m", "max_tokens": 4, "messages": USER}, generates=True,
+    Route("/v1/messages", MessagesRequest, {"model": SERVED, "max_tokens": 4, "messages": USER}, generates=True,
           shape="anthropic"),
-    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "m", "messages": USER}, shape="anthropic"),
+    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": SERVED, "messages": USER}, shape="anthropic"),
 )
 
 
@@ -77,4 +78,20 @@ def context_for(name: str, route: Route) -> dict:
         return {"stream": True}
     if name == "top_logprobs" and route.serializer is ChatCompletionRequest:
         return {"logprobs": True}
+    if name.startswith("repetition_detection.") and name != "repetition_detection.max_pattern_size":
+        return {"repetition_detection": {"max_pattern_size": 512}}
     return {}
+
+
+def merged(*bodies: dict) -> dict:
+    """The bodies merged left to right, nested objects key by key."""
+    out: dict = {}
+    for body in bodies:
+        for key, value in body.items():
+            out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def body_for(route: Route, name: str, value) -> dict:
+    """The route's base body with `value` at the dotted `name` and the context it needs."""
+    return merged(route.base, context_for(name, route), nested(name, value))

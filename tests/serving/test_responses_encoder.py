@@ -32,7 +32,7 @@ def counter_ids():
 def encode(deltas, status="completed"):
     """(events with sequence numbers and lifecycle around them, encoder)."""
     enc = ResponsesEventEncoder(id_factory=counter_ids())
-    body = {"id": "resp_1", "object": "response", "created_at": 1, "model": "m", "output": [],
+    body = {"id": "resp_1", "object": "response", "created_at": 1, "model": "smollm2-135m-instruct", "output": [],
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
             "status": "in_progress"}
     events = [{"type": "response.created", "response": body},

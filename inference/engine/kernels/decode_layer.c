@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "kernels.h"
+#include "lora.h"
 
 typedef struct {
     const float *ln1, *ln2;                     /* [hidden] RMSNorm weights */
@@ -21,6 +22,7 @@ typedef struct {
     const float *qkv_bias;                      /* [q + 2 kv] or NULL */
     const float *q_norm, *k_norm;               /* [head_dim] or NULL */
     void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] */
+    const metrale_lora_layer *lora;             /* resident LoRA adapters, or NULL */
 } metrale_layer;
 
 typedef struct {
@@ -32,6 +34,7 @@ typedef struct {
     const int64_t *block_tables;                /* [M, width] */
     const int64_t *seq_lens;                    /* [M] */
     float *scratch;                             /* metrale_decode_scratch_floats(S) floats */
+    const int64_t *lora_slots;                  /* [M] each row's adapter slot (-1: none), or NULL */
 } metrale_step;
 
 long metrale_decode_scratch_floats(const metrale_step *S) {
@@ -90,6 +93,10 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
     for (; i < n; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
+/* The rows' adapter updates after a GEMM (lora.c). */
+#define LORA_ADD(which, in, out) \
+    if (L->lora && S->lora_slots) metrale_lora_add(L->lora, which, S->lora_slots, in, out, M, S->nthreads)
+
 /* Row-wise steps run on all threads once there are enough rows to share (prefill rows). */
 #define ROWS_PARALLEL _Pragma("omp parallel for schedule(static) num_threads(S->nthreads) if (M >= 16)")
 
@@ -110,6 +117,7 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
     metrale_weight_linear(&L->qkv, h, qkv, M, qkvs, H, S->nthreads);
+    LORA_ADD(METRALE_LORA_QKV, h, qkv);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
         float *row = qkv + m * qkvs;
@@ -132,15 +140,18 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
                                            nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);
     metrale_weight_linear(&L->o, attn, proj, M, H, qs, S->nthreads);
+    LORA_ADD(METRALE_LORA_O, attn, proj);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) {
         for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
     metrale_weight_linear(&L->gate_up, h, gu, M, 2 * I, H, S->nthreads);
+    LORA_ADD(METRALE_LORA_GATE_UP, h, gu);
     ROWS_PARALLEL
     for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
     metrale_weight_linear(&L->down, act, proj, M, H, I, S->nthreads);
+    LORA_ADD(METRALE_LORA_DOWN, act, proj);
     ROWS_PARALLEL
     for (long i = 0; i < M * H; i++) x[i] += proj[i];
 }

@@ -24,7 +24,8 @@ _P = ctypes.c_void_p
 
 class _Layer(ctypes.Structure):
     _fields_ = [("ln1", _P), ("ln2", _P)] + [(name, kernels.KernelWeight.Struct) for name in (
-        "qkv", "o", "gate_up", "down")] + [(name, _P) for name in ("qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache")]
+        "qkv", "o", "gate_up", "down")] + [(name, _P) for name in ("qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache",
+                                                                   "lora")]
 
 
 def decode_weight(lin, compact: bool) -> kernels.KernelWeight | None:
@@ -38,7 +39,7 @@ class _Step(ctypes.Structure):
         (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
                                           "kv_dtype", "nthreads")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
-        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch")]
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch", "lora_slots")]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -83,6 +84,9 @@ class FusedDecoder:
             self._keep.append(tensors)
             self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights))
         self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
+        # layers/lora.LoraSlots points each layer's `lora` at its adapters and sets this per step:
+        # int64 [D] the rows' adapter slots (-1: none), or None when no row has an adapter.
+        self.lora_slots: torch.Tensor | None = None
 
     @staticmethod
     def supports(model, kv_dtype: torch.dtype) -> bool:
@@ -117,7 +121,7 @@ class FusedDecoder:
                      block_size=self._keep[0]["k_cache"].shape[1], kv_dtype=self.kv_dtype,
                      nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
                      cos=cos.data_ptr(), sin=sin.data_ptr(), slots=slots.data_ptr(), block_tables=tables.data_ptr(),
-                     seq_lens=lens.data_ptr())
+                     seq_lens=lens.data_ptr(), lora_slots=_ptr(self.lora_slots))
         scratch = torch.empty(self._scratch_floats(ctypes.byref(step)), dtype=torch.float32)
         step.scratch = scratch.data_ptr()
         xp = x.data_ptr()

@@ -41,6 +41,13 @@ class Command(BaseCommand):
                             help="requests per concurrent stream at each concurrency (at least 3 at concurrency 1)")
         parser.add_argument("--skip-hf", action="store_true", help="skip the transformers reference runs")
         parser.add_argument("--skip-http", action="store_true")
+        parser.add_argument("--lora-only", action="store_true",
+                            help="run only the LoRA comparison (8 streams on 4 adapters vs 8 on the base)")
+        parser.add_argument("--lora-rank", type=int, default=16)
+        parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                            help="the projections the bench's adapters target (comma-separated)")
+        parser.add_argument("--lora-rounds", type=int, default=3)
+        parser.add_argument("--lora-tokens", type=int, default=64, help="output tokens per stream")
         parser.add_argument("--llama-cpp-url", default="",
                             help="a running llama.cpp llama-server on the same model's GGUF (../shared/tools/"
                                  "llama-server.sh; -t 2 -tb 2 -np 32 -c 16384): the same HTTP workloads run against "
@@ -52,7 +59,8 @@ class Command(BaseCommand):
         parser.add_argument("--skip-offline", action="store_true", help="skip the in-process (offline) runs")
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, llama_cpp_pid,
-               peer_rounds, skip_offline, **options):
+               peer_rounds, skip_offline, lora_only, lora_rank, lora_targets, lora_rounds, lora_tokens,
+               **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.runtime import engine_config
@@ -70,7 +78,7 @@ class Command(BaseCommand):
         out(f"model {Path(model).name}; weights {base.weights}; prefill weights "
             f"{base.prefill_weights}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
-        for dtype in dtypes.split(","):
+        for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
                                           seed=c) for c in levels}
@@ -118,6 +126,27 @@ class Command(BaseCommand):
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
                         + ", ".join(f"{k} {v:.1f}" for k, v in same[b].items()))
             self._report(dtype, rows, hf, prefix, wbytes, bandwidth, same)
+        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds, lora_tokens)
+
+    def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int, output_tokens: int) -> None:
+        """8 streams on 4 adapters against 8 on the base model, interleaved (bench/lora.py)."""
+        from inference.bench.lora import lora_vs_base, make_adapters, median_line, round_line
+        from inference.engine.async_engine import AsyncEngine
+        from inference.engine.lora_control import install, read_adapter
+
+        out = self.stdout.write
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = make_adapters(base.model_path, Path(tmp), 4, rank, targets)
+            ae = AsyncEngine(config=replace(base, max_num_seqs=8, max_loras=4, enable_prefix_caching=False))
+            names = [p.name for p in paths]
+            for name, path in zip(names, paths):
+                install(ae, read_adapter(ae, name, str(path))).result()
+            out(f"\n== LoRA: 8 streams on 4 adapters (rank {rank} on {', '.join(targets)}) vs 8 on the base, "
+                f"{base.weights} weights, offline, {output_tokens} tokens each ==")
+            rows = in_own_thread(lora_vs_base, ae, tokenizer, names, 8, rounds, output_tokens,
+                                 lambda *r: (out(round_line(*r)), self.stdout.flush()))
+            ae.stop()
+        out(median_line(rows))
 
     def _peer(self, server, url: str, pid: int, workloads, tokenizer, rounds: int) -> None:
         """Interleaved rounds against the llama-server at `url` (bench/peer.py), then the ratio table."""

@@ -39,15 +39,23 @@ class Command(BaseCommand):
                             help="reasoning parser name, or 'none' (overrides METRALE_REASONING_PARSER)")
         parser.add_argument("--request-log", default=None, metavar="PATH",
                             help="append one JSON line per API request to PATH (overrides METRALE_REQUEST_LOG)")
+        parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                            help="a LoRA adapter to load at startup (repeatable; added to METRALE_LORA_ADAPTERS)")
         parser.add_argument("--no-restart", action="store_true",
                             help="serve in this process; do not start it again when it dies")
 
-    def handle(self, *args, host, port, tool_call_parser, reasoning_parser, request_log, no_restart, **options):
+    def handle(self, *args, host, port, tool_call_parser, reasoning_parser, request_log, no_restart, lora,
+               **options):
         overrides = {f"METRALE_{key}": value for key, value in (("TOOL_CALL_PARSER", tool_call_parser),
                                                                 ("REASONING_PARSER", reasoning_parser))
                      if value is not None}
         if request_log is not None:
             overrides["METRALE_REQUEST_LOG"] = str(Path(request_log).resolve())
+        for item in lora:
+            if "=" not in item or not item.partition("=")[0].strip() or not item.partition("=")[2].strip():
+                raise CommandError(f"--lora {item!r} is not NAME=PATH")
+        if lora:
+            overrides["METRALE_LORA_ADAPTERS"] = ",".join([*settings.METRALE.get("LORA_ADAPTERS", []), *lora])
         argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--host", host, "--port", str(port)]
         if no_restart:
             argv.append("--no-restart")

@@ -11,7 +11,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 def messages(**body) -> Answer:
     """POST /v1/messages with a default model, max_tokens and messages, overridden by `body`."""
-    return call("POST", "/v1/messages", {"model": "m", "max_tokens": 32, "messages": USER, **body},
+    return call("POST", "/v1/messages", {"model": "smollm2-135m-instruct", "max_tokens": 32, "messages": USER, **body},
                 headers={"anthropic-version": "2023-06-01"})
 
 

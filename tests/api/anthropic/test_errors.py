@@ -16,7 +16,7 @@ from ..test_asgi_guard import Driver
 from ..fake_engine import call, reply
 from .support import USER, messages, sse_frames
 
-BODY = {"model": "m", "max_tokens": 16, "messages": USER}
+BODY = {"model": "smollm2-135m-instruct", "max_tokens": 16, "messages": USER}
 
 
 def anthropic_error(answer, status: int, kind: str) -> str:
@@ -75,7 +75,7 @@ def test_media_blocks_are_a_400_naming_the_block(fake_rt, block, named):
 
 def test_a_body_over_the_limit_is_request_too_large(fake_rt, settings):
     settings.METRALE = {**settings.METRALE, "MAX_REQUEST_BYTES": 1000}
-    answer = call("POST", "/v1/messages", raw=b'{"model": "m", "pad": "' + b"x" * 2000 + b'"}')
+    answer = call("POST", "/v1/messages", raw=b'{"model": "smollm2-135m-instruct", "pad": "' + b"x" * 2000 + b'"}')
     anthropic_error(answer, 413, "request_too_large")
 
 
@@ -156,7 +156,7 @@ def test_the_drain_gate_answers_in_the_route_s_shape(fake_rt, monkeypatch):
 
 def test_every_answer_has_a_request_id(fake_rt):
     for answer in (messages(), messages(stream=True), messages(temperature=5), call("GET", "/v1/messages"),
-                   call("POST", "/v1/messages/count_tokens", {"model": "m", "messages": USER})):
+                   call("POST", "/v1/messages/count_tokens", {"model": "smollm2-135m-instruct", "messages": USER})):
         assert answer.headers["request-id"].startswith("req_")
 
 

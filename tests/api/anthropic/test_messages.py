@@ -174,7 +174,7 @@ def test_a_final_assistant_message_is_continued(fake_rt):
 
 
 def test_count_tokens_counts_exactly_the_prompt_messages_runs(fake_rt):
-    body = {"model": "m", "system": "Be brief.", "tools": [WEATHER], "tool_choice": {"type": "auto"},
+    body = {"model": "smollm2-135m-instruct", "system": "Be brief.", "tools": [WEATHER], "tool_choice": {"type": "auto"},
             "messages": [{"role": "user", "content": "Weather in Paris?"}]}
     counted = call("POST", "/v1/messages/count_tokens", body)
     assert counted.status == 200 and set(counted.json()) == {"input_tokens"}
@@ -186,7 +186,7 @@ def test_count_tokens_counts_exactly_the_prompt_messages_runs(fake_rt):
 
 
 def test_count_tokens_validates_like_messages(fake_rt):
-    bad = call("POST", "/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]})
+    bad = call("POST", "/v1/messages/count_tokens", {"model": "smollm2-135m-instruct", "messages": [{"role": "wizard", "content": "x"}]})
     assert bad.status == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert "messages[0].role" in bad.json()["error"]["message"]
 
@@ -262,7 +262,7 @@ def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(fake_rt, sett
     settings.METRALE = {**settings.METRALE, "ANTHROPIC_PING_S": ping_s}
     fake_rt.engine.script = reply(fake_rt.tokenizer, "one two three four five six seven eight nine ten")
     fake_rt.engine.delay_s = 0.05
-    body = json.dumps({"model": "m", "max_tokens": 32, "messages": USER, "stream": True}).encode()
+    body = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 32, "messages": USER, "stream": True}).encode()
 
     async def run():
         req = await AsgiRequest("POST", "/v1/messages", {"content-type": "application/json"}, body).start()

@@ -17,12 +17,12 @@ HELLO = "Hello there."
 
 
 def test_it_answers_a_blocking_response_and_stores_it(api, engine, smollm2_tokenizer):
-    r = api.post("/v1/responses", {"model": "m", "input": "Say hello.", "max_output_tokens": 8,
+    r = api.post("/v1/responses", {"model": "smollm2-135m-instruct", "input": "Say hello.", "max_output_tokens": 8,
                                    "metadata": {"k": "v"}})
     assert r.status_code == 200, r.content
     body = r.json()
     assert body["id"].startswith("resp_") and body["object"] == "response"
-    assert body["status"] == "completed" and body["model"] == "m"
+    assert body["status"] == "completed" and body["model"] == "smollm2-135m-instruct"
     assert body["output"][0]["type"] == "message"
     assert body["output"][0]["content"][0]["text"] == HELLO
     prompt = smollm2_tokenizer.encode(smollm2_tokenizer.apply_chat_template(

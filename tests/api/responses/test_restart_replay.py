@@ -20,7 +20,7 @@ def orphan(tenant, rid: str, *, background: bool = True, streamed: bool = True) 
     """Store the tenant's unfinished response, owned by a process that is gone; returns its body."""
     body = {"id": rid, "object": "response", "status": "queued" if background else "in_progress",
             "output": [], "error": None, "usage": None, "metadata": {}}
-    store.create_response(tenant=tenant, response_id=rid, model="m", body=body,
+    store.create_response(tenant=tenant, response_id=rid, model="smollm2-135m-instruct", body=body,
                           request={}, input_items=[], previous_response_id=None,
                           conversation_id=None, background=background, streamed=streamed)
     StoredResponse.objects.filter(pk=rid).update(worker=GONE)

@@ -1,0 +1,105 @@
+"""inference.swap on stand-in runtimes: a failed load leaves the old model serving, a swap that does not fit
+drains the old model first (503 model_not_loaded meanwhile), and the served-model row is followed."""
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from inference import runtime, swap
+
+from .fake_engine import call
+
+
+class _Engine:
+    """What swap reads of an AsyncEngine: its live handles and commands, has_work, stop."""
+
+    max_model_len = 2048
+
+    def __init__(self):
+        self._handles, self._commands, self.stopped, self.busy = {}, [], False, False
+        self.engine = SimpleNamespace(has_work=lambda: self.busy)
+
+    def stop(self):
+        self.stopped = True
+
+
+def fake_runtime(name, path):
+    return runtime.Runtime(_Engine(), None, name, path, 0, fingerprint=f"fp_{name}")
+
+
+@pytest.fixture
+def serving(monkeypatch, fake_rt):
+    monkeypatch.setattr(swap, "fits_beside", lambda path, old: True)
+    monkeypatch.setattr(swap, "_status", dict(swap._status))
+    monkeypatch.setattr(runtime, "_unavailable", None)
+    return fake_rt
+
+
+def test_a_failed_load_leaves_the_old_model_serving(serving, monkeypatch, tmp_path):
+    def fail(path, name):
+        raise OSError("no such folder")
+
+    monkeypatch.setattr(runtime, "load_runtime", fail)
+    with pytest.raises(OSError):
+        swap.swap_model(str(tmp_path / "missing"), "next")
+    assert runtime.current() is serving
+    assert swap.status()["state"] == "failed" and "no such folder" in swap.status()["error"]
+    health = call("GET", "/health").json()
+    assert health["model"] == serving.model_id and health["swap"]["state"] == "failed"
+
+
+def test_a_swap_beside_installs_the_new_model_and_stops_the_old_once_idle(serving, monkeypatch, tmp_path):
+    old = fake_runtime("old", tmp_path / "old")
+    runtime.install(old)
+    old.engine.busy = True
+    new = fake_runtime("next", tmp_path / "next")
+    monkeypatch.setattr(runtime, "load_runtime", lambda path, name: new)
+    assert swap.swap_model(str(tmp_path / "next"), "next") is new
+    assert runtime.current() is new and not old.engine.stopped  # still draining
+    assert call("GET", "/v1/models").json()["data"][0]["id"] == "next"
+    old.engine.busy = False
+    for thread in threading.enumerate():
+        if thread.name == "metrale-drain-old":
+            thread.join(5)
+    assert old.engine.stopped
+
+
+def test_a_swap_that_does_not_fit_drains_first_and_answers_503_meanwhile(serving, monkeypatch, tmp_path):
+    old = fake_runtime("old", tmp_path / "old")
+    runtime.install(old)
+    monkeypatch.setattr(swap, "fits_beside", lambda path, old: False)
+    seen = {}
+
+    def load(path, name):
+        assert old.engine.stopped  # the old one drained and stopped before the new one loads
+        seen["chat"] = call("POST", "/v1/chat/completions", {"model": "old", "messages": [{"role": "user",
+                                                                                            "content": "hi"}]})
+        seen["health"] = call("GET", "/health")
+        return fake_runtime("next", tmp_path / "next")
+
+    monkeypatch.setattr(runtime, "load_runtime", load)
+    swap.swap_model(str(tmp_path / "next"), "next")
+    assert seen["chat"].status == 503 and seen["chat"].json()["error"]["code"] == "model_not_loaded"
+    assert seen["chat"].headers["retry-after"] == "5"
+    assert seen["health"].status == 503 and seen["health"].json()["status"] == "swapping"
+    assert runtime.current().model_id == "next" and runtime.status() == ("ready", None)
+
+
+def test_servers_follow_the_served_model_row(serving, monkeypatch, tmp_path, db):
+    from adapters import swap_watch
+    from adapters.models import ServedModel
+
+    new = fake_runtime("next", tmp_path / "next")
+    monkeypatch.setattr(runtime, "load_runtime", lambda path, name: new)
+    assert swap_watch.follow_once(None) is None  # no row: nothing to do
+    ServedModel.objects.create(pk=1, path=str(tmp_path / "next"), served_name="next")
+    assert swap_watch.chosen_model() == (str(tmp_path / "next"), "next")
+    assert swap_watch.follow_once(None) is None
+    row = ServedModel.objects.get(pk=1)
+    assert runtime.current() is new and row.state == "serving" and row.fingerprint == "fp_next"
+    ServedModel.objects.filter(pk=1).update(path=str(tmp_path / "broken"), state="pending")
+    monkeypatch.setattr(runtime, "load_runtime", lambda path, name: (_ for _ in ()).throw(OSError("bad")))
+    failed = swap_watch.follow_once(None)
+    assert failed is not None and ServedModel.objects.get(pk=1).state == "failed"
+    assert swap_watch.follow_once(failed) == failed  # not retried until asked again
+    assert runtime.current() is new

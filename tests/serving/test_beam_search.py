@@ -1,0 +1,88 @@
+"""Beam search against a brute-force reference on a tiny model, and its request rules."""
+import asyncio
+
+import pytest
+import torch
+
+from inference.engine.async_engine import AsyncEngine
+from inference.serving.beam_search import Beam, BeamSpec, score, search
+from inference.serving.errors import ApiError
+from inference.serving.protocol import ChatCompletionRequest, CompletionRequest, validate
+
+from ..engine.test_async_engine import make_engine, prompts
+from ..engine.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama")
+
+
+def reference(hf, prompt, spec: BeamSpec, max_tokens: int, eos: set[int]) -> list[Beam]:
+    """vLLM's beam search written plainly over transformers: every beam's next-token logprobs from a full
+    forward of its whole sequence (no KV cache), the top 2 * width candidates of each, EOS ones complete."""
+    live, done = [Beam(list(prompt))], []
+    for _ in range(max_tokens):
+        grown = []
+        for beam in live:
+            with torch.no_grad():
+                lp = hf(torch.tensor([beam.tokens])).logits[0, -1].float().log_softmax(-1)
+            values, ids = lp.topk(2 * spec.width)
+            for t, v in zip(ids.tolist(), values.tolist()):
+                child = Beam(beam.tokens + [t], beam.cum_logprob + v, t in eos, beam.output + [t])
+                (done if child.finished else grown).append(child)
+        live = sorted(grown, key=lambda b: score(b, spec.length_penalty), reverse=True)[:spec.width]
+        if spec.early_stopping and len(done) >= spec.width:
+            break
+    return sorted(done + live, key=lambda b: score(b, spec.length_penalty), reverse=True)[:spec.n]
+
+
+@pytest.mark.parametrize("width, n, length_penalty, early_stopping", [(1, 1, 1.0, False), (3, 2, 1.0, False),
+                                                                       (4, 4, 0.5, False), (3, 3, 2.0, True)])
+def test_it_equals_a_brute_force_beam_search(tiny_folder, width, n, length_penalty, early_stopping):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_folder, torch_dtype=torch.float32).eval()
+    prompt = prompts(1, seed=8)[0]
+    with torch.no_grad():  # an EOS the model likes early, so some beams complete
+        first = hf(torch.tensor([prompt])).logits[0, -1].topk(3).indices.tolist()
+    eos = {first[1]}
+    spec = BeamSpec(width, n, length_penalty, early_stopping)
+    want = reference(hf, prompt, spec, 6, eos)
+    engine = make_engine(tiny_folder)  # float weights: the engine's logits are transformers' to ~1e-6
+    ae = AsyncEngine(engine)
+    try:
+        got = asyncio.run(search(ae, prompt, spec, 6, eos))
+    finally:
+        ae.stop()
+    assert [b.output for b in got] == [b.output for b in want]
+    assert [b.finished for b in got] == [b.finished for b in want]
+    assert [round(b.cum_logprob, 3) for b in got] == [round(b.cum_logprob, 3) for b in want]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert len(got) == n and len({tuple(b.output) for b in got}) == n  # n distinct hypotheses
+
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("fields, param", [
+    (dict(stream=True), "stream"), (dict(n=3, num_beams=2), "n"), (dict(num_beams=99), "num_beams"),
+    (dict(logprobs=True), "logprobs"), (dict(stop=["x"]), "stop"),
+    (dict(response_format={"type": "json_object"}), "response_format"),
+])
+def test_beam_search_refuses_what_it_cannot_do_naming_the_field(fields, param):
+    with pytest.raises(ApiError) as err:
+        validate(ChatCompletionRequest, {"messages": USER, "use_beam_search": True, **fields})
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_the_width_is_num_beams_else_n():
+    chat = validate(ChatCompletionRequest, {"messages": USER, "use_beam_search": True, "n": 3})
+    assert chat["beam"] == BeamSpec(3, 3)
+    done = validate(CompletionRequest, {"prompt": "x", "use_beam_search": True, "num_beams": 4, "n": 2,
+                                        "length_penalty": 0.5, "early_stopping": True})
+    assert done["beam"] == BeamSpec(4, 2, 0.5, True)
+    assert validate(ChatCompletionRequest, {"messages": USER})["beam"] is None
+    with pytest.raises(ApiError) as err:
+        validate(CompletionRequest, {"prompt": ["a", "b"], "use_beam_search": True})
+    assert err.value.param == "prompt"
