@@ -57,10 +57,10 @@ def client(server, key):
 def test_a_response_stored_on_one_replica_is_read_continued_and_deleted_on_the_other(replicas):
     a, b, keys = replicas
     on_a, on_b = client(a, keys["owner"]), client(b, keys["owner"])
-    first = on_a.responses.create(model="m", input="Say hi.", max_output_tokens=4)
+    first = on_a.responses.create(model="smollm2-135m-instruct", input="Say hi.", max_output_tokens=4)
     read = on_b.responses.retrieve(first.id)
     assert (read.id, read.output_text, read.status) == (first.id, first.output_text, first.status)
-    follow = on_b.responses.create(model="m", input="Again.", previous_response_id=first.id, max_output_tokens=4)
+    follow = on_b.responses.create(model="smollm2-135m-instruct", input="Again.", previous_response_id=first.id, max_output_tokens=4)
     assert follow.previous_response_id == first.id and follow.usage.input_tokens > first.usage.input_tokens
     assert on_a.responses.retrieve(follow.id).id == follow.id
     on_b.responses.delete(first.id)
