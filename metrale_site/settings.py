@@ -116,9 +116,11 @@ else:
 # The channel layer: the dashboard's websocket and operator commands between replicas
 # (inference/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
 # replica's dashboard reaches every other replica.
+# channels-redis waits for messages with BZPOPMIN for up to 5 s; redis-py (8.x) gives up reading a
+# socket after 5 s by default, which ended every such wait with a TimeoutError: reads get 30 s here.
 if _redis_url:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [_redis_url],
+                                  "CONFIG": {"hosts": [{"address": _redis_url, "socket_timeout": 30}],
                                              "prefix": envstr("METRALE_CACHE_KEY_PREFIX", "metrale") + ":asgi"}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -6,7 +6,6 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from inference.engine.outputs import TokenEvent
 from inference.engine.request import EngineRequest
@@ -15,8 +14,55 @@ from inference.engine.sampling_params import SamplingParams
 from .offline import chat_prompt_ids
 from .workload import make_text
 
-# A ~300-token Python file: the engine's own block manager's opening (real code, stable in the repository).
-CODE_FILE = Path(__file__).resolve().parents[1] / "engine" / "block_manager.py"
+# A ~300-token Python file of plain functions (a file a small model can copy: it repeats it mostly verbatim).
+CODE_FILE = '''import math
+
+
+def area_of_circle(radius):
+    """The area of a circle of this radius."""
+    return math.pi * radius * radius
+
+
+def area_of_square(side):
+    """The area of a square with this side."""
+    return side * side
+
+
+def area_of_rectangle(width, height):
+    """The area of a rectangle."""
+    return width * height
+
+
+def perimeter_of_square(side):
+    """The perimeter of a square."""
+    return 4 * side
+
+
+def perimeter_of_rectangle(width, height):
+    """The perimeter of a rectangle."""
+    return 2 * (width + height)
+
+
+def average(values):
+    """The mean of a list of numbers."""
+    if not values:
+        return 0.0
+    return sum(values) / len(values)
+
+
+def largest(values):
+    """The largest of a list of numbers."""
+    best = values[0]
+    for value in values:
+        if value > best:
+            best = value
+    return best
+
+
+def count_words(text):
+    """How many words a text has."""
+    return len(text.split())
+'''
 
 
 @dataclass(slots=True)
@@ -30,9 +76,9 @@ class Workload:
 
 
 def code_snippet(tokenizer, n_tokens: int = 300) -> str:
-    """About n_tokens tokens of CODE_FILE, cut at a line end."""
-    text, out = CODE_FILE.read_text(), []
-    for line in text.splitlines(keepends=True):
+    """About n_tokens tokens of CODE_FILE (all of it at 300), cut at a line end."""
+    out = []
+    for line in CODE_FILE.splitlines(keepends=True):
         out.append(line)
         if len(tokenizer.encode("".join(out))) >= n_tokens:
             break
@@ -40,10 +86,10 @@ def code_snippet(tokenizer, n_tokens: int = 300) -> str:
 
 
 def editing(tokenizer, n: int) -> Workload:
-    """"Repeat this file, renaming one identifier": the file (in a fence) is the prediction."""
+    """"Repeat this file": the file (in a fence) is the prediction (a 135M model asked for an edit as well
+    rewrites the whole file; asked to repeat it, it mostly copies, with departures of its own)."""
     code = code_snippet(tokenizer)
-    ask = ("Rewrite this Python file exactly as it is, but rename the class `Block` to `KVBlock`. Output only "
-           "the code.\n```python\n" + code + "```")
+    ask = "Repeat this code exactly, changing nothing. Output only the code.\n```python\n" + code + "```"
     prediction = tokenizer.encode("```python\n" + code + "```")
     prompt = chat_prompt_ids(tokenizer, ask)
     return Workload("editing", [prompt] * n, [prediction] * n, 320)

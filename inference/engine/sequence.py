@@ -94,4 +94,4 @@ class Sequence:
         ttft = self.first_token_time - self.arrival_time if self.first_token_time is not None else None
         return Finished(self.finish_reason or "stop", self.num_prompt_tokens, self.num_output_tokens, ttft,
                         time.monotonic() - self.arrival_time, self.num_cached_tokens, self.prompt_logprobs,
-                        self.stopped_by_repetition)
+                        repetition=self.stopped_by_repetition)

@@ -87,6 +87,8 @@ async def _top(engine, beam: Beam, k: int, salt: str, timeout_s: float | None) -
     top = None
     async for event in handle:
         if isinstance(event, TokenEvent):
+            if event.logprobs is None:
+                raise RuntimeError("the engine gave a beam's step no logprobs")
             top = event.logprobs[1]
         elif isinstance(event, Failed):
             raise RuntimeError(event.message)
@@ -147,7 +149,7 @@ class _BeamChoice:
     async def deltas(self):
         try:
             beams = await asyncio.shield(self.owner.task)
-        except RuntimeError as exc:
+        except Exception as exc:  # a failed step (or a refusal mid-search) ends this request in-band
             yield Error(f"engine error: {exc}")
             return
         self.finished_at = time.perf_counter()

@@ -25,7 +25,7 @@ def post(path: str, body: dict) -> Answer:
 
 
 def test_chat_beam_search_returns_n_distinct_choices(real_rt):
-    body = post("/v1/chat/completions", {"model": "m", "messages": USER, "max_tokens": 6,
+    body = post("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "max_tokens": 6,
                                          "use_beam_search": True, "num_beams": 3, "n": 2}).json()
     choices = body["choices"]
     assert [c["index"] for c in choices] == [0, 1]
@@ -35,15 +35,15 @@ def test_chat_beam_search_returns_n_distinct_choices(real_rt):
 
 
 def test_completions_beam_search_of_width_1_is_greedy_and_its_400s(real_rt):
-    one = post("/v1/completions", {"model": "m", "prompt": "The sky is", "max_tokens": 6, "use_beam_search": True})
-    greedy = post("/v1/completions", {"model": "m", "prompt": "The sky is", "max_tokens": 6, "temperature": 0})
+    one = post("/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "The sky is", "max_tokens": 6, "use_beam_search": True})
+    greedy = post("/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "The sky is", "max_tokens": 6, "temperature": 0})
     assert one.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"] != ""
-    two = post("/v1/completions", {"model": "m", "prompt": "The sky is", "max_tokens": 5, "use_beam_search": True,
+    two = post("/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "The sky is", "max_tokens": 5, "use_beam_search": True,
                                    "n": 2}).json()
     assert len(two["choices"]) == 2 and two["choices"][0]["text"] != two["choices"][1]["text"]
-    streamed = post("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 5, "stream": True,
+    streamed = post("/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "x", "max_tokens": 5, "stream": True,
                                         "use_beam_search": True})
     assert streamed.status == 400 and streamed.json()["error"]["param"] == "stream"
-    wide = post("/v1/chat/completions", {"model": "m", "messages": USER, "use_beam_search": True, "n": 4,
+    wide = post("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "use_beam_search": True, "n": 4,
                                          "num_beams": 2})
     assert wide.status == 400 and wide.json()["error"]["param"] == "n"

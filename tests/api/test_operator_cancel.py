@@ -73,7 +73,7 @@ def test_a_cancelled_response_stream_ends_with_status_cancelled(real_rt):
 
 def test_a_cancelled_messages_stream_ends_with_an_error_event(real_rt):
     body = asyncio.run(stream_then_cancel("/v1/messages", {
-        "model": "m", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4))
+        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4))
     name, last = frames(body)[-1]
     assert name == "error" and last["type"] == "error"
     assert not any(event == "message_stop" for event, _ in frames(body))

@@ -51,9 +51,9 @@ def test_each_api_request_is_one_line_with_the_contracts_fields_and_no_bodies(fa
     path, configure = log_file
     writer = configure()
     fake_rt.engine.script = reply(fake_rt.tokenizer, "Hello there")
-    answer = call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, "stream": True},
+    answer = call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "stream": True},
                   headers={"x-request-id": "req_logged"})
-    call("POST", "/v1/chat/completions", {"model": "m"})  # a 400
+    call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct"})  # a 400
     call("GET", "/health")  # not an API request for the log
     flush(writer)
     streamed, refused = lines(path)
@@ -75,7 +75,7 @@ def test_bodies_are_logged_only_when_asked_and_a_stream_is_summarised(fake_rt, l
     path, configure = log_file
     writer = configure(bodies=True)
     fake_rt.engine.script = reply(fake_rt.tokenizer, "Hello keeper")
-    call("POST", "/v1/chat/completions", {"model": "m", "messages": USER, "stream": True})
+    call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "stream": True})
     call("GET", "/v1/models")
     flush(writer)
     streamed, models = lines(path)
@@ -153,7 +153,7 @@ def test_every_log_line_of_a_request_names_its_request_id(fake_rt, monkeypatch):
 
     monkeypatch.setattr(chat, "parse", parse_and_log)
     try:
-        call("POST", "/v1/chat/completions", {"model": "m", "messages": USER}, headers={"x-request-id": "req_ctx"})
+        call("POST", "/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER}, headers={"x-request-id": "req_ctx"})
         logging.getLogger("metrale").warning("outside any request")
     finally:
         logger.removeHandler(handler)

@@ -40,8 +40,9 @@ PRODUCTION_CHECK = """
 from django.test import Client
 from django.templatetags.static import static
 url = static("admin/css/base.css")
-plain = Client().get(url)
-gz = Client().get(url, headers={"accept-encoding": "gzip"})
+https = {"x-forwarded-proto": "https"}  # as the load balancer in front says (settings_production)
+plain = Client().get(url, headers=https)
+gz = Client().get(url, headers={**https, "accept-encoding": "gzip"})
 print(__import__("json").dumps({"url": url, "status": plain.status_code, "gz": gz.get("content-encoding"),
                                 "cache": plain.get("cache-control")}))
 """

@@ -3,7 +3,6 @@ against the live daphne servers of tests/live_servers.py; an operator (a staff u
 and a page logged in as them. Nothing downloads a browser: Playwright is pointed at the system binary."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 OPERATOR = ("operator", "console-operator-password-1")
-
-# Playwright's sync API keeps an event loop in the test thread while a browser is open; the tests
-# here call the live server over HTTP, never the ORM, so Django's guard against sync ORM calls
-# from async code has nothing to protect.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def metric(table, name, **labels):
 
 def test_metrics_grow_per_request_as_vllms_do(console_server, client):
     before = scrape(console_server)
-    answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+    answer = client.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
                                             temperature=0)
     after = scrape(console_server)
     assert answer.choices[0].finish_reason == "length"
@@ -58,7 +58,7 @@ def test_metrics_grow_per_request_as_vllms_do(console_server, client):
 
 def test_a_client_that_leaves_is_an_abort_and_leaves_running(console_server, client):
     before = metric(scrape(console_server), "vllm:request_success_total", finished_reason="abort")
-    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Tell a long story"}],
+    stream = client.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Tell a long story"}],
                                             max_tokens=500, stream=True, extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
         if i == 3:
@@ -75,7 +75,7 @@ def test_a_client_that_leaves_is_an_abort_and_leaves_running(console_server, cli
 
 
 def test_the_request_log_gets_every_request_and_scrapes_stay_out_of_the_access_log(console_server, client):
-    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+    client.chat.completions.create(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                    extra_headers={"x-request-id": "req_live_logged"})
     scrape(console_server)
     client.models.list()

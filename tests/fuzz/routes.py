@@ -31,6 +31,7 @@ class Route:
     shape: str = "openai"
 
 
+SERVED = "smollm2-135m-instruct"  # the fixtures' model id (any other name is a 404)
 ROUTES = (
     Route("/v1/chat/completions", ChatCompletionRequest, {"messages": USER, "max_tokens": 4}, generates=True),
     Route("/v1/completions", CompletionRequest, {"prompt": "hi", "max_tokens": 4}, generates=True),
@@ -40,9 +41,9 @@ ROUTES = (
     Route("/v1/conversations", ConversationCreateRequest, {}),
     Route("/v1/conversations/conv_fuzz", ConversationUpdateRequest, {"metadata": {}}),
     Route("/v1/conversations/conv_fuzz/items", ConversationItemsRequest, {"items": USER}),
-    Route("/v1/messages", MessagesRequest, {"model": "m", "max_tokens": 4, "messages": USER}, generates=True,
+    Route("/v1/messages", MessagesRequest, {"model": SERVED, "max_tokens": 4, "messages": USER}, generates=True,
           shape="anthropic"),
-    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": "m", "messages": USER}, shape="anthropic"),
+    Route("/v1/messages/count_tokens", CountTokensRequest, {"model": SERVED, "messages": USER}, shape="anthropic"),
 )
 
 

@@ -314,9 +314,11 @@ VALID_BY_NAME = {
     "reasoning": st.fixed_dictionaries({"effort": st.sampled_from(["low", "medium", "high"])}),
     "chat_template_kwargs": st.just({}), "include": st.just([]), "suffix": st.none(),
 }
-# Fields a plausible body leaves out: they need stored objects or are refused whenever set.
+# Fields a plausible body leaves out: they need stored objects or are refused whenever set; a beam search
+# runs one engine request per beam and token up to the context's end (tests/serving/test_beam_search.py).
 NOT_PLAUSIBLE = {"prediction", "audio", "web_search_options", "previous_response_id", "conversation", "items",
-                 "stream_options", "echo", "continue_final_message", "add_generation_prompt", "top_logprobs"}
+                 "stream_options", "echo", "continue_final_message", "add_generation_prompt", "top_logprobs",
+                 "use_beam_search"}
 
 
 def valid_only(name: str, field: serializers.Field):

