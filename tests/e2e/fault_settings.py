@@ -8,7 +8,7 @@ from metrale_site.settings import *  # noqa: F401,F403
 from inference.engine.llm_engine import LLMEngine
 
 
-def _admission_bug(self, request, deadline=None, request_id=None):
+def _admission_bug(self, request, *args, **kwargs):
     raise RuntimeError("injected engine-thread fault")
 
 
