@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import transaction
 from django.http import FileResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 
@@ -97,8 +98,6 @@ async def create_batch(request):
 
 
 def _create_and_dispatch(tenant, req):
-    from django.db import transaction
-
     with transaction.atomic():
         batch = store.create_batch(tenant, input_file_id=req["input_file_id"], endpoint=req["endpoint"],
                                    metadata=req["metadata"], output_expires_after_s=req["output_expires_after"])
