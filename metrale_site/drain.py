@@ -53,7 +53,11 @@ def draining() -> bool:
 
 def gate(app):
     """Wrap an ASGI application: count HTTP requests in flight, and answer new ones with 503
-    while draining."""
+    while draining. The URLconf is loaded here, once: a refusal words its error in the route's
+    shape (its URL resolved), which must not import every view on the event loop mid-drain."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns
 
     async def gated(scope, receive, send):
         if scope["type"] != "http":

@@ -70,7 +70,7 @@ async def as_dashboard(redis_url: str, prefix: str, a_id: str, b_id: str, reques
 
 def test_a_dashboard_sees_and_cancels_a_request_on_another_replica(two_replicas):
     a, b, ids, redis_url, prefix = two_replicas
-    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
             "stream": True, "ignore_eos": True}
     with httpx.Client(timeout=120) as http, http.stream("POST", b.url + "/v1/chat/completions", json=body,
                                                           headers={"x-request-id": "req_cross"}) as stream:

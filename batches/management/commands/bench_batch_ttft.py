@@ -56,7 +56,7 @@ class Command(BaseCommand):
             ttfts(2)  # warm-up
             idle = ttfts(samples)
             rows = [{"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
-                     "body": {"model": "m", "max_tokens": line_output, "ignore_eos": True, "temperature": 0,
+                     "body": {"model": "smollm2-135m-instruct", "max_tokens": line_output, "ignore_eos": True, "temperature": 0,
                               "messages": [{"role": "user", "content": make_text(tok, line_tokens, rng)}]}}
                     for i in range(lines)]
             data = "".join(json.dumps(r) + "\n" for r in rows).encode()
