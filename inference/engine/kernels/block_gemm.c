@@ -292,6 +292,67 @@ static void dequant_tile_block(int format, const uint8_t *qs, const float *d, co
     }
 }
 
+#if defined(BLK_VNNI512)
+/* tile_fast's loop over the blocks for R rows with the float sums and the integer ones in
+ * registers (the same operations per lane as block_sums + block_finish, so the same bits). */
+static inline __attribute__((always_inline)) void tile_rows_vnni(int format, const uint8_t *qs, long cb,
+                                                                  const uint16_t *dh, const uint16_t *mh, long KB,
+                                                                  const int8_t *a, long K, const float *dx,
+                                                                  const int32_t *asum, const float *sa, float *acc,
+                                                                  const int R) {
+    __m512 c[BR];
+    for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    for (long b = 0; b < KB; b++, qs += cb) {
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dh + b * BT)));
+        __m512i s[BR];
+        if (format == METRALE_W_Q8_0) {
+            __m512i s1[BR];
+            for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g += 2) {
+                const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g)), flip);
+                const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g + 64)), flip);
+                for (int r = 0; r < R; r++) {
+                    int32_t p0, p1;
+                    memcpy(&p0, a + r * K + b * 32 + 4 * g, 4);
+                    memcpy(&p1, a + r * K + b * 32 + 4 * g + 4, 4);
+                    s[r] = _mm512_dpbusd_epi32(s[r], w0, _mm512_set1_epi32(p0));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], w1, _mm512_set1_epi32(p1));
+                }
+            }
+            for (int r = 0; r < R; r++)
+                s[r] = _mm512_sub_epi32(_mm512_add_epi32(s[r], s1[r]), _mm512_set1_epi32(128 * asum[r * KB + b]));
+        } else {
+            __m512i s1[BR];
+            for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
+            for (int g = 0; g < 4; g++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
+                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int r = 0; r < R; r++) {
+                    int32_t p0, p1;
+                    memcpy(&p0, a + r * K + b * 32 + 8 * g, 4);
+                    memcpy(&p1, a + r * K + b * 32 + 8 * g + 4, 4);
+                    s[r] = _mm512_dpbusd_epi32(s[r], lo, _mm512_set1_epi32(p0));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(p1));
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                s[r] = _mm512_add_epi32(s[r], s1[r]);
+                if (format == METRALE_W_Q4_0) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(8 * asum[r * KB + b]));
+            }
+        }
+        for (int r = 0; r < R; r++)
+            c[r] = _mm512_add_ps(c[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s[r]),
+                                                     _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * KB + b]))));
+        if (mh) {
+            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mh + b * BT)));
+            for (int r = 0; r < R; r++) c[r] = _mm512_add_ps(c[r], _mm512_mul_ps(mv, _mm512_set1_ps(sa[r * KB + b])));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * BT, c[r]);
+}
+#endif
+
 /* Output channels of one tile for rows [m0, m1): the fast path. */
 static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
                       const float *sa, long m0, long m1, float *y, long N) {
@@ -304,6 +365,17 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
     for (long m = m0; m < m1; m += BR) {
         const int rows = (int)(m1 - m < BR ? m1 - m : BR);
         float acc[BR * BT] __attribute__((aligned(64)));
+#if defined(BLK_VNNI512)
+        const int8_t *ar = a + m * K;
+        const float *dr = dx + m * KB, *sr = sa + m * KB;
+        const int32_t *qr = asum + m * KB;
+        switch (rows) {
+            case 4: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 4); break;
+            case 3: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 3); break;
+            case 2: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 2); break;
+            default: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 1); break;
+        }
+#else
         int32_t isum[BR * BT] __attribute__((aligned(64)));
         memset(acc, 0, sizeof acc);
         for (long b = 0; b < KB; b++) {
@@ -313,6 +385,7 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             block_sums(W->format, qs + b * cb, a + m * K + b * 32, K, asum + m * KB + b, KB, rows, isum);
             block_finish(isum, d, mh ? mv : NULL, dx + m * KB + b, sa + m * KB + b, KB, rows, acc);
         }
+#endif
         for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
     }
 }
