@@ -54,7 +54,7 @@ async def load_lora_adapter(request):
     if not isinstance(inplace, bool):
         raise bad_request("'load_inplace' must be a boolean.", param="load_inplace", code="invalid_type")
     try:
-        await registry.load(ready_runtime(), name, path, replace=inplace)
+        await registry.load(await ready_runtime(), name, path, replace=inplace)
     except registry.AdapterRefused as refusal:
         raise _answer(refusal, "lora_path" if refusal.status == 404 else "lora_name") from None
     return _text(f"Success: LoRA adapter '{name}' added successfully.")
@@ -67,7 +67,7 @@ async def unload_lora_adapter(request):
     body = _body(request)
     name = _string(body, "lora_name")
     try:
-        await registry.unload(ready_runtime(), name)
+        await registry.unload(await ready_runtime(), name)
     except registry.AdapterRefused as refusal:
         raise _answer(refusal, "lora_name") from None
     return _text(f"Success: LoRA adapter '{name}' removed successfully.")

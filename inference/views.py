@@ -9,10 +9,12 @@ wrapper settles the lease with the real usage however the request ends.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
 
+from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
 from . import runtime, swap
@@ -45,9 +47,18 @@ def allow(*methods: str):
     return wrap
 
 
-def ready_runtime():
-    """The loaded runtime. Raises ApiError 503 (Retry-After) while the model loads or after it failed."""
+async def ready_runtime():
+    """The runtime that serves this request.
+
+    While a swap that drains the old model first has none installed, the request waits for the new
+    one: up to METRALE["SWAP_WAIT_S"] seconds, at most METRALE["SWAP_WAIT_MAX"] requests at once
+    (issue: "wait, with a bounded queue and a 503 model_not_loaded with Retry-After past it").
+    Raises ApiError 503 with Retry-After: model_not_loaded past that wait, model_not_ready while the
+    model loads or after it failed.
+    """
     rt = runtime.get_runtime(wait=False)
+    if rt is None and runtime.status()[0] == "swapping":
+        rt = await _wait_for_swap()
     if rt is None:
         state, error = runtime.status()
         if state == "swapping":
@@ -56,6 +67,27 @@ def ready_runtime():
         msg = "The model is still loading; retry shortly." if state != "failed" else f"The model failed to load: {error}"
         raise ApiError(503, msg, type="server_error", code="model_not_ready", headers={"Retry-After": "5"})
     return rt
+
+
+_swap_waiters = 0
+
+
+async def _wait_for_swap():
+    """The runtime a drain-first swap installs, polled every 50 ms; None past SWAP_WAIT_S, when
+    SWAP_WAIT_MAX requests already wait, or when the swap ends without a model."""
+    global _swap_waiters
+    limits = settings.METRALE
+    if _swap_waiters >= limits["SWAP_WAIT_MAX"]:
+        return None
+    _swap_waiters += 1
+    try:
+        deadline = time.monotonic() + limits["SWAP_WAIT_S"]
+        while (rt := runtime.get_runtime(wait=False)) is None and runtime.status()[0] == "swapping" \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return rt
+    finally:
+        _swap_waiters -= 1
 
 
 def engine_refusal(exc: RequestRejected | EngineOverloaded, param: str) -> ApiError:
@@ -165,7 +197,7 @@ async def chat_completions(request):
     """POST /v1/chat/completions, blocking or streamed (SSE)."""
     started = time.perf_counter()
     req = await cpu_work(chat.parse, request.body)
-    rt = ready_runtime()
+    rt = await ready_runtime()
     call = await chat_call(req, rt, tenant=tenant_of(request), **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
@@ -176,7 +208,7 @@ async def completions(request):
     """POST /v1/completions (legacy), blocking or streamed (SSE)."""
     started = time.perf_counter()
     req = await cpu_work(legacy_completions.parse, request.body)
-    rt = ready_runtime()
+    rt = await ready_runtime()
     call = await completions_call(req, rt, tenant=tenant_of(request), **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
@@ -185,14 +217,14 @@ async def completions(request):
 @allow("POST")
 async def tokenize_view(request):
     """POST /tokenize: {prompt} or {messages} -> {tokens, count, max_model_len}."""
-    return JsonResponse(await cpu_work(tokenize.tokenize, request.body, ready_runtime()))
+    return JsonResponse(await cpu_work(tokenize.tokenize, request.body, await ready_runtime()))
 
 
 @openai_endpoint
 @allow("POST")
 async def detokenize_view(request):
     """POST /detokenize: {tokens} -> {prompt}."""
-    return JsonResponse(await cpu_work(tokenize.detokenize, request.body, ready_runtime()))
+    return JsonResponse(await cpu_work(tokenize.detokenize, request.body, await ready_runtime()))
 
 
 @openai_endpoint

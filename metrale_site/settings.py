@@ -280,6 +280,11 @@ METRALE = {
     # On SIGTERM, running requests and background responses get this long to finish before
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
+    # While a model swap that drains the old model first has no model installed, a request waits up
+    # to this long for the new one (inference.views.ready_runtime), and at most SWAP_WAIT_MAX requests
+    # wait at once; past either, 503 model_not_loaded with Retry-After.
+    "SWAP_WAIT_S": envduration_s("METRALE_SWAP_WAIT", 30),
+    "SWAP_WAIT_MAX": envint("METRALE_SWAP_WAIT_MAX", 64),
     # GET /metrics requires an admin key (or a staff session) when on; off: open to anyone who
     # reaches the port (as vLLM's).
     "METRICS_AUTH": envbool("METRALE_METRICS_AUTH", False),

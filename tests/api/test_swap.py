@@ -64,7 +64,9 @@ def test_a_swap_beside_installs_the_new_model_and_stops_the_old_once_idle(servin
     assert old.engine.stopped
 
 
-def test_a_swap_that_does_not_fit_drains_first_and_answers_503_meanwhile(serving, monkeypatch, tmp_path):
+def test_a_swap_that_does_not_fit_drains_first_and_answers_503_past_the_wait(serving, monkeypatch, tmp_path,
+                                                                           settings):
+    settings.METRALE = {**settings.METRALE, "SWAP_WAIT_S": 0}
     old = fake_runtime("old", tmp_path / "old")
     runtime.install(old)
     monkeypatch.setattr(swap, "fits_beside", lambda path, old: False)
@@ -83,6 +85,38 @@ def test_a_swap_that_does_not_fit_drains_first_and_answers_503_meanwhile(serving
     assert seen["chat"].headers["retry-after"] == "5"
     assert seen["health"].status == 503 and seen["health"].json()["status"] == "swapping"
     assert runtime.current().model_id == "next" and runtime.status() == ("ready", None)
+
+
+@pytest.mark.parametrize("wait_max, served", [(8, True), (0, False)])
+def test_a_request_during_a_drain_first_swap_waits_for_the_new_model(serving, monkeypatch, tmp_path, settings,
+                                                                    wait_max, served):
+    """A request that arrives while no model is installed waits (bounded) and runs on the new one."""
+    settings.METRALE = {**settings.METRALE, "SWAP_WAIT_S": 30, "SWAP_WAIT_MAX": wait_max}
+    old = fake_runtime("old", tmp_path / "old")
+    runtime.install(old)
+    monkeypatch.setattr(swap, "fits_beside", lambda path, old: False)
+    loading, release = threading.Event(), threading.Event()
+
+    def load(path, name):
+        loading.set()
+        assert release.wait(10)
+        return serving
+
+    monkeypatch.setattr(runtime, "load_runtime", load)
+    swapper = threading.Thread(target=swap.swap_model, args=(str(tmp_path / "next"), serving.model_id))
+    swapper.start()
+    assert loading.wait(10) and runtime.status()[0] == "swapping"
+    threading.Timer(0.3, release.set).start()
+    answer = call("POST", "/v1/chat/completions", {"model": serving.model_id, "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "hi"}]})
+    release.set()
+    swapper.join(10)
+    if served:
+        assert answer.status == 200, answer.body
+        assert serving.engine.submissions, "the request ran on the new model"
+    else:
+        assert answer.status == 503 and answer.json()["error"]["code"] == "model_not_loaded"
+    assert runtime.current() is serving
 
 
 def test_servers_follow_the_served_model_row(serving, monkeypatch, tmp_path, db):
