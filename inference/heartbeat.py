@@ -56,6 +56,7 @@ class ServerProcess(models.Model):
         app_label = "inference"
         ordering = ["-started_at"]
         verbose_name = "server process"
+        verbose_name_plural = "server processes"
 
     def __str__(self):
         return self.id
