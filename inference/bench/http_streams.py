@@ -26,7 +26,8 @@ def stream_chat(client: httpx.Client, url: str, messages: list[dict], max_tokens
     token ids to ban for another server (the count is then the content chunks seen,
     one token each on llama-cpp-python's server).
     """
-    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    # No `model`: both servers then answer with the model they serve (ours refuses a name it does not serve).
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     if suppress is None:
         body.update(ignore_eos=True, stream_options={"include_usage": True})
     else:

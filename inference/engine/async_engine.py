@@ -72,6 +72,10 @@ class RequestHandle:
             self.engine._wake.set()
 
 
+# Seconds the dying loop leaves the consumers of failed requests to write their answers out.
+FATAL_FLUSH_S = 0.5
+
+
 class AsyncEngine:
     """Runs an LLMEngine in a daemon thread. `submit` is called from the event loop.
 
@@ -338,6 +342,10 @@ class AsyncEngine:
         deadline = time.monotonic() + self.fatal_grace_s
         while any(not h.done for h in doomed) and time.monotonic() < deadline:
             time.sleep(0.01)
+        if doomed:
+            # A consumer that has read its Failed still has to write its answer to the socket
+            # before on_fatal (which may end the process) runs.
+            time.sleep(max(0.0, min(FATAL_FLUSH_S, deadline - time.monotonic())))
         if self.on_fatal is not None:
             self.on_fatal(exc)
 

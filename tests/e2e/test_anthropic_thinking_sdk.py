@@ -36,7 +36,8 @@ def thinking_server(smollm2_dir, tmp_path_factory):
 
 def test_a_thinking_reply_through_the_stream_accumulator(thinking_server):
     client = anthropic.Anthropic(base_url=thinking_server.url, api_key="k", max_retries=0, timeout=120)
-    kwargs = {"model": "m", "max_tokens": 24, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 3},
+    kwargs = {"model": "smollm2-thinking", "max_tokens": 24, "messages": ASK,
+              "thinking": {"type": "enabled", "budget_tokens": 3},
               "extra_body": SAMPLING}
     with client.messages.stream(**kwargs) as stream:
         message = stream.get_final_message()
@@ -49,9 +50,10 @@ def test_a_thinking_reply_through_the_stream_accumulator(thinking_server):
     history = [*ASK, {"role": "assistant", "content": [b.model_dump(include={"type", "text", "thinking", "signature"})
                                                       for b in message.content]},
                {"role": "user", "content": "And 3 + 3?"}]
-    follow_up = client.messages.create(model="m", max_tokens=4, messages=history, thinking={"type": "disabled"})
+    follow_up = client.messages.create(model="smollm2-thinking", max_tokens=4, messages=history,
+                                       thinking={"type": "disabled"})
     assert follow_up.stop_reason in ("end_turn", "max_tokens")
     history[1]["content"][0]["thinking"] += " (edited)"
     with pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model="m", max_tokens=4, messages=history)
+        client.messages.create(model="smollm2-thinking", max_tokens=4, messages=history)
     assert "signature" in str(refused.value)

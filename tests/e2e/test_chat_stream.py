@@ -42,7 +42,9 @@ def test_it_lists_the_model_and_reports_health(openai_client, metrale_server):
     models = openai_client.models.list()
     assert [m.id for m in models.data] == ["smollm2-135m-instruct"]
     r = httpx.get(metrale_server.url + "/health")
-    assert r.status_code == 200 and r.json() == {"status": "ready", "model": "smollm2-135m-instruct"}
+    health = r.json()
+    assert r.status_code == 200 and health["status"] == "ready" and health["model"] == "smollm2-135m-instruct"
+    assert health["system_fingerprint"] and health["adapters"] == [], health
 
 
 PROMPTS = [
