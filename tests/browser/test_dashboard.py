@@ -49,7 +49,8 @@ def row(page, stream: Stream) -> str:
 def test_it_shows_a_running_request_and_removes_it_after(operator_page, auth_server, tmp_path):
     page = open_dashboard(operator_page, auth_server)
     assert page.inner_text("#running-empty") == "No request is running."
-    stream = Stream(auth_server, auth_server.keys["owner"], max_tokens=60)
+    # Long enough to be seen by snapshots sent at most twice a second, on a fast machine too.
+    stream = Stream(auth_server, auth_server.keys["owner"], max_tokens=400)
     stream.start()
     page.wait_for_selector(row(page, stream), timeout=60_000)
     cells = page.locator(row(page, stream) + " td").all_inner_texts()
@@ -66,7 +67,10 @@ def test_it_shows_a_running_request_and_removes_it_after(operator_page, auth_ser
     page.wait_for_selector(row(page, stream), state="detached", timeout=10_000)
     page.wait_for_selector("#running-empty:not([hidden])")
     # The finished request is in the throughput chart's series now.
-    page.wait_for_selector('#chart-throughput polyline[data-series="generation_tokens_per_s"]', timeout=20_000)
+    # (attached, not "visible": a series whose samples are all equal is a flat line, which has no height)
+    line = page.wait_for_selector('#chart-throughput polyline[data-series="generation_tokens_per_s"]',
+                                  state="attached", timeout=20_000)
+    assert len(line.get_attribute("points").split()) >= 2
 
 
 def test_cancelling_from_the_dashboard_ends_the_stream(operator_page, auth_server):
