@@ -38,6 +38,34 @@ TINY = {"hidden": 16, "heads": 4, "kv_heads": 2, "layers": 2, "ffn": 24}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+def tiny_gguf_writer(path, arch: str, hidden: int, heads: int, kv_heads: int, ffn: int, layers: int,
+                     vocab: tuple) -> "gguf.GGUFWriter":
+    """A GGUFWriter at `path` with a tiny model's metadata and the tiny_vocab() tokenizer
+    (`vocab` = (tokens, merges, types)); the caller adds tensors and writes it."""
+    import gguf
+
+    tokens, merges, types = vocab
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    return w
+
+
 def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
     """A byte-level BPE vocabulary: 3 control tokens, the 256 byte symbols, and two merges."""
     symbols = list(bytes_to_unicode().values())
@@ -60,7 +88,6 @@ def write_tiny_gguf(
     extra_tensors: GGUF name -> array, written in place of the tensor of that name or added.
     drop: GGUF names left out of the file.
     """
-    import gguf
 
     rng = np.random.default_rng(seed)
     h, heads, kv, ffn = TINY["hidden"], TINY["heads"], TINY["kv_heads"], TINY["ffn"]
@@ -74,24 +101,7 @@ def write_tiny_gguf(
     hf = {"model.embed_tokens.weight": rand(vocab, h), "model.norm.weight": rand(h)}
     if not tied:
         hf["lm_head.weight"] = rand(vocab, h)
-    w = gguf.GGUFWriter(str(path), arch=arch)
-    w.add_block_count(TINY["layers"])
-    w.add_context_length(128)
-    w.add_embedding_length(h)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
-    w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = tiny_gguf_writer(path, arch, h, heads, kv, ffn, TINY["layers"], (tokens, merges, types))
     w.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     )

@@ -138,33 +138,15 @@ def test_every_instruction_set_path_gives_the_same_block_linear_bitwise(extra):
 def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0) -> None:
     """A 2-layer llama GGUF (hidden 64, 4 heads, 2 KV heads, ffn 96, untied head) whose 2-D tensors are
     quantised as `qtypes` says per GGUF tensor-name part ("attn_q", "ffn_down", "token_embd", ...)."""
-    import gguf
     from gguf import GGMLQuantizationType as QType
     from gguf.quants import quantize
 
-    from .conftest import tiny_vocab
+    from .conftest import tiny_gguf_writer, tiny_vocab
 
     rng = np.random.default_rng(seed)
     h, heads, kv, ffn, layers = 64, 4, 2, 96, 2
     tokens, merges, types = tiny_vocab()
-    w = gguf.GGUFWriter(str(path), arch="llama")
-    w.add_block_count(layers)
-    w.add_context_length(128)
-    w.add_embedding_length(h)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(h // heads)
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w = tiny_gguf_writer(path, "llama", h, heads, kv, ffn, layers, (tokens, merges, types))
 
     def add(name, *shape):
         value = (rng.standard_normal(shape) * (0.3 if len(shape) == 2 else 1.0)).astype(np.float32)
