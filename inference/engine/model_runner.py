@@ -8,6 +8,7 @@ import torch
 
 from . import kernels
 from .config import ModelConfig
+from .kv_pool import KVPool
 from .layers.attention import AttentionMetadata, PrefillSlice
 from .layers.fused_decode import FusedDecoder
 from .sampler import Sampler, token_logprobs
@@ -56,10 +57,9 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=kv_dtype, device=device), torch.zeros(shape, dtype=kv_dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # kv_pool.KVPool: zero-filled, its pages committed on the CPU as blocks are first written.
+        self.kv_pool = KVPool(cfg.num_hidden_layers, shape, kv_dtype, device)
+        self.kv_caches = self.kv_pool.caches
         self.sampler = Sampler(eos_token_ids, seed)
         # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
         # model's decode weights are kernel weights, decode rows run through whole compiled layers.

@@ -72,7 +72,11 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     if not fuse:  # the unfused modules run float weights only
         state.update({name: bw.dequantize() for name, bw in blocks.items()})
         blocks = {}
-    model.load_state_dict({k: state[k].to(dtype) for k in expected if k in state}, assign=True, strict=False)
+    # Copies (not views of load_file's mapping): a view would keep the whole file mapped, every page
+    # of it resident beside the block weights' own copies.
+    model.load_state_dict({k: state[k].to(dtype, copy=True) for k in expected if k in state}, assign=True,
+                          strict=False)
+    del state
     for name, bw in blocks.items():  # kept as blocks: fuse() and set_weights() read `module.blocks`
         module = _module(model, name)
         module.weight = None
