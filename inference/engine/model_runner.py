@@ -161,6 +161,16 @@ class ModelRunner:
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, every layer's K and V: copies[j] = (source block id, destination block id),
+        applied in order (copy-on-write of a shared block, BlockManager.allocate). Run before the forward
+        that writes the destinations."""
+        for src, dst in copies:
+            for k, v in self.kv_caches:
+                k[dst].copy_(k[src])
+                v[dst].copy_(v[src])
+
+    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunResult:
         """Run the forward for every scheduled token and sample the items that reached their end.
 

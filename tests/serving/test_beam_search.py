@@ -67,7 +67,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 @pytest.mark.parametrize("fields, param", [
     (dict(stream=True), "stream"), (dict(n=3, num_beams=2), "n"), (dict(num_beams=99), "num_beams"),
-    (dict(logprobs=True), "logprobs"), (dict(stop=["x"]), "stop"),
+    (dict(prediction={"type": "content", "content": "x"}), "prediction"), (dict(stop=["x"]), "stop"),
     (dict(response_format={"type": "json_object"}), "response_format"),
 ])
 def test_beam_search_refuses_what_it_cannot_do_naming_the_field(fields, param):
