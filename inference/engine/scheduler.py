@@ -209,6 +209,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
 
     def fork(self, parent: Sequence, token: int) -> Sequence:
         """A beam's child: `parent`'s tokens + `token`, its block table shared (BlockManager.fork) when it

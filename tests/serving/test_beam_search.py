@@ -59,6 +59,11 @@ def test_it_equals_a_brute_force_beam_search(tiny_folder, width, n, length_penal
     assert [b.finished for b in got] == [b.finished for b in want]
     assert [round(b.cum_logprob, 3) for b in got] == [round(b.cum_logprob, 3) for b in want]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert all(b.ref_count == 0 for b in engine.block_manager.blocks)
+    for beam in got:  # per token: its logprob among its step's 2 * width candidates; they sum to cum_logprob
+        assert len(beam.logprobs) == len(beam.output)
+        assert sum(lp for lp, _ in beam.logprobs) == pytest.approx(beam.cum_logprob, abs=1e-9)
+        assert all((t, lp) in top and len(top) == 2 * width for t, (lp, top) in zip(beam.output, beam.logprobs))
     assert len(got) == n and len({tuple(b.output) for b in got}) == n  # n distinct hypotheses
 
 
