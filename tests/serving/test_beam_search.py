@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from inference.engine.async_engine import AsyncEngine
-from inference.serving.beam_search import Beam, BeamSpec, score, search
+from inference.serving.beam_search import Beam, BeamSpec, beam_request, beam_result, score, search
 from inference.serving.errors import ApiError
 from inference.serving.protocol import ChatCompletionRequest, CompletionRequest, validate
 
@@ -65,6 +65,23 @@ def test_it_equals_a_brute_force_beam_search(tiny_folder, width, n, length_penal
         assert sum(lp for lp, _ in beam.logprobs) == pytest.approx(beam.cum_logprob, abs=1e-9)
         assert all((t, lp) in top and len(top) == 2 * width for t, (lp, top) in zip(beam.output, beam.logprobs))
     assert len(got) == n and len({tuple(b.output) for b in got}) == n  # n distinct hypotheses
+
+
+def test_a_timed_out_search_ends_with_its_best_beams_so_far_and_frees_every_block(tiny_folder):
+    engine = make_engine(tiny_folder)
+    ae = AsyncEngine(engine)
+    request = beam_request(prompts(1, seed=9)[0], BeamSpec(3, 2), 230, [2], timeout_s=0.02)
+
+    async def run():
+        return await beam_result(ae.submit(request))
+    try:
+        end = asyncio.run(run())
+    finally:
+        ae.stop()
+    assert end.reason == "timeout" and 1 <= len(end.beams) <= 2
+    assert all(len(b.output) < 230 and len(b.logprobs) == len(b.output) for b in end.beams)
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not engine.scheduler.running and not engine.scheduler.waiting
 
 
 USER = [{"role": "user", "content": "hi"}]
