@@ -51,6 +51,15 @@ def score(beam: Beam, length_penalty: float) -> float:
     return beam.cum_logprob / (length ** length_penalty)
 
 
+def check_beam_request(spec: BeamSpec, params) -> None:
+    """Raises ValueError unless `params` (SamplingParams, as the engine uses them) can run `spec`: width >= 1,
+    1 <= n <= width, logprobs at least 2 * width (the candidates ranked each step)."""
+    if spec.width < 1 or not 1 <= spec.n <= spec.width:
+        raise ValueError(f"a beam search needs 1 <= n <= width (n {spec.n}, width {spec.width})")
+    if params.logprobs is None or params.logprobs < 2 * spec.width:
+        raise ValueError(f"a beam search of width {spec.width} needs logprobs >= {2 * spec.width}")
+
+
 class BeamSearch:
     """The search's state without any engine object: live beams, complete beams, steps taken."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .beam_search import BeamGroup
+from .beam_search import BeamGroup, check_beam_request
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
@@ -208,6 +208,7 @@ class LLMEngine:
         seq.grammar = grammar_state_for(params, rid, seq.reasoning)
         seq.spec = self.speculator.state_for(request.prediction_token_ids)
         if request.beam is not None:  # its beams are forks of this sequence, one decode row each
+            check_beam_request(request.beam, params)
             seq.spec = None
             seq.beam = BeamGroup(seq, request.beam)
         return seq

@@ -110,3 +110,16 @@ def test_a_pool_too_small_for_every_beam_parks_and_recomputes_them_to_the_same_r
         results.append([(b.output, round(b.cum_logprob, 3)) for b in root.finished_output().beams])
     assert engine.block_manager.num_blocks == 9 and engine.scheduler.num_preemptions > 0
     assert results[0] == results[1]
+
+
+def test_a_beam_request_the_engine_cannot_run_is_refused(tiny_folder):
+    from inference.engine.outputs import RequestRejected
+    from inference.engine.request import EngineRequest
+
+    engine = make_engine(tiny_folder, max_num_seqs=4)
+    prompt = prompts(1)[0]
+    for request in (EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=3), beam=BeamSpec(2, 2)),
+                    beam_request(prompt, BeamSpec(2, 3), 3, [2]), beam_request(prompt, BeamSpec(5, 1), 3, [2])):
+        with pytest.raises(RequestRejected):
+            engine.add_request(request)
+    assert not engine.scheduler.waiting
