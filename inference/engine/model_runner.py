@@ -163,12 +163,15 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, every layer's K and V: copies[j] = (source block id, destination block id),
-        applied in order (copy-on-write of a shared block, BlockManager.allocate). Run before the forward
-        that writes the destinations."""
-        for src, dst in copies:
-            for k, v in self.kv_caches:
-                k[dst].copy_(k[src])
-                v[dst].copy_(v[src])
+        as if applied in order (a destination named twice gets its last source; a destination is never a
+        source: it is a fresh block of copy-on-write, BlockManager.allocate). One gather per layer and
+        tensor; run before the forward that writes the destinations."""
+        last = {dst: src for src, dst in copies}
+        dst = torch.tensor(list(last), dtype=torch.long, device=self.device)
+        src = torch.tensor(list(last.values()), dtype=torch.long, device=self.device)
+        for k, v in self.kv_caches:
+            k[dst] = k[src]
+            v[dst] = v[src]
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunResult:
