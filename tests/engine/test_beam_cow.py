@@ -123,3 +123,30 @@ def test_a_beam_request_the_engine_cannot_run_is_refused(tiny_folder):
         with pytest.raises(RequestRejected):
             engine.add_request(request)
     assert not engine.scheduler.waiting
+
+
+def test_a_search_whose_selection_raises_fails_alone_and_frees_its_blocks(tiny_folder, monkeypatch):
+    from inference.engine.beam_search import BeamSearch
+    from inference.engine.outputs import Failed, Finished
+    from inference.engine.request import EngineRequest
+
+    engine = make_engine(tiny_folder)
+    prompt = prompts(1, seed=6)[0]
+    other = engine.add_request(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+    broken = engine.add_request(beam_request(prompt, BeamSpec(2, 2), 4, [2]))
+    calls = []
+    real = BeamSearch.advance
+
+    def advance(self, tops):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("broken selection")
+        return real(self, tops)
+    monkeypatch.setattr(BeamSearch, "advance", advance)
+    ends = {}
+    while engine.has_work():
+        for seq, events in engine.step():
+            ends.update({id(seq): e for e in events if isinstance(e, (Failed, Finished))})
+    assert isinstance(ends[id(broken)], Failed) and "broken selection" in ends[id(broken)].message
+    assert isinstance(ends[id(other)], Finished) and other.num_output_tokens == 4
+    assert pool_is_whole(engine)
