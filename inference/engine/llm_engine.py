@@ -179,6 +179,7 @@ class LLMEngine:
         """Free the slots of removed adapters that no waiting or running sequence uses."""
         if self.loras is not None and self.loras.retired:
             live = self.scheduler.running + list(self.scheduler.waiting)
+            live += [beam for seq in live if seq.beam is not None for beam in seq.beam.seqs]  # parked beams too
             self.loras.collect({seq.lora.slot for seq in live if seq.lora is not None})
 
     def _lora_for(self, name: str | None) -> LoraAdapter | None:

@@ -6,11 +6,12 @@ the context's end, in one place), and returns each request's events. Decodes go 
 budget, so a long prompt never stalls running streams for more than one chunk.
 When KV blocks run out, the newest running sequence is preempted (its blocks are
 freed and it is re-queued at the front, to be recomputed later), never an error.
-A beam search's live beams (beam_search.py) are sequences like any other; one whose
-candidates are in but whose siblings' are not computes nothing, and loses its blocks
-(parked, not re-queued) when blocks run short. Low-priority (batch) sequences wait behind every interactive one, at most
+Low-priority (batch) sequences wait behind every interactive one, at most
 `batch_max_num_seqs` of them run at once, and each prefills at most `batch_prefill_chunk`
 tokens a step, so batch work never starves interactive requests.
+A beam search's live beams (beam_search.py) are sequences like any other; one whose
+candidates are in while its siblings' are not computes nothing, and loses its blocks
+(parked: not re-queued, its children are) when blocks run short or the queue needs them.
 """
 from __future__ import annotations
 
