@@ -6,6 +6,12 @@ salt). A hit re-checks the tokens. The block holding the last prompt token is ne
 taken from the cache, so at least one token is always computed. Freed blocks keep
 their contents and stay reusable until evicted, least recently used first. The
 salt (the tenant) keeps one tenant's cached blocks from ever serving another.
+
+Copy-on-write (beam search's forks): `fork` gives a child its parent's whole block table
+(refcounts + 1). A block is written only by a sequence that holds it alone: `allocate`
+first replaces every shared block in the range a sequence is about to write by a fresh one
+and records (source, destination) in `pending_copies`; the model runner copies those
+blocks' K/V before the step's forward (ModelRunner.copy_blocks).
 """
 from __future__ import annotations
 
@@ -49,15 +55,26 @@ class BlockManager:
         self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.num_cache_hits = 0  # tokens
+        # (source block, destination block) K/V copies of copy-on-write, for the next forward (take_copies).
+        self.pending_copies: list[tuple[int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_list)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks `seq` needs to hold its first `num_tokens` tokens' K/V."""
+        """Extra blocks `seq` needs to hold its first `num_tokens` tokens' K/V: new ones past its block
+        table, and a copy of each shared block it would write (positions num_computed_tokens onwards)."""
         total = -(-num_tokens // self.block_size)
-        return max(0, total - len(seq.block_table))
+        return max(0, total - len(seq.block_table)) + len(self._shared_in_write_range(seq, num_tokens))
+
+    def _shared_in_write_range(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Indices into seq.block_table of blocks other sequences also hold that `seq` would write to
+        compute its tokens up to `num_tokens`."""
+        table = seq.block_table
+        first = seq.num_computed_tokens // self.block_size
+        last = min(len(table), -(-num_tokens // self.block_size))
+        return [b for b in range(first, last) if self.blocks[table[b]].ref_count > 1]
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= len(self.free_list)
@@ -78,8 +95,32 @@ class BlockManager:
         need = self.blocks_needed(seq, num_tokens)
         if need > len(self.free_list):
             raise RuntimeError(f"KV pool exhausted: need {need} blocks, {len(self.free_list)} free")
-        for _ in range(need):
+        for b in self._shared_in_write_range(seq, num_tokens):
+            src = seq.block_table[b]
+            dst = self._take_free()
+            self.blocks[src].ref_count -= 1  # still held by others (ref_count was > 1)
+            seq.block_table[b] = dst
+            self.pending_copies.append((src, dst))
+        for _ in range(-(-num_tokens // self.block_size) - len(seq.block_table)):
             seq.block_table.append(self._take_free())
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give `child` (a new sequence holding no blocks) all of `parent`'s blocks and their state: block
+        table shared (each refcount + 1), computed tokens and hashed blocks. Its first write into a
+        shared block copies it (allocate)."""
+        child.block_table = list(parent.block_table)
+        for bid in child.block_table:
+            self.blocks[bid].ref_count += 1
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_hashed_blocks = parent.num_hashed_blocks
+        child.full_blocks = list(parent.full_blocks)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write K/V copies (source, destination) recorded since the last call, in order,
+        without those whose destination was freed again meanwhile."""
+        copies = [(src, dst) for src, dst in self.pending_copies if self.blocks[dst].ref_count > 0]
+        self.pending_copies = []
+        return copies
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Shrink `seq.block_table` to the blocks its first `num_tokens` tokens need (rejected drafts'

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .beam_search import BeamGroup, check_beam_request
 from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
@@ -16,7 +17,7 @@ from .lora import LoraAdapter
 from .model_folder import ModelFolder
 from .model_runner import ModelRunner, RunResult
 from .models.loader import load_model
-from .outputs import RequestRejected
+from .outputs import Failed, RequestRejected
 from .penalties import PenaltyCounts, penalties_on
 from .reasoning import ReasoningTracker
 from .request import EngineRequest
@@ -140,6 +141,9 @@ class LLMEngine:
         Raises RequestRejected when it can never fit (check_fits) or a parameter cannot be used.
         """
         self.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
+        if request.beam is not None and request.beam.width > self.config.max_num_seqs:
+            raise RequestRejected(f"a beam width of {request.beam.width} exceeds the engine's "
+                                  f"{self.config.max_num_seqs} sequences (max_num_seqs)")
         rid = request_id or request.request_id or "req"
         try:
             seq = self._admit(request, rid, deadline)
@@ -175,6 +179,7 @@ class LLMEngine:
         """Free the slots of removed adapters that no waiting or running sequence uses."""
         if self.loras is not None and self.loras.retired:
             live = self.scheduler.running + list(self.scheduler.waiting)
+            live += [beam for seq in live if seq.beam is not None for beam in seq.beam.seqs]  # parked beams too
             self.loras.collect({seq.lora.slot for seq in live if seq.lora is not None})
 
     def _lora_for(self, name: str | None) -> LoraAdapter | None:
@@ -203,12 +208,20 @@ class LLMEngine:
             seq.reasoning = ReasoningTracker(params.reasoning)
         seq.grammar = grammar_state_for(params, rid, seq.reasoning)
         seq.spec = self.speculator.state_for(request.prediction_token_ids)
+        if request.beam is not None:  # its beams are forks of this sequence, one decode row each
+            check_beam_request(request.beam, params)
+            seq.spec = None
+            seq.beam = BeamGroup(seq, request.beam)
         return seq
 
     def abort(self, seq: Sequence, reason: str = "cancelled") -> None:
-        """End a sequence now (cancel, timeout, error); its blocks return to the pool."""
+        """End a sequence now (cancel, timeout, error); its blocks return to the pool (a beam search's:
+        every live beam's too)."""
         if not seq.is_finished:
-            self.scheduler.finish(seq, reason)
+            if seq.beam is not None:
+                seq.beam.end(self.scheduler, reason)
+            else:
+                self.scheduler.finish(seq, reason)
             try:
                 self.stats.record_finished(seq)
             except Exception:  # metrics never fail an abort
@@ -226,15 +239,44 @@ class LLMEngine:
             return []
         t1 = time.perf_counter()
         self._log_step(batch)
+        if batch.block_copies:
+            self.runner.copy_blocks(batch.block_copies)
         result, failed = self._run(batch)
         t2 = time.perf_counter()
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]
         outputs += self.scheduler.postprocess(batch, result)
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
+        outputs = self._advance_beams(batch, outputs)
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)
         return outputs
+
+    def _advance_beams(self, batch: ScheduledBatch, outputs: StepOutputs) -> StepOutputs:
+        """The beam searches this step touched: a group whose live beams all have their candidates
+        selects its next beams (BeamGroup.advance); one whose beam failed, or whose selection raises,
+        ends Failed alone. Beams' own events are replaced by their root's (its Finished or Failed)."""
+        groups = {id(seq.beam): seq.beam for seq, _ in batch.items if seq.beam is not None}
+        if not groups:
+            return outputs
+        failures = {id(seq.beam): ev for seq, events in outputs if seq.beam is not None
+                    for ev in events if isinstance(ev, Failed)}
+        kept = [(seq, events) for seq, events in outputs if seq.beam is None]
+        now = time.monotonic()
+        for key, group in groups.items():
+            if key in failures:
+                kept.append(group.fail(self.scheduler, failures[key].message))
+                continue
+            if group.root.is_finished or not group.ready():
+                continue
+            try:
+                out = group.advance(self.scheduler, now)
+            except Exception as exc:  # this search's state alone is broken
+                log.exception("beam search %s failed in the engine and ends alone", group.root.request_id)
+                out = group.fail(self.scheduler, f"engine error: {exc}")
+            if out is not None:
+                kept.append(out)
+        return kept
 
     def _record_stats(self, batch: ScheduledBatch, outputs: StepOutputs) -> None:
         # Metrics never end a step: a bug in them is logged, the requests go on.

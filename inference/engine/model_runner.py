@@ -161,6 +161,19 @@ class ModelRunner:
         return input_ids, positions_t, meta, sample_rows
 
     @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks, every layer's K and V: copies[j] = (source block id, destination block id),
+        as if applied in order (a destination named twice gets its last source; a destination is never a
+        source: it is a fresh block of copy-on-write, BlockManager.allocate). One gather per layer and
+        tensor; run before the forward that writes the destinations."""
+        last = {dst: src for src, dst in copies}
+        dst = torch.tensor(list(last), dtype=torch.long, device=self.device)
+        src = torch.tensor(list(last.values()), dtype=torch.long, device=self.device)
+        for k, v in self.kv_caches:
+            k[dst] = k[src]
+            v[dst] = v[src]
+
+    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunResult:
         """Run the forward for every scheduled token and sample the items that reached their end.
 

@@ -47,6 +47,9 @@ class Finished:
     prompt_logprobs: list | None = None
     # Reason "stop" because the output repeated a pattern (repetition.py; metrics' "repetition").
     repetition: bool = False
+    # A beam search's n best beams (beam_search.Beam), best first: at its end, or the best so far when it
+    # is aborted (timeout, cancel). None for every other request.
+    beams: list | None = None
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .beam_search import BeamSpec
 from .sampling_params import SamplingParams
 
 # EngineRequest.priority of a batch line (the Batch API): after interactive requests.
@@ -24,6 +25,9 @@ class EngineRequest:
     priority: 0 for interactive work; higher values (batch lines: BATCH_PRIORITY) are admitted
     after every waiting interactive request, capped in number and in prefill chunk size
     (EngineConfig.batch_max_num_seqs, batch_prefill_chunk).
+    beam: a beam search (beam_search.py) instead of one generation: params are then temperature 0,
+    max_tokens the search's steps, logprobs at least 2 * width, stop_token_ids the tokens that end a
+    beam; the Finished event carries the n best beams.
     """
 
     prompt_token_ids: list[int]
@@ -34,6 +38,7 @@ class EngineRequest:
     lora_name: str | None = None
     prediction_token_ids: list[int] | None = None
     priority: int = 0
+    beam: BeamSpec | None = None
 
     @property
     def num_tokens_needed(self) -> int:

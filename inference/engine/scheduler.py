@@ -9,6 +9,9 @@ freed and it is re-queued at the front, to be recomputed later), never an error.
 Low-priority (batch) sequences wait behind every interactive one, at most
 `batch_max_num_seqs` of them run at once, and each prefills at most `batch_prefill_chunk`
 tokens a step, so batch work never starves interactive requests.
+A beam search's live beams (beam_search.py) are sequences like any other; one whose
+candidates are in while its siblings' are not computes nothing, and loses its blocks
+(parked: not re-queued, its children are) when blocks run short or the queue needs them.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ class ScheduledBatch:
     first_admitted: int = 0
     # Decode item index -> its draft tokens (speculative.py), verified after the step (verify.py).
     drafts: dict[int, list[int]] = field(default_factory=dict)
+    # Copy-on-write K/V copies (source block, destination block) to make before the forward.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -149,6 +154,9 @@ class Scheduler:
             if len(seq.prompt_logprobs) == start + 1:  # not a recompute after preemption
                 seq.prompt_logprobs.extend(chunk)
         token = result.token_ids[i]
+        if token is not None and seq.beam is not None:  # a beam's candidates; its group picks the tokens
+            seq.beam_top = result.logprobs[i][1]
+            return None
         return None if token is None else self.append_token(seq, token, result.logprobs[i], now)
 
     def append_token(self, seq: Sequence, token: int, logprobs: tuple | None, now: float) -> list:
@@ -185,6 +193,9 @@ class Scheduler:
         return None
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        if seq.beam_top is not None:  # a beam waiting for its siblings needs no recompute: parked
+            self._park(seq)
+            return
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
@@ -193,8 +204,69 @@ class Scheduler:
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
 
+    def _park(self, seq: Sequence) -> None:
+        """Take a beam whose candidates are in off the running list and free its blocks; its group forks
+        its children (waiting, recomputed) from it later."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+
+    def fork(self, parent: Sequence, token: int) -> Sequence:
+        """A beam's child: `parent`'s tokens + `token`, its block table shared (BlockManager.fork) when it
+        holds blocks, else none (it is recomputed, its full blocks from the prefix cache). Not yet placed
+        in running or waiting (replace_beams)."""
+        child = Sequence(parent.request_id, parent.prompt_token_ids, parent.params, deadline=parent.deadline,
+                         token_ids=parent.token_ids + [token], arrival_time=parent.arrival_time,
+                         cache_salt=parent.cache_salt, priority=parent.priority, sampling=parent.sampling,
+                         lora=parent.lora, beam=parent.beam, num_cached_tokens=parent.num_cached_tokens)
+        if parent.block_table:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+        return child
+
+    def replace_beams(self, parents: list[Sequence], children: list[tuple[Sequence, Sequence]]) -> None:
+        """One selection of a beam group: each (parent, child) child takes its parent's place in the
+        running list (one holding no blocks goes to the front of the queue), then every parent's blocks
+        are released. The group's root stays unfinished (it is the request's handle)."""
+        by_parent: dict[int, list[Sequence]] = {}
+        for parent, child in children:
+            by_parent.setdefault(id(parent), []).append(child)
+        gone = {id(p) for p in parents}
+        running: list[Sequence] = []
+        for seq in self.running:
+            if id(seq) in gone:
+                running.extend(c for c in by_parent.get(id(seq), ()) if c.status is SequenceStatus.RUNNING)
+            else:
+                running.append(seq)
+        placed = {id(c) for c in running}
+        running.extend(c for _, c in children if c.status is SequenceStatus.RUNNING and id(c) not in placed)
+        self.running = running
+        for _, child in reversed(children):
+            if child.status is SequenceStatus.WAITING:
+                self.waiting.appendleft(child)
+        for parent in parents:
+            if parent in self.waiting:
+                self.waiting.remove(parent)
+            self.block_manager.free(parent)
+            parent.beam_top = None
+            if parent is not parent.beam.root:
+                parent.status = SequenceStatus.FINISHED
+                parent.finish_reason = "stop"
+
     def schedule(self) -> ScheduledBatch:
         """Plan one step. Raises nothing; a sequence that cannot fit waits."""
+        batch = self._schedule()
+        if not batch and self.waiting:
+            idle = [s for s in self.running if s.beam_top is not None]
+            if idle:  # beams waiting for siblings hold every block the queue needs: park them, try again
+                for seq in idle:
+                    self._park(seq)
+                batch = self._schedule()
+        batch.block_copies = self.block_manager.take_copies()
+        return batch
+
+    def _schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm = self.block_manager

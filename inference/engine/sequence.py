@@ -64,6 +64,11 @@ class Sequence:
     spec: object = None
     # The output ended in a repeated pattern (repetition.py): finish_reason "stop", metrics' "repetition".
     stopped_by_repetition: bool = False
+    # beam_search.BeamGroup of a beam-search request: set on its root (the request's sequence) and on every
+    # live beam's sequence. beam_top: this beam's next-token candidates [(token id, logprob)] once its
+    # row ran, until the group selects the next beams (the sequence then computes nothing).
+    beam: object = None
+    beam_top: list | None = None
 
     def __post_init__(self):
         if not self.token_ids:
@@ -94,4 +99,5 @@ class Sequence:
         ttft = self.first_token_time - self.arrival_time if self.first_token_time is not None else None
         return Finished(self.finish_reason or "stop", self.num_prompt_tokens, self.num_output_tokens, ttft,
                         time.monotonic() - self.arrival_time, self.num_cached_tokens, self.prompt_logprobs,
-                        repetition=self.stopped_by_repetition)
+                        repetition=self.stopped_by_repetition,
+                        beams=self.beam.search.best() if self.beam is not None and self.beam.root is self else None)

@@ -1,14 +1,12 @@
-"""Beam search (blocking requests): the request's fields checked, the search over engine steps, its choices.
+"""Beam search (blocking requests): the request's fields checked, one engine beam search, its choices.
 
-The algorithm is vLLM's (`vllm/entrypoints/llm.py` beam_search): every step, each live beam
-is one engine request of max_tokens 1 asking for the top 2 * width log-probabilities (the
-model's own, temperature 0: no sampling control applies); each candidate extends its beam's
-cumulative log-probability; candidates ending in EOS are complete, the `width` best others
-live on; after max_tokens steps (or, with early_stopping, once `width` beams are complete) the
-complete and live beams are ranked by vLLM's score, cumulative logprob / length **
-length_penalty (length: prompt + output tokens, an ending EOS not counted). The beams'
-requests run in the same continuous batch as everything else and share their prompt's full
-KV blocks through the prefix cache (each recomputes only its last, partial block).
+The search is the engine's (engine/beam_search.py: vLLM's rule, the live beams as decode rows of
+the continuous batch, each step's beams forked copy-on-write from their parents, so the prompt
+and every beam's prefix are computed once). This module submits one EngineRequest with `beam`
+and turns the n best beams into n choices, best first: text without an ending EOS, and with
+`logprobs` each output token's logprob and its step's best alternatives (the EOS that ended a
+beam included), so a choice's logprobs sum to its beam's cumulative logprob (vLLM returns a
+beam's per-step candidate logprobs and cumulative_logprob the same way).
 Fields: `use_beam_search`, the width `num_beams` (metrale's) or else `n` (vLLM's rule),
 `length_penalty` (1.0), `early_stopping` (false); `n` best beams come back, `n` <= width.
 """
@@ -16,28 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 
-from inference.engine.outputs import Failed, TokenEvent
+from inference.engine.beam_search import Beam, BeamSpec, score
+from inference.engine.outputs import Failed, Finished
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 
 from .deltas import Content, Error, Finish, Usage
 from .errors import bad_request
+from .logprobs import spelling_for, token_logprob
+
+__all__ = ["MAX_BEAMS", "EXCLUDED", "Beam", "BeamSpec", "score", "beam_spec", "beam_request", "beam_result", "search",
+           "BeamChoices"]
 
 MAX_BEAMS = 32
 # Fields whose effect a beam search cannot honour (it ranks the model's raw log-probabilities).
-EXCLUDED = ("tools", "response_format", "structured_outputs", "prediction", "logprobs", "stop")
-
-
-@dataclass(frozen=True, slots=True)
-class BeamSpec:
-    """width: beams kept per step; n: beams returned (<= width); length_penalty; early_stopping."""
-
-    width: int
-    n: int
-    length_penalty: float = 1.0
-    early_stopping: bool = False
+EXCLUDED = ("tools", "response_format", "structured_outputs", "prediction", "stop")
 
 
 def beam_spec(attrs: dict) -> BeamSpec | None:
@@ -64,62 +56,38 @@ def beam_spec(attrs: dict) -> BeamSpec | None:
     return BeamSpec(width, n, 1.0 if penalty is None else float(penalty), bool(attrs.get("early_stopping")))
 
 
-@dataclass(slots=True)
-class Beam:
-    """One hypothesis: all its token ids (prompt + output), its cumulative logprob, and whether EOS ended it."""
-
-    tokens: list[int]
-    cum_logprob: float = 0.0
-    finished: bool = False
-    output: list[int] = field(default_factory=list)
-
-
-def score(beam: Beam, length_penalty: float) -> float:
-    """vLLM's get_beam_search_score: cum_logprob / len ** length_penalty, len without an ending EOS."""
-    length = len(beam.tokens) - (1 if beam.finished else 0)
-    return beam.cum_logprob / (length ** length_penalty)
+def beam_request(prompt_ids: list[int], spec: BeamSpec, max_tokens: int, eos_ids, *, salt: str = "",
+                 timeout_s: float | None = None, top_logprobs: int = 0, lora_name: str | None = None) -> EngineRequest:
+    """The EngineRequest of one beam search of up to max_tokens steps (its Finished's `beams`: the spec.n
+    best, best first). eos_ids: the token ids that end a beam. top_logprobs: how many candidates each
+    step keeps as alternatives (at least the 2 * width the search ranks)."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=max(2 * spec.width, top_logprobs),
+                            ignore_eos=True, stop_token_ids=sorted(set(eos_ids)))
+    return EngineRequest(list(prompt_ids), params, timeout_s=timeout_s, cache_salt=salt, lora_name=lora_name,
+                         beam=spec)
 
 
-async def _top(engine, beam: Beam, k: int, salt: str, timeout_s: float | None) -> list[tuple[int, float]]:
-    """The k most likely next tokens of `beam` with their logprobs (one engine request)."""
-    params = SamplingParams(temperature=0, max_tokens=1, logprobs=k, ignore_eos=True)
-    handle = engine.submit(EngineRequest(beam.tokens, params, timeout_s=timeout_s, cache_salt=salt))
-    top = None
-    async for event in handle:
-        if isinstance(event, TokenEvent):
-            if event.logprobs is None:
-                raise RuntimeError("the engine gave a beam's step no logprobs")
-            top = event.logprobs[1]
-        elif isinstance(event, Failed):
-            raise RuntimeError(event.message)
-    if top is None:
-        raise RuntimeError("a beam's step ended without a token")
-    return top
+async def beam_result(handle) -> Finished:
+    """The Finished of a submitted beam search (reason stop, or timeout / cancelled with the best beams so
+    far); the request is aborted if the waiter is cancelled. Raises RuntimeError when it failed."""
+    try:
+        async for event in handle:
+            if isinstance(event, Failed):
+                raise RuntimeError(event.message)
+            if isinstance(event, Finished):
+                return event
+    finally:
+        handle.abort()
+    raise RuntimeError("the beam search ended without a result")
 
 
 async def search(engine, prompt_ids: list[int], spec: BeamSpec, max_tokens: int, eos_ids, *,
                  salt: str = "", timeout_s: float | None = None) -> list[Beam]:
-    """The `spec.n` best beams after a beam search of up to max_tokens steps, best first.
-
-    engine: an AsyncEngine (submit). eos_ids: the token ids that end a beam. Raises RuntimeError
-    when an engine request fails, and what submit raises (RequestRejected, EngineOverloaded).
-    """
-    eos = frozenset(eos_ids)
-    live = [Beam(list(prompt_ids))]
-    done: list[Beam] = []
-    for _ in range(max_tokens):
-        tops = await asyncio.gather(*(_top(engine, b, 2 * spec.width, salt, timeout_s) for b in live))
-        grown = []
-        for beam, top in zip(live, tops):
-            for token, logprob in top:
-                child = Beam(beam.tokens + [token], beam.cum_logprob + logprob, token in eos, beam.output + [token])
-                (done if child.finished else grown).append(child)
-        grown.sort(key=lambda b: score(b, spec.length_penalty), reverse=True)
-        live = grown[:spec.width]
-        if not live or (spec.early_stopping and len(done) >= spec.width):
-            break
-    ranked = sorted(done + live, key=lambda b: score(b, spec.length_penalty), reverse=True)
-    return ranked[:spec.n]
+    """The `spec.n` best beams after a beam search of up to max_tokens steps, best first. engine: an
+    AsyncEngine. Raises what submit raises (RequestRejected, EngineOverloaded) and RuntimeError when
+    the search fails."""
+    handle = engine.submit(beam_request(prompt_ids, spec, max_tokens, eos_ids, salt=salt, timeout_s=timeout_s))
+    return list((await beam_result(handle)).beams or [])
 
 
 class BeamChoices:
@@ -130,9 +98,13 @@ class BeamChoices:
         spec = prepared.beam
         first = prepared.inputs[0].request
         self.started = time.perf_counter()
-        self.task = asyncio.ensure_future(search(
-            engine, first.prompt_token_ids, spec, first.params.max_tokens, tokenizer.eos_token_ids,
-            salt=first.cache_salt, timeout_s=first.timeout_s))
+        # The request's logprobs count (chat's top_logprobs, completions' logprobs); None: no logprobs.
+        self.top_logprobs = first.params.logprobs
+        # A refusal (RequestRejected, EngineOverloaded) is raised here, as Choices' submits are.
+        self.handle = handle = engine.submit(beam_request(
+            first.prompt_token_ids, spec, first.params.max_tokens, tokenizer.eos_token_ids, salt=first.cache_salt,
+            timeout_s=first.timeout_s, top_logprobs=self.top_logprobs or 0, lora_name=first.lora_name))
+        self.task = asyncio.ensure_future(beam_result(handle))
         self.generations = [_BeamChoice(self, tokenizer, i, len(first.prompt_token_ids))
                             for i in range(len(prepared.inputs))]
 
@@ -144,20 +116,35 @@ class _BeamChoice:
         self.finished_at: float | None = None
 
     def abort(self, reason: str = "cancelled") -> None:
+        self.owner.handle.abort(reason)
         self.owner.task.cancel()
 
     async def deltas(self):
         try:
-            beams = await asyncio.shield(self.owner.task)
-        except Exception as exc:  # a failed step (or a refusal mid-search) ends this request in-band
+            finished = await asyncio.shield(self.owner.task)
+        except Exception as exc:  # a failed search (or a refusal) ends this request in-band
             yield Error(f"engine error: {exc}")
             return
         self.finished_at = time.perf_counter()
-        if self.index >= len(beams):  # fewer complete hypotheses than choices (a tiny vocabulary)
+        beams = finished.beams or []
+        if self.index >= len(beams):  # fewer hypotheses than choices (a tiny vocabulary, or an early abort)
+            if finished.reason != "stop":
+                yield Finish(finished.reason, Usage(self.num_prompt, 0))
+                return
             yield Error("beam search produced fewer beams than choices")
             return
         beam = beams[self.index]
         out = beam.output[:-1] if beam.finished else beam.output
-        yield Content(self.tokenizer.decode(out, skip_special_tokens=True), token_ids=list(beam.output))
-        yield Finish("stop" if beam.finished else "length", Usage(self.num_prompt, len(beam.output)))
+        yield Content(self.tokenizer.decode(out, skip_special_tokens=True), logprobs=self._logprobs(beam),
+                      token_ids=list(beam.output))
+        reason = "stop" if beam.finished else ("length" if finished.reason == "stop" else finished.reason)
+        yield Finish(reason, Usage(self.num_prompt, len(beam.output)))
 
+    def _logprobs(self, beam: Beam) -> list | None:
+        """One entry per output token: its logprob and its step's `top_logprobs` best candidates."""
+        n = self.owner.top_logprobs
+        if n is None:
+            return None
+        spell = spelling_for(self.tokenizer)
+        return [token_logprob(spell, token, (logprob, top[:n]))
+                for token, (logprob, top) in zip(beam.output, beam.logprobs)]

@@ -47,3 +47,33 @@ def test_completions_beam_search_of_width_1_is_greedy_and_its_400s(real_rt):
     wide = post("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "use_beam_search": True, "n": 4,
                                          "num_beams": 2})
     assert wide.status == 400 and wide.json()["error"]["param"] == "n"
+
+
+def by_score(choices: list[tuple[float, int, bool]], prompt_tokens: int, length_penalty: float) -> list[float]:
+    """vLLM's beam score of each (summed logprob, output tokens, ended by EOS) choice."""
+    return [lp / (prompt_tokens + n - (1 if eos else 0)) ** length_penalty for lp, n, eos in choices]
+
+
+def test_beam_search_logprobs_sum_to_each_choice_s_cumulative_logprob_in_score_order(real_rt):
+    body = post("/v1/chat/completions", {"model": "smollm2-135m-instruct", "messages": USER, "max_tokens": 5,
+                                         "use_beam_search": True, "num_beams": 3, "n": 3, "length_penalty": 0.5,
+                                         "logprobs": True, "top_logprobs": 2}).json()
+    sums = []
+    for choice in body["choices"]:
+        content = choice["logprobs"]["content"]
+        assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] >= e["logprob"] for e in content)
+        sums.append((sum(e["logprob"] for e in content), len(content), choice["finish_reason"] == "stop"))
+    scores = by_score(sums, body["usage"]["prompt_tokens"], 0.5)
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) == 3
+    assert body["usage"]["completion_tokens"] == sum(n for _, n, _ in sums)
+
+    done = post("/v1/completions", {"model": "smollm2-135m-instruct", "prompt": "The sky is", "max_tokens": 4,
+                                    "use_beam_search": True, "n": 2, "logprobs": 1}).json()
+    sums = []
+    for choice in done["choices"]:
+        lps = choice["logprobs"]
+        assert len(lps["tokens"]) == len(lps["token_logprobs"]) == len(lps["top_logprobs"]) > 0
+        assert all(max(top.values()) >= lp for top, lp in zip(lps["top_logprobs"], lps["token_logprobs"]))
+        sums.append((sum(lps["token_logprobs"]), len(lps["tokens"]), choice["finish_reason"] == "stop"))
+    scores = by_score(sums, done["usage"]["prompt_tokens"], 1.0)
+    assert scores == sorted(scores, reverse=True)

@@ -315,7 +315,7 @@ VALID_BY_NAME = {
     "chat_template_kwargs": st.just({}), "include": st.just([]), "suffix": st.none(),
 }
 # Fields a plausible body leaves out: they need stored objects or are refused whenever set; a beam search
-# runs one engine request per beam and token up to the context's end (tests/serving/test_beam_search.py).
+# runs width beams up to the context's end (tests/serving/test_beam_search.py).
 NOT_PLAUSIBLE = {"prediction", "audio", "web_search_options", "previous_response_id", "conversation", "items",
                  "stream_options", "echo", "continue_final_message", "add_generation_prompt", "top_logprobs",
                  "use_beam_search"}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from inference.engine.async_engine import AsyncEngine
-from inference.serving.beam_search import Beam, BeamSpec, score, search
+from inference.serving.beam_search import Beam, BeamSpec, beam_request, beam_result, score, search
 from inference.serving.errors import ApiError
 from inference.serving.protocol import ChatCompletionRequest, CompletionRequest, validate
 
@@ -59,7 +59,29 @@ def test_it_equals_a_brute_force_beam_search(tiny_folder, width, n, length_penal
     assert [b.finished for b in got] == [b.finished for b in want]
     assert [round(b.cum_logprob, 3) for b in got] == [round(b.cum_logprob, 3) for b in want]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert all(b.ref_count == 0 for b in engine.block_manager.blocks)
+    for beam in got:  # per token: its logprob among its step's 2 * width candidates; they sum to cum_logprob
+        assert len(beam.logprobs) == len(beam.output)
+        assert sum(lp for lp, _ in beam.logprobs) == pytest.approx(beam.cum_logprob, abs=1e-9)
+        assert all((t, lp) in top and len(top) == 2 * width for t, (lp, top) in zip(beam.output, beam.logprobs))
     assert len(got) == n and len({tuple(b.output) for b in got}) == n  # n distinct hypotheses
+
+
+def test_a_timed_out_search_ends_with_its_best_beams_so_far_and_frees_every_block(tiny_folder):
+    engine = make_engine(tiny_folder)
+    ae = AsyncEngine(engine)
+    request = beam_request(prompts(1, seed=9)[0], BeamSpec(3, 2), 230, [2], timeout_s=0.02)
+
+    async def run():
+        return await beam_result(ae.submit(request))
+    try:
+        end = asyncio.run(run())
+    finally:
+        ae.stop()
+    assert end.reason == "timeout" and 1 <= len(end.beams) <= 2
+    assert all(len(b.output) < 230 and len(b.logprobs) == len(b.output) for b in end.beams)
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not engine.scheduler.running and not engine.scheduler.waiting
 
 
 USER = [{"role": "user", "content": "hi"}]
@@ -67,7 +89,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 @pytest.mark.parametrize("fields, param", [
     (dict(stream=True), "stream"), (dict(n=3, num_beams=2), "n"), (dict(num_beams=99), "num_beams"),
-    (dict(logprobs=True), "logprobs"), (dict(stop=["x"]), "stop"),
+    (dict(prediction={"type": "content", "content": "x"}), "prediction"), (dict(stop=["x"]), "stop"),
     (dict(response_format={"type": "json_object"}), "response_format"),
 ])
 def test_beam_search_refuses_what_it_cannot_do_naming_the_field(fields, param):
