@@ -167,6 +167,10 @@ class Command(BaseCommand):
         if ours_rss and peer_rss:
             out(f"resident memory at idle: ours {ours_rss / 2**20:.0f} MiB, llama-server {peer_rss / 2**20:.0f} MiB "
                 f"({ours_rss / peer_rss:.2f}x)")
+            after, peer_after = rss_bytes(server.proc.pid), rss_bytes(pid)
+            if after and peer_after:  # the KV pool's pages are committed as blocks are first written (kv_pool.py)
+                out(f"resident memory after the workloads: ours {after / 2**20:.0f} MiB, llama-server "
+                    f"{peer_after / 2**20:.0f} MiB ({after / peer_after:.2f}x)")
 
     @staticmethod
     def _row(dtype: str, r: RunSummary) -> str:
