@@ -20,9 +20,14 @@ def make_adapters(model_dir: str, out_dir: Path, count: int, rank: int, targets:
     import peft
     import transformers
 
+    # An adapter needs the architecture's shapes only: built from config.json (a GGUF-blocks folder's
+    # weights are not transformers'), with random LoRA weights below.
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     paths = []
     for i in range(count):
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         peft_model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets))
         g = torch.Generator().manual_seed(i)
         with torch.no_grad():
