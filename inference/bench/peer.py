@@ -10,6 +10,7 @@ The peer has no `ignore_eos`: its special tokens are banned through `logit_bias`
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -58,11 +59,14 @@ def compare(ours: str, peer: str, workloads: dict[int, list[BenchRequest]], toke
             rounds: int, prompt_tokens: int = 1000, log=print) -> PeerComparison:
     """Interleaved rounds of the same workloads against `ours` and `peer` (base URLs). The
     prompt probe is a fresh random user message of `prompt_tokens` tokens each time (no prefix
-    cache hit on either side). log: called with one line per measurement."""
+    cache hit on either side, in this run or from an earlier one). The workloads are the same in
+    every run: start the peer afresh for each run, or its first round hits the prompt cache an
+    earlier run left. log: called with one line per measurement."""
     import random
 
     result = PeerComparison()
-    rng = random.Random(7)
+    # A new text every run: a server that outlives one bench run keeps its prompt cache for the next.
+    rng = random.Random(time.time_ns())
     for side, url, ban in (("ours", ours, None), ("peer", peer, suppress)):  # warm-up both
         run_http(url, workloads[min(workloads)][:1], 1, ban)
     for rnd in range(rounds):
