@@ -55,22 +55,24 @@ class PeerComparison:
         return statistics.median(r.tpot_p50 for r in self.streams[(side, concurrency)])
 
 
-def compare(ours: str, peer: str, workloads: dict[int, list[BenchRequest]], tokenizer, suppress: list[int],
+def compare(ours: str, peer: str, workloads_for, tokenizer, suppress: list[int],
             rounds: int, prompt_tokens: int = 1000, log=print) -> PeerComparison:
-    """Interleaved rounds of the same workloads against `ours` and `peer` (base URLs). The
-    prompt probe is a fresh random user message of `prompt_tokens` tokens each time (no prefix
-    cache hit on either side, in this run or from an earlier one). The workloads are the same in
-    every run: start the peer afresh for each run, or its first round hits the prompt cache an
-    earlier run left. log: called with one line per measurement."""
+    """Interleaved rounds against `ours` and `peer` (base URLs): in each round both get the same
+    workloads, `workloads_for(round)` ({concurrency: [BenchRequest]}, new prompts every round:
+    llama-server keeps finished prompts in a host-memory prompt cache that outlives its KV slots,
+    so repeating a round's prompts would measure that cache, not serving). The prompt probe is
+    a fresh random user message of `prompt_tokens` tokens each time (no prefix cache hit on
+    either side, in this run or from an earlier one). log: called with one line per measurement."""
     import random
 
     result = PeerComparison()
     # A new text every run: a server that outlives one bench run keeps its prompt cache for the next.
     rng = random.Random(time.time_ns())
+    warm = workloads_for(-1)
     for side, url, ban in (("ours", ours, None), ("peer", peer, suppress)):  # warm-up both
-        run_http(url, workloads[min(workloads)][:1], 1, ban)
+        run_http(url, warm[min(warm)][:1], 1, ban)
     for rnd in range(rounds):
-        for c, requests in workloads.items():
+        for c, requests in workloads_for(rnd).items():
             for side, url, ban in (("ours", ours, None), ("peer", peer, suppress)):
                 timings, wall = run_http(url, requests, c, ban)
                 summary = RunSummary.of(side, c, timings, wall)

@@ -153,7 +153,13 @@ class Command(BaseCommand):
         out = self.stdout.write
         ours_rss, peer_rss = rss_bytes(server.proc.pid), rss_bytes(pid)
         banned = sorted(tokenizer.special_ids)  # it has no ignore_eos: EOS is made impossible instead
-        cmp = compare(server.url, url, workloads, tokenizer, banned, rounds, log=out)
+        levels = list(workloads)
+        per_level = {c: len(reqs) for c, reqs in workloads.items()}
+
+        def workloads_for(rnd: int):  # the same sizes, new prompts each round (seeds apart from the others')
+            return {c: sharegpt_like(tokenizer, per_level[c], seed=1000 * (rnd + 2) + c) for c in levels}
+
+        cmp = compare(server.url, url, workloads_for, tokenizer, banned, rounds, log=out)
         out(f"\n== side by side with llama-server ({url}), medians of {rounds} interleaved rounds; CPU "
             f"{cpuinfo_field('model name') or 'unknown'} ==")
         out("| | ours tok/s | llama-server tok/s | ratio | TPOT ours / llama-server |")
