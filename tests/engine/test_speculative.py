@@ -405,3 +405,26 @@ def test_grammar_penalties_and_min_tokens_keep_their_state_through_verified_draf
     assert [r[:3] for r in on] == [r[:3] for r in off]
     assert sum(e.accepted_prediction for e in on[0][3]) > 5
     assert_pool_whole(engine)
+
+
+def test_model_weights_on_a_block_folder_draft_through_the_exact_block_kernels_and_change_nothing(tmp_path):
+    """METRALE_WEIGHTS=model on a folder of GGUF blocks: its decode rows run the compiled layers on the blocks
+    with float32 activations (row-independent), so it speculates; greedy output identical on and off."""
+    from inference.engine.checkpoints import import_gguf
+
+    from .test_block_weights import MIXED, write_block_gguf
+
+    write_block_gguf(tmp_path / "m.gguf", MIXED)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
+    prompts_ = [[3 + t % 255 for t in p[:90]] for p in corpus()[5:8]]  # the folder's context is 128 tokens
+    off = drive(make_engine(folder, weights="model", speculative="off"),
+                [EngineRequest(p, SamplingParams(**GREEDY)) for p in prompts_])
+    # Predictions: the first output exactly, the second's with its middle changed, none for the third.
+    partial = off[1][0][:6] + [t % 250 + 4 for t in off[1][0][6:12]] + off[1][0][12:]
+    engine = make_engine(folder, weights="model", speculative="on")
+    assert engine.speculator.enabled
+    on = drive(engine, [EngineRequest(p, SamplingParams(**GREEDY), prediction_token_ids=pred)
+                        for p, pred in zip(prompts_, (off[0][0], partial, None))])
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens > 0
+    assert_pool_whole(engine)
