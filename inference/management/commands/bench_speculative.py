@@ -53,5 +53,5 @@ class Command(BaseCommand):
                 fit = (f"auto's fit: a decode step {cost.fixed_s * 1e3:.2f} ms + {cost.row_s * 1e3:.3f} ms a row"
                        if cost.fitted else "auto's fit: none yet (prior)")
                 out(f"{work.name:<10} batch {batch}: off {off:.1f} tok/s; " + "; ".join(parts)
-                    + f" [median of {repeats} interleaved runs, {runs['off'][-1].tokens} tokens each; outputs identical;"
-                    f" {fit}]")
+                    + f" [median of {repeats} interleaved runs, {runs['off'][-1].tokens} tokens each;"
+                    f" outputs identical; {fit}]")
