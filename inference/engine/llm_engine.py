@@ -234,6 +234,7 @@ class LLMEngine:
         """One step: schedule -> run -> postprocess. Returns each request's events of this step
         (the TokenEvent / Finished objects its handle receives), in batch order."""
         t0 = time.perf_counter()
+        self.speculator.start_step()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -247,6 +248,8 @@ class LLMEngine:
         outputs += self.scheduler.postprocess(batch, result)
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         outputs = self._advance_beams(batch, outputs)
+        if not failed and batch.num_decodes == len(batch.items):  # the gate's cost fit: decode steps only
+            self.speculator.end_step(batch.num_tokens + sum(map(len, batch.drafts.values())))
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)

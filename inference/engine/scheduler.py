@@ -338,6 +338,7 @@ class Scheduler:
         """Draft tokens for the step's decodes (speculative.Speculator.plan), each within the token
         budget and the free blocks (a draft never preempts). Returns the budget left."""
         bm = self.block_manager
+        self.speculator.begin_plan(batch.num_decodes)
         for i, (seq, _) in enumerate(batch.items):
             if seq.status is not SequenceStatus.RUNNING:
                 continue

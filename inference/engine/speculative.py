@@ -10,16 +10,24 @@ Drafts come from (1) a request's `prediction` (OpenAI's Predicted Outputs): the
 prediction's tokens after the place that matches the output's last tokens, found again
 after a rejection (llama.cpp's lookup decoding, PR #12127); or (2) prompt lookup (vLLM's
 n-gram proposer, Saxena 2023): the last n tokens (n from ngram_max down to ngram_min)
-found earlier in the prompt or the output, and what followed them.
+found earlier in the prompt or the output, and what followed them. A request with a
+prediction that has nothing to offer (used up, or the output's last token is not in it)
+drafts by prompt lookup; only drafts taken from the prediction count as its accepted and
+rejected prediction tokens.
 
 The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts whenever a draft
-exists; "auto" drafts while the batch has at most `max_batch` decodes and the sequence's
-drafts pay: its draft length doubles after a fully accepted draft and falls to what was
-accepted plus one after a rejection, and a sequence whose recent acceptance falls below
-`min_acceptance` pauses drafting for a number of steps that doubles each time.
+exists; "auto" drafts while the batch has at most `max_batch` decodes and a drafted token
+raises the step's tokens per second: the engine fits its decode steps' time as a fixed
+cost plus a cost per computed row (`StepCost`), and a sequence drafts only while its
+recent acceptance (accepted / drafted tokens) exceeds the share of a token's time that
+one more row costs at this step's size (`StepCost.threshold`). Per sequence, the draft
+length doubles after a fully accepted draft and falls to what was accepted plus one after
+a rejection, and a sequence whose recent acceptance falls below `min_acceptance` pauses
+drafting for a number of steps that doubles each time.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 MODES = ("auto", "on", "off")
@@ -44,6 +52,52 @@ class SpeculativeConfig:
             raise ValueError("speculative draft tokens >= 1 and 1 <= ngram_min <= ngram_max are required")
         if self.max_batch < 1 or not 0 <= self.min_acceptance <= 1:
             raise ValueError("speculative max_batch must be >= 1 and min_acceptance in [0, 1]")
+
+
+class StepCost:
+    """A running fit of a decode step's wall time as `fixed_s + row_s * rows` (seconds; rows: the
+    positions the step computed, decodes and their drafts).
+
+    Exponentially weighted least squares (each observation's weight decays by `decay` per
+    later one, about 1 / (1 - decay) steps of memory). The fit is refreshed only while the
+    remembered steps differ enough in rows (variance at least `min_var` rows²) for a slope to
+    mean anything; otherwise the last fit holds. Before the first fit, `prior_row_share`
+    (row_s / fixed_s) stands in. Both terms are kept at or above 0.
+    """
+
+    __slots__ = ("decay", "min_var", "w", "sx", "sy", "sxx", "sxy", "fixed_s", "row_s", "fitted")
+
+    def __init__(self, decay: float = 0.95, min_var: float = 1.0, prior_row_share: float = 1 / 16):
+        self.decay, self.min_var = decay, min_var
+        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.fixed_s, self.row_s = 1.0, prior_row_share  # only their ratio is used before a fit
+        self.fitted = False
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Fold in one step that computed `rows` positions in `seconds`."""
+        d = self.decay
+        self.w = self.w * d + 1.0
+        self.sx = self.sx * d + rows
+        self.sy = self.sy * d + seconds
+        self.sxx = self.sxx * d + rows * rows
+        self.sxy = self.sxy * d + rows * seconds
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx
+        if self.w < 2.0 or var < self.min_var:
+            return
+        slope = max(0.0, (self.sxy / self.w - mx * my) / var)
+        self.fixed_s, self.row_s = max(0.0, my - slope * mx), slope
+        self.fitted = True
+
+    def threshold(self, tokens: float, rows: int) -> float:
+        """The acceptance a draft token needs for one more row to raise tokens per second.
+
+        A step of `rows` rows yielding `tokens` tokens runs at tokens / (fixed + row * rows);
+        a draft row that is accepted with probability p adds p tokens and one row's time, which
+        pays when p > row * tokens / (fixed + row * rows). 0 when rows cost nothing.
+        """
+        step = self.fixed_s + self.row_s * rows
+        return self.row_s * tokens / step if step > 0 else 1.0
 
 
 class NgramIndex:
@@ -122,40 +176,58 @@ class PredictionDraft:
 
 
 class SpecState:
-    """One sequence's speculation: its drafter, its adaptive draft length and pause, and its counts.
+    """One sequence's speculation: its drafters, its adaptive draft length and pause, and its counts.
 
-    drafted / accepted: all draft tokens proposed and accepted. For a request with a prediction,
-    accepted_prediction / rejected_prediction count its prediction's drafted tokens (usage's
-    accepted_prediction_tokens and rejected_prediction_tokens).
+    drafted / accepted: all draft tokens proposed and accepted. A request with a prediction
+    drafts from it while it has a draft to offer, else by prompt lookup (`from_prediction`
+    says which the last proposal used). accepted_prediction / rejected_prediction count
+    prediction tokens (usage's accepted_prediction_tokens and rejected_prediction_tokens,
+    OpenAI's prediction tokens that were and were not in the completion): each prediction
+    position once, at the first verify that drafts it, as accepted or rejected, so their sum
+    never exceeds the prediction's length however often the output realigns on it. Drafts
+    from prompt lookup count in neither. `step_prediction`: the last verify's share of them,
+    (for each accepted draft token whether it newly counts, the newly rejected count), or None.
     """
 
     __slots__ = ("prediction", "ngrams", "window", "pause", "backoff", "recent", "drafted", "accepted",
-                 "_at")
+                 "accepted_prediction", "rejected_prediction", "from_prediction", "step_prediction", "_at",
+                 "_counted")
 
     def __init__(self, cfg: SpeculativeConfig, prediction: list[int] | None):
         self.prediction = PredictionDraft(prediction) if prediction else None
-        self.ngrams = None if prediction else NgramIndex(cfg.ngram_min, cfg.ngram_max)
+        self.ngrams = NgramIndex(cfg.ngram_min, cfg.ngram_max)
         self.window = 1 if prediction is None else 2
         self.pause = 0
         self.backoff = 1
         self.recent = 1.0  # exponential average of accepted / drafted per verify
         self.drafted = 0
         self.accepted = 0
+        self.accepted_prediction = 0
+        self.rejected_prediction = 0
+        self.from_prediction = False
+        self.step_prediction: tuple[list[bool], int] | None = None
         self._at: int | None = None
+        self._counted = bytearray(len(prediction or ()))  # prediction positions already counted
 
     def propose(self, tokens: list[int], num_prompt: int, k: int) -> list[int]:
-        """Up to k draft tokens to follow `tokens` (prompt + output ids)."""
-        if self.prediction is not None:
-            self._at, draft = self.prediction.propose(tokens[num_prompt:], k)
-            return draft
-        return self.ngrams.propose(tokens, k)
+        """Up to k draft tokens to follow `tokens` (prompt + output ids): the prediction's, else prompt lookup's."""
+        self._at, draft = self.prediction.propose(tokens[num_prompt:], k) if self.prediction else (None, [])
+        self.from_prediction = bool(draft)
+        return draft or self.ngrams.propose(tokens, k)
 
     def record(self, cfg: SpeculativeConfig, num_drafted: int, num_accepted: int) -> None:
-        """Fold in one verify's outcome: counts, the prediction's pointer, the window and the pause."""
+        """Fold in one verify of the last proposal: counts, the prediction's pointer, the window and the pause."""
         self.drafted += num_drafted
         self.accepted += num_accepted
-        if self.prediction is not None and self._at is not None:
-            self.prediction.pointer = self._at + num_accepted + 1
+        self.step_prediction = None
+        if self.from_prediction:
+            at, counted = self._at, self._counted
+            fresh = [not counted[at + j] for j in range(num_drafted)]
+            counted[at:at + num_drafted] = b"\x01" * num_drafted
+            self.step_prediction = (fresh[:num_accepted], sum(fresh[num_accepted:]))
+            self.accepted_prediction += sum(fresh[:num_accepted])
+            self.rejected_prediction += self.step_prediction[1]
+            self.prediction.pointer = at + num_accepted + 1
         if num_accepted == num_drafted:
             self.window = min(cfg.num_draft_tokens, self.window * 2)
         else:
@@ -167,24 +239,18 @@ class SpecState:
         elif num_accepted:
             self.backoff = 1
 
-    @property
-    def accepted_prediction(self) -> int:
-        return self.accepted if self.prediction is not None else 0
-
-    @property
-    def rejected_prediction(self) -> int:
-        return self.drafted - self.accepted if self.prediction is not None else 0
-
 
 class Speculator:
     """Plans the drafts of one step's decodes (called by Scheduler.schedule) and keeps the engine's counters.
 
     exact: whether the model runner computes each decode row independently of the others (the
     compiled decode layers); drafts are never planned otherwise, since only then is a verify
-    row bitwise the decode row it stands for.
+    row bitwise the decode row it stands for. clock: the seconds source of the step timings
+    `StepCost` fits (time.perf_counter; tests script it). The engine brackets each step with
+    `start_step()` and, for a step of decodes only (their drafts included), `end_step(rows)`.
     """
 
-    def __init__(self, cfg: SpeculativeConfig, exact: bool):
+    def __init__(self, cfg: SpeculativeConfig, exact: bool, clock=time.perf_counter):
         self.cfg = cfg
         self.enabled = exact and cfg.mode != "off"
         self.num_drafted_tokens = 0
@@ -192,13 +258,36 @@ class Speculator:
         self.num_verifies = 0
         # Called with (drafted, accepted) after each verify (LLMEngine: stats.EngineStats.record_spec_decode).
         self.observe = None
+        self.clock = clock
+        self.cost = StepCost()
+        self._started: float | None = None
+        # The step being planned: its rows so far and the tokens they are expected to yield.
+        self._rows = 0
+        self._tokens = 0.0
 
     def state_for(self, prediction: list[int] | None) -> SpecState | None:
         """A new sequence's SpecState (None when speculation is off for this engine)."""
         return SpecState(self.cfg, prediction) if self.enabled else None
 
+    def start_step(self) -> None:
+        """Mark a step's start (before its schedule: drafting's own time is part of the step's)."""
+        self._started = self.clock()
+
+    def end_step(self, rows: int) -> None:
+        """The step started last computed `rows` positions (decodes and drafts, no prompt chunk): fold its
+        time into the cost fit."""
+        if self._started is not None:
+            self.cost.observe(rows, self.clock() - self._started)
+            self._started = None
+
+    def begin_plan(self, num_decodes: int) -> None:
+        """Start planning a step of `num_decodes` decodes (each a row and a token before any draft)."""
+        self._rows = num_decodes
+        self._tokens = float(num_decodes)
+
     def plan(self, seq, num_decodes: int, budget: int, max_model_len: int | None) -> list[int]:
-        """The draft tokens of decode `seq` this step (may be []), within `budget` tokens and its limits."""
+        """The draft tokens of decode `seq` this step (may be []), within `budget` tokens and its limits.
+        In auto, only while its recent acceptance beats StepCost.threshold at the rows planned so far."""
         state = seq.spec
         cfg = self.cfg
         if state is None or budget <= 0:
@@ -209,13 +298,18 @@ class Speculator:
         if state.pause > 0:
             state.pause -= 1
             return []
+        if auto and state.recent <= self.cost.threshold(self._tokens, self._rows):
+            return []
         k = min(cfg.num_draft_tokens if not auto else state.window, budget,
                 seq.params.max_tokens - seq.num_output_tokens - 1)
         if max_model_len is not None:
             k = min(k, max_model_len - len(seq.token_ids))
         if k <= 0:
             return []
-        return state.propose(seq.token_ids, seq.num_prompt_tokens, k)
+        draft = state.propose(seq.token_ids, seq.num_prompt_tokens, k)
+        self._rows += len(draft)
+        self._tokens += state.recent * len(draft)
+        return draft
 
     def record(self, seq, num_drafted: int, num_accepted: int) -> None:
         """Count one verify of `seq` (engine totals and its own state)."""

@@ -82,7 +82,7 @@ def verify_drafts(scheduler, sampler, speculator, batch, result, outputs: list) 
             speculator.record(seq, len(draft), accepted)
         if not seq.is_finished:
             scheduler.block_manager.truncate(seq, len(seq.token_ids))
-        _mark(events.get(id(seq)), seq, len(draft), accepted)
+        _mark(events.get(id(seq)), seq)
 
 
 def _sample_depth(scheduler, sampler, result, entries, depth, outputs, events) -> dict:
@@ -111,12 +111,15 @@ def _extend(outputs, events, seq, evs) -> None:
         outputs.append((seq, events[id(seq)]))
 
 
-def _mark(evs, seq, num_drafted: int, accepted: int) -> None:
-    """Tag the step's token events for usage: accepted prediction tokens, and the rejected ones on the last."""
-    if not evs or seq.spec is None or seq.spec.prediction is None:
+def _mark(evs, seq) -> None:
+    """Tag the step's token events for usage (SpecState.step_prediction): each accepted prediction token that
+    counts, and the newly rejected prediction tokens on the last; nothing for a draft from prompt lookup."""
+    mark = seq.spec.step_prediction if seq.spec is not None else None
+    if not evs or mark is None:
         return
+    fresh, rejected = mark
     tokens = [e for e in evs if isinstance(e, TokenEvent)]
-    for e in tokens[:accepted]:  # t_0..t_{a-1} equal the accepted drafts d_1..d_a
-        e.accepted_prediction = True
+    for e, new in zip(tokens, fresh):  # t_0..t_{a-1} equal the accepted drafts d_1..d_a
+        e.accepted_prediction = new
     if tokens:
-        tokens[-1].rejected_prediction = num_drafted - accepted
+        tokens[-1].rejected_prediction = rejected

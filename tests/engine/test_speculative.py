@@ -9,7 +9,8 @@ import torch
 from inference.engine.outputs import TokenEvent
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
-from inference.engine.speculative import NgramIndex, PredictionDraft, SpeculativeConfig, SpecState
+from inference.engine.sequence import Sequence
+from inference.engine.speculative import NgramIndex, PredictionDraft, SpeculativeConfig, Speculator, SpecState, StepCost
 
 from .test_async_engine import make_engine, prompts
 from .tiny_models import make_tiny_model
@@ -199,6 +200,147 @@ def test_the_gate_pauses_a_sequence_whose_drafts_are_refused():
         SpeculativeConfig("sometimes", 8, 4, 2, 8, 0.3)
 
 
+def test_the_step_cost_fit_recovers_fixed_and_row_costs_and_holds_without_spread_in_rows():
+    cost = StepCost()
+    assert cost.threshold(1, 1) == pytest.approx((1 / 16) / (1 + 1 / 16))  # the prior before any fit
+    for i in range(40):
+        rows = 1 + i % 9
+        cost.observe(rows, 0.010 + 0.002 * rows)
+    assert cost.fitted and cost.fixed_s == pytest.approx(0.010) and cost.row_s == pytest.approx(0.002)
+    # 0.002 * 8 / (0.010 + 0.002 * 8): a row's share of a token's time at 8 decodes.
+    assert cost.threshold(8, 8) == pytest.approx(0.016 / 0.026)
+    for _ in range(100):  # more steps of the same costs at one size: the fit holds
+        cost.observe(8, 0.026)
+    assert cost.row_s == pytest.approx(0.002) and cost.fixed_s == pytest.approx(0.010)
+    flat = StepCost()
+    for _ in range(50):  # steps all of one size say nothing of a row's cost: no fit, the prior stands
+        flat.observe(8, 0.5)
+    assert not flat.fitted and flat.threshold(1, 1) == pytest.approx((1 / 16) / (1 + 1 / 16))
+
+
+class ScriptedClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+AUTO = SpeculativeConfig(mode="auto", num_draft_tokens=4, ngram_max=4, ngram_min=2, max_batch=8, min_acceptance=0.3)
+
+
+def timed_steps(spec, clock, fixed_s, row_s, n=150):
+    """n decode steps of 1..9 rows, each taking fixed_s + row_s * rows on the scripted clock."""
+    for i in range(n):
+        rows = 1 + i % 9
+        spec.start_step()
+        clock.now += fixed_s + row_s * rows
+        spec.end_step(rows)
+
+
+def planned(spec, seqs):
+    """The drafts Speculator.plan gives each of `seqs` decoding together in one step."""
+    spec.begin_plan(len(seqs))
+    return [spec.plan(s, len(seqs), 512, None) for s in seqs]
+
+
+def test_the_auto_gate_drafts_while_rows_are_cheap_stops_when_they_cost_more_than_acceptance_earns_and_resumes():
+    clock = ScriptedClock()
+    spec = Speculator(AUTO, exact=True, clock=clock)
+    params = SamplingParams(temperature=0, max_tokens=100)
+    seqs = []
+    for i in range(8):
+        seq = Sequence(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, params)  # the prompt's tail occurred before: drafts exist
+        seq.spec = spec.state_for(None)
+        seqs.append(seq)
+    one = seqs[:1]
+    # A step's fixed cost dominates (10 ms, 0.1 ms a row): a lone stream drafts, and keeps drafting while accepted.
+    timed_steps(spec, clock, 0.010, 0.0001)
+    for _ in range(3):
+        draft, = planned(spec, one)
+        assert draft
+        spec.record(one[0], len(draft), len(draft))
+    assert one[0].spec.window == AUTO.num_draft_tokens
+    # Half of each draft accepted: still worth a row at 8 streams while a row is cheap (threshold ~0.07)...
+    for seq in seqs:
+        seq.spec.recent = 0.5
+    assert all(planned(spec, seqs))
+    # ...but not once a row costs as much as a step's fixed cost (1 ms + 1 ms a row: threshold 8/9 at 8 streams).
+    timed_steps(spec, clock, 0.001, 0.001)
+    assert spec.cost.threshold(8, 8) == pytest.approx(8 / 9, rel=1e-3)
+    assert not any(planned(spec, seqs))
+    # Alone, a row's share is 1/2: a stream accepting 40% stops, one accepting 90% drafts.
+    one[0].spec.recent = 0.4
+    assert planned(spec, one) == [[]]
+    one[0].spec.recent = 0.9
+    assert planned(spec, one)[0]
+    # Rows cheap again: every stream drafts again at 8 (the acceptance each had is kept while it did not draft).
+    timed_steps(spec, clock, 0.010, 0.0001)
+    assert all(planned(spec, seqs[1:]))
+    # "on" ignores the cost; "off" never drafts.
+    on = Speculator(SpeculativeConfig("on", 4, 4, 2, 8, 0.3), exact=True, clock=clock)
+    timed_steps(on, clock, 0.001, 0.001)
+    seqs[0].spec = on.state_for(None)
+    seqs[0].spec.recent = 0.1
+    assert planned(on, seqs[:1])[0]
+    assert Speculator(SpeculativeConfig("off", 4, 4, 2, 8, 0.3), exact=True).state_for(None) is None
+
+
+def test_auto_output_is_that_of_off_and_the_engine_fits_its_decode_steps(tiny_folder):
+    reqs = lambda: [EngineRequest(p, SamplingParams(**GREEDY)) for p in corpus()[5:8]]  # noqa: E731
+    off = drive(spec_engine(tiny_folder, "off"), reqs())
+    engine = spec_engine(tiny_folder, "auto")
+    auto = drive(engine, reqs())
+    assert [r[:3] for r in auto] == [r[:3] for r in off]
+    assert engine.speculator.num_drafted_tokens > 0
+    assert engine.speculator.cost.w > 0  # decode steps were timed
+
+
+def test_a_prediction_with_nothing_to_offer_falls_back_to_prompt_lookup_and_counts_only_its_own_tokens():
+    cfg = SpeculativeConfig("on", 4, 3, 2, 8, 0.3)
+    state = SpecState(cfg, [40, 41, 42])
+    prompt = [1, 2, 3, 4, 5, 6]
+    # The output's last token (2) is not in the prediction: prompt lookup drafts what followed [1, 2].
+    assert state.propose(prompt + [9, 1, 2], len(prompt), 4) == [3, 4, 5, 6] and not state.from_prediction
+    state.record(cfg, 4, 1)
+    assert (state.accepted_prediction, state.rejected_prediction, state.step_prediction) == (0, 0, None)
+    # Aligned on the prediction: its tokens, and they count.
+    assert state.propose(prompt + [40], len(prompt), 4) == [41, 42] and state.from_prediction
+    state.record(cfg, 2, 1)
+    assert (state.accepted_prediction, state.rejected_prediction, state.step_prediction) == (1, 1, ([True], 1))
+    # Used up (its last token is the output's): prompt lookup again, counted in neither.
+    assert state.propose(prompt + [40, 41, 42], len(prompt), 4) == [] and not state.from_prediction
+    assert state.propose(prompt + [40, 41, 42, 1, 2], len(prompt), 4) == [3, 4, 5, 6] and not state.from_prediction
+    state.record(cfg, 4, 0)
+    assert (state.accepted_prediction, state.rejected_prediction) == (1, 1)
+    # Realigned on positions already counted: they do not count again.
+    assert state.propose(prompt + [40, 41, 42, 1, 2, 40], len(prompt), 4) == [41, 42]
+    state.record(cfg, 2, 2)
+    assert (state.accepted_prediction, state.rejected_prediction, state.step_prediction) == (1, 1, ([False, False],
+                                                                                                    0))
+    assert (state.drafted, state.accepted) == (12, 4)
+
+
+def test_prompt_lookup_drafts_after_the_prediction_and_usage_counts_prediction_tokens_only(tiny_folder):
+    prompt = corpus()[5]  # a prompt that repeats itself: prompt lookup finds drafts
+    greedy = drive(spec_engine(tiny_folder, "off"), [EngineRequest(prompt, SamplingParams(**GREEDY))])[0][0]
+    never = next(t for t in range(3, 320) if t not in greedy and t not in prompt)
+    # A prediction of the output's first 5 tokens (used up early), and one whose tokens never occur.
+    for prediction in (greedy[:5], [never] * 3):
+        engine = spec_engine(tiny_folder, "on")
+        on = drive(engine, [EngineRequest(prompt, SamplingParams(**GREEDY), prediction_token_ids=prediction)])
+        assert on[0][0] == greedy
+        toks = on[0][3]
+        accepted = sum(e.accepted_prediction for e in toks)
+        rejected = sum(e.rejected_prediction for e in toks)
+        # Each prediction token counted at most once; t_0 is never drafted, so at most 4 of greedy[:5] accepted.
+        assert accepted + rejected <= len(prediction) and accepted <= len(prediction) - 1
+        assert (accepted, rejected) == ((4, 0) if prediction[0] != never else (0, 0))
+        assert engine.speculator.num_drafted_tokens > 4  # prompt lookup drafted after (or instead of) it
+        assert engine.speculator.num_accepted_tokens > accepted
+        assert_pool_whole(engine)
+
+
 def test_auto_drafts_nothing_for_a_batch_past_max_batch(tiny_folder):
     engine = spec_engine(tiny_folder, "auto", speculative_max_batch=2)
     c = corpus()
@@ -262,4 +404,27 @@ def test_grammar_penalties_and_min_tokens_keep_their_state_through_verified_draf
     on = drive(engine, requests(off[0][0]))
     assert [r[:3] for r in on] == [r[:3] for r in off]
     assert sum(e.accepted_prediction for e in on[0][3]) > 5
+    assert_pool_whole(engine)
+
+
+def test_model_weights_on_a_block_folder_draft_through_the_exact_block_kernels_and_change_nothing(tmp_path):
+    """METRALE_WEIGHTS=model on a folder of GGUF blocks: its decode rows run the compiled layers on the blocks
+    with float32 activations (row-independent), so it speculates; greedy output identical on and off."""
+    from inference.engine.checkpoints import import_gguf
+
+    from .test_block_weights import MIXED, write_block_gguf
+
+    write_block_gguf(tmp_path / "m.gguf", MIXED)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
+    prompts_ = [[3 + t % 255 for t in p[:90]] for p in corpus()[5:8]]  # the folder's context is 128 tokens
+    off = drive(make_engine(folder, weights="model", speculative="off"),
+                [EngineRequest(p, SamplingParams(**GREEDY)) for p in prompts_])
+    # Predictions: the first output exactly, the second's with its middle changed, none for the third.
+    partial = off[1][0][:6] + [t % 250 + 4 for t in off[1][0][6:12]] + off[1][0][12:]
+    engine = make_engine(folder, weights="model", speculative="on")
+    assert engine.speculator.enabled
+    on = drive(engine, [EngineRequest(p, SamplingParams(**GREEDY), prediction_token_ids=pred)
+                        for p, pred in zip(prompts_, (off[0][0], partial, None))])
+    assert [r[:3] for r in on] == [r[:3] for r in off]
+    assert engine.speculator.num_drafted_tokens > engine.speculator.num_accepted_tokens > 0
     assert_pool_whole(engine)

@@ -4,7 +4,8 @@ Workloads (inference/bench/speculative.py), greedy, at batch 1 and 8 streams: ed
 ~300-token code file with the file as the prediction, and summarising a prompt (prompt
 lookup), and plain chat, each with speculation "on", "auto" and "off". Runs are interleaved
 (on, auto, off, on, ...) in one process and the medians compared with "off"; the outputs of the
-modes must be identical (checked). A script, not a test: figures depend on the machine
+modes must be identical (checked). Each line ends with the auto engine's step-cost fit (its gate's
+view of a decode step: fixed ms + ms per row). A script, not a test: figures depend on the machine
 and its load.
 """
 from dataclasses import replace
@@ -48,5 +49,9 @@ class Command(BaseCommand):
                     rate = last.accepted / last.drafted if last.drafted else 0.0
                     parts.append(f"{mode} {median_tok_s(runs[mode]):.1f} tok/s (x{median_tok_s(runs[mode]) / off:.2f}, "
                                  f"{last.drafted} drafted, {rate:.0%} accepted)")
+                cost = engines["auto"].speculator.cost
+                fit = (f"auto's fit: a decode step {cost.fixed_s * 1e3:.2f} ms + {cost.row_s * 1e3:.3f} ms a row"
+                       if cost.fitted else "auto's fit: none yet (prior)")
                 out(f"{work.name:<10} batch {batch}: off {off:.1f} tok/s; " + "; ".join(parts)
-                    + f" [median of {repeats} interleaved runs, {runs['off'][-1].tokens} tokens each; outputs identical]")
+                    + f" [median of {repeats} interleaved runs, {runs['off'][-1].tokens} tokens each;"
+                    f" outputs identical; {fit}]")
