@@ -95,6 +95,20 @@ def editing(tokenizer, n: int) -> Workload:
     return Workload("editing", [prompt] * n, [prediction] * n, 320)
 
 
+def editing_one_line(tokenizer, n: int, engine) -> Workload:
+    """The editing request with, as its prediction, the model's own greedy answer to it with one line
+    in the middle changed: the case Predicted Outputs is for (the client knows the text but for an
+    edit). A 135M model asked to repeat a file rewrites parts of it (`editing` measures that); a
+    model that copies it gives this one. engine: an LLMEngine (its answer computed once, greedily)."""
+    work = editing(tokenizer, 1)
+    answer = run(engine, Workload("answer", work.prompts, [None], work.max_tokens)).outputs[0]
+    lines = tokenizer.decode(answer).split("\n")
+    middle = len(lines) // 2
+    lines[middle] = lines[middle] + "  # edited"
+    prediction = tokenizer.encode("\n".join(lines))
+    return Workload("edit 1 line", work.prompts * n, [prediction] * n, work.max_tokens)
+
+
 def summarise(tokenizer, n: int) -> Workload:
     """"Summarise this text, quoting it": drafts come from prompt lookup alone."""
     rng = random.Random(7)

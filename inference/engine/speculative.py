@@ -62,19 +62,34 @@ class StepCost:
     later one, about 1 / (1 - decay) steps of memory). The fit is refreshed only while the
     remembered steps differ enough in rows (variance at least `min_var` rows²) for a slope to
     mean anything; otherwise the last fit holds. Before the first fit, `prior_row_share`
-    (row_s / fixed_s) stands in. Both terms are kept at or above 0.
+    (row_s / fixed_s) stands in. Both terms are kept at or above 0, and a row at or below
+    `max_row_share` of the fixed part (a row reads no weights: the fixed part, the weights'
+    read, bounds it; a fit above that is a warm-up or a noisy stretch). A fit that has not been
+    refreshed for `stale_after` steps (no steps of different sizes: nobody drafted) is dropped
+    for the prior, so the gate drafts again and measures anew instead of holding a fit that
+    made it stop.
     """
 
-    __slots__ = ("decay", "min_var", "w", "sx", "sy", "sxx", "sxy", "fixed_s", "row_s", "fitted")
+    __slots__ = ("decay", "min_var", "prior_row_share", "max_row_share", "stale_after", "since_fit",
+                 "w", "sx", "sy", "sxx", "sxy", "fixed_s", "row_s", "fitted")
 
-    def __init__(self, decay: float = 0.95, min_var: float = 1.0, prior_row_share: float = 1 / 16):
+    def __init__(self, decay: float = 0.95, min_var: float = 1.0, prior_row_share: float = 1 / 16,
+                 max_row_share: float = 1.0, stale_after: int = 256):
         self.decay, self.min_var = decay, min_var
+        self.prior_row_share, self.max_row_share, self.stale_after = prior_row_share, max_row_share, stale_after
+        self._reset()
+
+    def _reset(self) -> None:
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        self.fixed_s, self.row_s = 1.0, prior_row_share  # only their ratio is used before a fit
+        self.fixed_s, self.row_s = 1.0, self.prior_row_share  # only their ratio is used before a fit
         self.fitted = False
+        self.since_fit = 0
 
     def observe(self, rows: int, seconds: float) -> None:
         """Fold in one step that computed `rows` positions in `seconds`."""
+        self.since_fit += 1
+        if self.fitted and self.since_fit > self.stale_after:
+            self._reset()
         d = self.decay
         self.w = self.w * d + 1.0
         self.sx = self.sx * d + rows
@@ -86,8 +101,13 @@ class StepCost:
         if self.w < 2.0 or var < self.min_var:
             return
         slope = max(0.0, (self.sxy / self.w - mx * my) / var)
-        self.fixed_s, self.row_s = max(0.0, my - slope * mx), slope
+        fixed = max(0.0, my - slope * mx)
+        if slope > self.max_row_share * fixed:  # keep the mean step time, bound the row's share
+            fixed = my / (1.0 + self.max_row_share * mx)
+            slope = self.max_row_share * fixed
+        self.fixed_s, self.row_s = fixed, slope
         self.fitted = True
+        self.since_fit = 0
 
     def threshold(self, tokens: float, rows: int) -> float:
         """The acceptance a draft token needs for one more row to raise tokens per second.

@@ -218,6 +218,22 @@ def test_the_step_cost_fit_recovers_fixed_and_row_costs_and_holds_without_spread
     assert not flat.fitted and flat.threshold(1, 1) == pytest.approx((1 / 16) / (1 + 1 / 16))
 
 
+def test_a_fit_that_makes_rows_dearer_than_the_weights_read_is_bounded_and_a_stale_fit_gives_way_to_the_prior():
+    cost = StepCost(stale_after=64)
+    cost.observe(1, 0.005)
+    cost.observe(1, 0.005)
+    cost.observe(9, 0.300)  # a first verify step's warm-up: alone it would say a row costs ~37 ms, the step nothing
+    assert cost.fitted and cost.row_s == pytest.approx(cost.fixed_s)  # bounded at the fixed part
+    assert cost.fixed_s * (1 + cost.sx / cost.w) == pytest.approx(cost.sy / cost.w)  # the mean step time kept
+    refits = []
+    for _ in range(200):  # nobody drafts any more: one-row steps only; the 9-row step's weight decays away
+        cost.observe(1, 0.005)
+        refits.append(cost.since_fit == 0)
+    last_refit = max(i for i, r in enumerate(refits) if r)
+    assert last_refit < 100  # then 64 steps without a refit, and the fit is dropped
+    assert not cost.fitted and cost.threshold(1, 1) == pytest.approx((1 / 16) / (1 + 1 / 16))
+
+
 class ScriptedClock:
     def __init__(self):
         self.now = 0.0

@@ -1,8 +1,9 @@
 """`manage.py bench_speculative` (part of `make bench`): speculative decoding's speed-up, and its cost where it cannot help.
 
 Workloads (inference/bench/speculative.py), greedy, at batch 1 and 8 streams: editing a
-~300-token code file with the file as the prediction, and summarising a prompt (prompt
-lookup), and plain chat, each with speculation "on", "auto" and "off". Runs are interleaved
+~300-token code file with the file as the prediction (`editing`: the 135M model rewrites parts of
+it), the same request predicted by the model's own answer with one line changed (`edit1`),
+summarising a prompt (prompt lookup), and plain chat, each with speculation "on", "auto" and "off". Runs are interleaved
 (on, auto, off, on, ...) in one process and the medians compared with "off"; the outputs of the
 modes must be identical (checked). Each line ends with the auto engine's step-cost fit (its gate's
 view of a decode step: fixed ms + ms per row). A script, not a test: figures depend on the machine
@@ -12,7 +13,7 @@ from dataclasses import replace
 
 from django.core.management.base import BaseCommand
 
-from inference.bench.speculative import compare, editing, median_tok_s, plain_chat, summarise
+from inference.bench.speculative import compare, editing, editing_one_line, median_tok_s, plain_chat, summarise
 
 
 class Command(BaseCommand):
@@ -21,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--batches", default="1,8")
         parser.add_argument("--repeats", type=int, default=3)
-        parser.add_argument("--workloads", default="editing,summarise,plain")
+        parser.add_argument("--workloads", default="editing,edit1,summarise,plain")
 
     def handle(self, *args, batches, repeats, workloads, **options):
         import torch
@@ -37,7 +38,8 @@ class Command(BaseCommand):
         engines = {mode: LLMEngine(replace(base, speculative=mode)) for mode in ("on", "auto", "off")}
         out(f"CPU {cpuinfo_field('model name') or 'unknown'}; torch threads {torch.get_num_threads()}; "
             f"draft tokens {base.speculative_draft_tokens}; weights {base.weights}")
-        makers = {"editing": editing, "summarise": summarise, "plain": plain_chat}
+        makers = {"editing": editing, "summarise": summarise, "plain": plain_chat,
+                  "edit1": lambda tok, n: editing_one_line(tok, n, engines["off"])}
         for name in workloads.split(","):
             for batch in (int(b) for b in batches.split(",")):
                 work = makers[name](tokenizer, batch)
