@@ -115,8 +115,9 @@ class EngineConfig:
 
     kv_cache_bytes: the KV pool's size in bytes (None: kv_cache_fraction of the
     device's available memory, and no more than max_num_seqs sequences of
-    max_model_len tokens need). kv_cache_dtype: "auto" (the model dtype), float32,
-    bfloat16 or float16 (halves the pool's bytes per token). block_size in tokens.
+    max_model_len tokens need). kv_cache_dtype: bfloat16 (the default on every device, so
+    greedy output does not depend on the machine; half float32's bytes per token), float32 (the
+    exact one: logits equal transformers'), float16, or "auto" (the model dtype). block_size in tokens.
     enable_prefix_caching: reuse full KV blocks across requests with the same salt.
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
@@ -141,7 +142,7 @@ class EngineConfig:
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_fraction: float = 0.05
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "bfloat16"
     enable_prefix_caching: bool = True
     # The linears' weight format (layers/linear.py, models/llama.set_weights): "auto" (a folder's
     # GGUF blocks as shipped, int8 activation blocks; a float folder: "int8"), "q4" (Q4 blocks,
