@@ -168,7 +168,7 @@ def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv, head_dim):
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, monkeypatch):
     """Decode rows through the compiled layers vs the torch layers with the same int8 weights."""
     from inference.engine.model_runner import ModelRunner
@@ -189,8 +189,10 @@ def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, mo
     monkeypatch.setattr(ModelRunner, "__init__", without_fused)
     plain = run_ours(folder, prompt, decode, weights="int8", prefill="model", kv_dtype=kv_dtype)
     assert built == [True]  # the first run did use the compiled layers
-    # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart
-    assert (fused - plain).abs().max().item() <= (1e-4 if kv_dtype == torch.float32 else 5e-3)
+    # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart;
+    # int8 KV: one int8 step (the compiled write and kv_quant.quantize take the same steps)
+    bound = {torch.float32: 1e-4, torch.bfloat16: 5e-3, torch.int8: 1e-2}[kv_dtype]
+    assert (fused - plain).abs().max().item() <= bound
     if kv_dtype != torch.float32:
         return
     # and both stay close to transformers' float32 logits (int8 weights only on decode rows)
