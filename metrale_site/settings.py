@@ -207,7 +207,7 @@ METRALE = {
     "KV_CACHE_BYTES": envint("METRALE_KV_CACHE_BYTES", None),
     # Fraction of available memory for the KV pool when KV_CACHE_BYTES is unset (0.05).
     "KV_CACHE_FRACTION": envfloat("METRALE_KV_CACHE_FRACTION", None),
-    # KV cache dtype: auto (the model's), float32, bfloat16 or float16.
+    # KV cache dtype: bfloat16 (EngineConfig's default, every device), float32 (exact), float16, int8 or auto (the model's).
     "KV_CACHE_DTYPE": envstr("METRALE_KV_CACHE_DTYPE"),
     "ENABLE_PREFIX_CACHING": envbool("METRALE_ENABLE_PREFIX_CACHING", None),
     "BLOCK_SIZE": envint("METRALE_BLOCK_SIZE", None),

@@ -115,8 +115,11 @@ class EngineConfig:
 
     kv_cache_bytes: the KV pool's size in bytes (None: kv_cache_fraction of the
     device's available memory, and no more than max_num_seqs sequences of
-    max_model_len tokens need). kv_cache_dtype: "auto" (the model dtype), float32,
-    bfloat16 or float16 (halves the pool's bytes per token). block_size in tokens.
+    max_model_len tokens need). kv_cache_dtype: bfloat16 (the default on every device, so
+    greedy output does not depend on the machine; half float32's bytes per token), float32 (the
+    exact one: logits equal transformers'), float16, int8 (per token and KV head, a float32 scale:
+    layers/kv_quant.py; about a quarter of float32's bytes), or "auto" (the model dtype).
+    block_size in tokens.
     enable_prefix_caching: reuse full KV blocks across requests with the same salt.
     max_num_batched_tokens: the per-step token budget (decodes + prefill chunks).
     max_waiting_requests: how many requests may wait to run; past it AsyncEngine.submit raises
@@ -141,7 +144,7 @@ class EngineConfig:
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
     kv_cache_fraction: float = 0.05
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "bfloat16"
     enable_prefix_caching: bool = True
     # The linears' weight format (layers/linear.py, models/llama.set_weights): "auto" (a folder's
     # GGUF blocks as shipped, int8 activation blocks; a float folder: "int8"), "q4" (Q4 blocks,
@@ -179,8 +182,9 @@ class EngineConfig:
             raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16", "int8"):
+            raise ConfigError(
+                f"kv_cache_dtype must be auto, float32, bfloat16, float16 or int8, got {self.kv_cache_dtype!r}")
         if self.weights not in WEIGHT_FORMATS:
             raise ConfigError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.prefill_weights not in ("same", "model"):

@@ -77,6 +77,7 @@ class LLMEngine:
         model = load_model(path, self.model_config, self.dtype, self.device, weights=config.weights,
                            prefill=config.prefill_weights)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+        self.kv_dtype = kv_dtype
         block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
         budget = config.kv_cache_bytes or min(
             int(available_memory_bytes(self.device) * config.kv_cache_fraction),

@@ -10,6 +10,7 @@ from . import kernels
 from .config import ModelConfig
 from .kv_pool import KVPool
 from .layers.attention import AttentionMetadata, PrefillSlice
+from .layers import kv_quant
 from .layers.fused_decode import FusedDecoder
 from .sampler import Sampler, token_logprobs
 from .scheduler import ScheduledBatch
@@ -46,7 +47,8 @@ class ModelRunner:
     """Holds the model, its KV caches and the sampler; runs one step's forward.
 
     kv_caches: per layer (k, v), each [num_blocks, block_size, n_kv_heads, head_dim]
-    in `kv_dtype`, zero-initialised (masked slots must not hold NaN garbage).
+    in `kv_dtype` (int8: layers/kv_quant.py's rows), zero-initialised (masked slots must not
+    hold NaN garbage).
     """
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
@@ -56,7 +58,7 @@ class ModelRunner:
         self.cfg = cfg
         self.device = device
         self.block_size = block_size
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = kv_quant.cache_shape(num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
         # kv_pool.KVPool: zero-filled, its pages committed on the CPU as blocks are first written.
         self.kv_pool = KVPool(cfg.num_hidden_layers, shape, kv_dtype, device)
         self.kv_caches = self.kv_pool.caches
@@ -79,9 +81,9 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers (K and V)."""
-        elem = torch.empty((), dtype=kv_dtype).element_size()
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+        """Bytes one block takes across all layers (K and V; int8: each head row's scale included)."""
+        row = kv_quant.head_row_bytes(cfg.head_dim, kv_dtype)
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * row
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Pack the batch: input_ids [T], positions [T], metadata, and the rows whose logits are sampled.

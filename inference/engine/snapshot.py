@@ -58,6 +58,7 @@ def engine_snapshot(engine, num_queued: int = 0) -> dict:
     config = engine.config
     settings = {name: getattr(config, name) for name in SHOWN_SETTINGS}
     settings.update(device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
+                    kv_cache_dtype=str(engine.kv_dtype).removeprefix("torch."),
                     steps=engine.num_steps, preemptions=scheduler.num_preemptions, queued=num_queued)
     return {"engine": settings, "kv": kv_view(engine.block_manager), "running": running, "waiting": waiting,
             "series": stats.series_view(), "max_model_len": engine.max_model_len}

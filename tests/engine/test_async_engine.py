@@ -144,11 +144,13 @@ def test_a_preempted_request_reports_each_prompt_logprob_once(tiny_folder):
     assert preempted == alone
 
 
-def LLMEngine_block_bytes(folder):
+def LLMEngine_block_bytes(folder, kv_dtype: str | None = None):
+    """Bytes of one KV block of 16 tokens in `kv_dtype` (default: EngineConfig's, the engine's)."""
     from inference.engine.config import ModelConfig
     from inference.engine.model_runner import ModelRunner
 
-    return ModelRunner.kv_bytes_per_block(ModelConfig.from_folder(folder), 16, torch.float32)
+    kv_dtype = kv_dtype or EngineConfig(model_path=str(folder)).kv_cache_dtype
+    return ModelRunner.kv_bytes_per_block(ModelConfig.from_folder(folder), 16, getattr(torch, kv_dtype))
 
 
 def test_it_refuses_a_request_that_can_never_fit(tiny_folder):

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from inference.engine import kernels
 from inference.engine.kernels.build import build, cpu_flags_text
+from inference.engine.layers import kv_quant
 from inference.engine.layers.linear import quantize_int8
 
 from .test_model_parity import reference_logits, run_ours
@@ -83,7 +84,7 @@ def test_every_instruction_set_path_gives_the_same_int8_linear_bitwise(extra):
 
 @pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
     reason="this CPU has neither AVX2 nor AVX-512: the portable path is the only one and is tested below"))])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_every_instruction_set_path_of_decode_attention_matches_sdpa(extra, kv_dtype):
     """The AVX2 and portable attention builds of this machine (CI machines differ) against SDPA."""
     import ctypes
@@ -96,8 +97,8 @@ def test_every_instruction_set_path_of_decode_attention_matches_sdpa(extra, kv_d
     lib.metrale_paged_decode_attention.argtypes = [c_p] * 6 + [c_l, c_i, c_i, c_i, c_i, c_l, ctypes.c_float, c_i, c_i]
     g = torch.Generator().manual_seed(3)
     for n_heads, n_kv, head_dim in ((9, 3, 64), (8, 1, 128)):
-        k_cache = torch.randn(40, 16, n_kv, head_dim, generator=g).to(kv_dtype)
-        v_cache = torch.randn(40, 16, n_kv, head_dim, generator=g).to(kv_dtype)
+        k_cache = as_cache(torch.randn(40, 16, n_kv, head_dim, generator=g), kv_dtype)
+        v_cache = as_cache(torch.randn(40, 16, n_kv, head_dim, generator=g), kv_dtype)
         lens = torch.tensor([1, 17, 100, 64, 33])
         tables = torch.stack([torch.randperm(40, generator=g)[:7] for _ in lens])
         q = torch.randn(len(lens), n_heads, head_dim, generator=g)
@@ -123,21 +124,27 @@ def test_int8_linear_keeps_zero_rows_zero_and_does_not_hide_inf_or_nan():
     assert torch.equal(y[0], kernels.int8_linear(x[:1], packed, scale)[0])
 
 
+def as_cache(x: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
+    """float32 K or V [num_blocks, block_size, n_kv, head_dim] stored as a `kv_dtype` cache."""
+    return kv_quant.quantize(x) if kv_dtype == torch.int8 else x.to(kv_dtype)
+
+
 def reference_decode_attention(q, k_cache, v_cache, tables, lens):
-    """SDPA over each sequence's gathered blocks, one sequence at a time."""
-    block_size, n_kv, head_dim = k_cache.shape[1:]
+    """SDPA over each sequence's gathered blocks (the values the cache holds, in float32), one
+    sequence at a time."""
+    n_kv, head_dim = k_cache.shape[2], q.shape[2]
     group = q.shape[1] // n_kv
     out = []
     for d in range(q.shape[0]):
         length = int(lens[d])
-        k = k_cache[tables[d]].reshape(-1, n_kv, head_dim)[:length].float().transpose(0, 1)
-        v = v_cache[tables[d]].reshape(-1, n_kv, head_dim)[:length].float().transpose(0, 1)
+        k = kv_quant.load(k_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[:length].transpose(0, 1)
+        v = kv_quant.load(v_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[:length].transpose(0, 1)
         qd = q[d].view(n_kv, group, head_dim)
         out.append(F.scaled_dot_product_attention(qd, k, v).reshape(-1, head_dim))
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 # group sizes 3, 1, 8 (two passes of 4 heads), 7 (4 + 3) and 6 (4 + 2); head_dim 128 (two 64-wide
 # slabs); head_dim 48 takes the portable path
 @pytest.mark.parametrize("n_heads, n_kv, head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 64), (14, 2, 128), (12, 2, 64),
@@ -145,8 +152,8 @@ def reference_decode_attention(q, k_cache, v_cache, tables, lens):
 def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv, head_dim):
     g = torch.Generator().manual_seed(n_heads)
     block_size, num_blocks = 16, 40
-    k_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
-    v_cache = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g).to(kv_dtype)
+    k_cache = as_cache(torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g), kv_dtype)
+    v_cache = as_cache(torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g), kv_dtype)
     lens = torch.tensor([1, 17, 100, 64, 33])
     width = 7
     tables = torch.stack([torch.randperm(num_blocks, generator=g)[:width] for _ in lens])
@@ -161,7 +168,7 @@ def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv, head_dim):
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, monkeypatch):
     """Decode rows through the compiled layers vs the torch layers with the same int8 weights."""
     from inference.engine.model_runner import ModelRunner
@@ -182,8 +189,10 @@ def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, mo
     monkeypatch.setattr(ModelRunner, "__init__", without_fused)
     plain = run_ours(folder, prompt, decode, weights="int8", prefill="model", kv_dtype=kv_dtype)
     assert built == [True]  # the first run did use the compiled layers
-    # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart
-    assert (fused - plain).abs().max().item() <= (1e-4 if kv_dtype == torch.float32 else 5e-3)
+    # bfloat16 KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart;
+    # int8 KV: one int8 step (the compiled write and kv_quant.quantize take the same steps)
+    bound = {torch.float32: 1e-4, torch.bfloat16: 5e-3, torch.int8: 1e-2}[kv_dtype]
+    assert (fused - plain).abs().max().item() <= bound
     if kv_dtype != torch.float32:
         return
     # and both stay close to transformers' float32 logits (int8 weights only on decode rows)

@@ -38,7 +38,7 @@ def test_the_engine_keeps_its_invariants_on_the_gpu(tmp_path):
     alone = _generate(engine, prompts, greedy, together=False)
     assert _generate(engine, prompts, greedy) == alone
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    block = ModelRunner.kv_bytes_per_block(engine.model_config, 16, torch.float32)
+    block = ModelRunner.kv_bytes_per_block(engine.model_config, 16, engine.kv_dtype)
     small = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="float32", kv_cache_bytes=8 * block))
     assert _generate(small, prompts, greedy) == alone  # with preemptions
     assert small.block_manager.num_free_blocks == small.block_manager.num_blocks

@@ -63,7 +63,7 @@ def test_it_matches_peft_on_tiny_random_models(arch, tmp_path):
                                       alpha_pattern={"v_proj": 3}),
         "qv": make_tiny_adapter(folder, tmp_path / "qv", seed=3, r=8, target_modules=["q_proj", "v_proj"]),
     }
-    engine = engine_for(folder)
+    engine = engine_for(folder, kv_cache_dtype="float32")  # the exact KV cache: the math against PEFT's
     for name, path in variants.items():
         engine.add_lora(adapter(engine, name, path))
     prompt, decode = tokens(40, 1), tokens(8, 2)

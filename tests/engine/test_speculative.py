@@ -12,7 +12,7 @@ from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
 from inference.engine.speculative import NgramIndex, PredictionDraft, SpeculativeConfig, Speculator, SpecState, StepCost
 
-from .test_async_engine import make_engine, prompts
+from .test_async_engine import LLMEngine_block_bytes, make_engine, prompts
 from .tiny_models import make_tiny_model
 
 
@@ -123,7 +123,7 @@ def test_the_kv_pool_comes_back_whole_after_rejections_preemption_and_cancels(ti
     c = corpus()
     batch = prompts(5, length=30, seed=3) + [c[5][:40], c[6][:40]]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    engine = spec_engine(tiny_folder, "on", kv_cache_bytes=10 * 2 * 2 * 16 * 2 * 16 * 4)
+    engine = spec_engine(tiny_folder, "on", kv_cache_bytes=10 * LLMEngine_block_bytes(tiny_folder))
     assert engine.block_manager.num_blocks == 10
     on = drive(engine, [EngineRequest(p, params) for p in batch], abort_after={1: 5, 4: 9})
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.num_drafted_tokens > 0

@@ -49,7 +49,8 @@ def test_it_equals_a_brute_force_beam_search(tiny_folder, width, n, length_penal
     eos = {first[1]}
     spec = BeamSpec(width, n, length_penalty, early_stopping)
     want = reference(hf, prompt, spec, 6, eos)
-    engine = make_engine(tiny_folder)  # float weights: the engine's logits are transformers' to ~1e-6
+    # float weights and float32 KV: the engine's logits are transformers' to ~1e-6
+    engine = make_engine(tiny_folder, kv_cache_dtype="float32")
     ae = AsyncEngine(engine)
     try:
         got = asyncio.run(search(ae, prompt, spec, 6, eos))

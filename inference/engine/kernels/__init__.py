@@ -88,16 +88,16 @@ def instruction_set() -> str:
     return f"{lib.metrale_kernels_isa().decode()}, blocks {lib.metrale_block_isa().decode()}"
 
 
-_KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
 def supports_kv_dtype(dtype: torch.dtype) -> bool:
-    """The decode attention kernel reads float32 and bfloat16 KV caches."""
+    """The decode attention kernel reads float32, bfloat16 and int8 (layers/kv_quant.py) KV caches."""
     return dtype in _KV_DTYPES
 
 
 def kv_dtype_code(dtype: torch.dtype) -> int:
-    """The kernels' code for a KV cache dtype: 0 float32, 1 bfloat16. Raises KeyError for others."""
+    """The kernels' code for a KV cache dtype: 0 float32, 1 bfloat16, 2 int8. Raises KeyError for others."""
     return _KV_DTYPES[dtype]
 
 
@@ -106,7 +106,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """softmax(q·Kᵀ·scale)·V for one new token per sequence, reading K/V through block tables.
 
     q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
-    head_dim] float32 or bfloat16; block_tables: int64 [D, width]; seq_lens: int64 [D]
+    head_dim] float32 or bfloat16, or int8 [..., head_dim + 4] (layers/kv_quant.py); block_tables: int64 [D, width]; seq_lens: int64 [D]
     (tokens attended, the new one included). Returns float32 [D, n_heads, head_dim].
     Raises RuntimeError if the kernels are unavailable.
     """

@@ -35,34 +35,59 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
+/* Bytes one KV head of one token takes in the cache. kv_dtype: 0 float32, 1 bfloat16, 2 int8
+ * (head_dim int8 values, then their float32 scale: value = int8 * scale; layers/kv_quant.py). */
+static inline long head_bytes(int kv_dtype, int head_dim) {
+    return kv_dtype == 0 ? 4L * head_dim : kv_dtype == 1 ? 2L * head_dim : (long)head_dim + 4;
+}
+
+/* The float32 scale after an int8 head row of head_dim values. */
+static inline float int8_scale(const char *head, int head_dim) {
+    float s;
+    memcpy(&s, head + head_dim, sizeof s);
+    return s;
+}
+
 /* One token's K or V rows for KV heads [h0, h1) as float32: a pointer into the cache
- * (float32) or into dst after conversion (bfloat16). kv_dtype: 0 float32, 1 bfloat16. */
+ * (float32) or into dst after conversion (bfloat16, int8). */
 static inline const float *load_heads(const void *base, long slot, int n_kv, int h0, int h1, int head_dim,
                                       int kv_dtype, float *dst) {
-    const long first = (slot * n_kv + h0) * head_dim;
-    if (kv_dtype == 0) return (const float *)base + first;
-    const uint16_t *src = (const uint16_t *)base + first;
+    if (kv_dtype == 0) return (const float *)base + (slot * n_kv + h0) * head_dim;
     const int n = (h1 - h0) * head_dim;
-    for (int i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
+    if (kv_dtype == 1) {
+        const uint16_t *src = (const uint16_t *)base + (slot * n_kv + h0) * head_dim;
+        for (int i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
+        return dst;
+    }
+    const long hb = head_bytes(kv_dtype, head_dim);
+    for (int h = h0; h < h1; h++) {
+        const char *head = (const char *)base + (slot * n_kv + h) * hb;
+        const float sc = int8_scale(head, head_dim);
+        float *o = dst + (long)(h - h0) * head_dim;
+        for (int i = 0; i < head_dim; i++) o[i] = (float)((const int8_t *)head)[i] * sc;
+    }
     return dst;
 }
 
 /* Addresses of the K rows (KV heads from h0 on) of keys t0 .. t0 + n - 1 for one block of
  * n scores; past len the block's first key is repeated, so a short last block scores
- * real keys the same way a full one does. row: cache elements per token. */
+ * real keys the same way a full one does. tbytes, hb: cache bytes per token, per head. */
 static inline void key_rows(const char **krows, int n, long t0, long len, const int64_t *table, int block_size,
-                            const void *k_cache, long row, int h0, int head_dim, size_t esize) {
+                            const void *k_cache, long tbytes, int h0, long hb) {
     for (int u = 0; u < n; u++) {
         const long t = t0 + u < len ? t0 + u : t0;
         const long slot = table[t / block_size] * block_size + t % block_size;
-        krows[u] = (const char *)k_cache + (slot * row + (long)h0 * head_dim) * esize;
+        krows[u] = (const char *)k_cache + slot * tbytes + (long)h0 * hb;
     }
 }
 
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512) /* the AVX2 attention (the AVX-512 one is below) */
-/* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
+/* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row; int8 (2):
+ * the integers, unscaled (the caller applies the row's scale). */
 static inline __m256 load8(const void *row, int i, int kv_dtype) {
     if (kv_dtype == 0) return _mm256_loadu_ps((const float *)row + i);
+    if (kv_dtype == 2)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -73,8 +98,7 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
                         float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
                         int kv_dtype, float *scores) {
     const int nh = (h1 - h0) * group;
-    const size_t esize = kv_dtype == 0 ? 4 : 2;
-    const long row = (long)n_kv * head_dim; /* elements per token */
+    const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
     /* Scores 8 keys at a time: one FMA chain per key, then one transposing reduction for
@@ -84,10 +108,10 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
     for (long t0 = 0; t0 < len; t0 += 8) {
         const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
         const char *krows[8];
-        key_rows(krows, 8, t0, len, table, block_size, k_cache, row, h0, head_dim, esize);
+        key_rows(krows, 8, t0, len, table, block_size, k_cache, tbytes, h0, hb);
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
-            const long off = (long)(j / group) * head_dim * (long)esize;
+            const long off = (long)(j / group) * hb;
             __m256 c[8];
             for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
             for (int i = 0; i < head_dim; i += 8) {
@@ -97,7 +121,12 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
             const __m256 s01 = _mm256_hadd_ps(c[0], c[1]), s23 = _mm256_hadd_ps(c[2], c[3]);
             const __m256 s45 = _mm256_hadd_ps(c[4], c[5]), s67 = _mm256_hadd_ps(c[6], c[7]);
             const __m256 lo = _mm256_hadd_ps(s01, s23), hi = _mm256_hadd_ps(s45, s67);
-            const __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+            __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+            if (kv_dtype == 2) {
+                float ks[8];
+                for (int u = 0; u < 8; u++) ks[u] = int8_scale(krows[u] + off, head_dim);
+                dots = _mm256_mul_ps(dots, _mm256_loadu_ps(ks));
+            }
             float sc[8];
             _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
             float *dst = scores + j * len + t0;
@@ -134,15 +163,15 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
     memset(acc, 0, sizeof(float) * (size_t)nh * head_dim);
     for (long t = 0; t < len; t++) {
         const long slot = table[t / block_size] * block_size + t % block_size;
-        const char *vrow = (const char *)v_cache + (slot * row + (long)h0 * head_dim) * esize;
+        const char *vrow = (const char *)v_cache + slot * tbytes + (long)h0 * hb;
         if ((t + 1) % block_size == 0 && t + 1 < len) {  /* the next block starts elsewhere: fetch it early */
-            const char *next = (const char *)v_cache + (table[(t + 1) / block_size] * block_size * row +
-                                                        (long)h0 * head_dim) * esize;
-            for (long b = 0; b < (long)(h1 - h0) * head_dim * (long)esize; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+            const char *next = (const char *)v_cache + table[(t + 1) / block_size] * block_size * tbytes + (long)h0 * hb;
+            for (long b = 0; b < (long)(h1 - h0) * hb; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
         }
         for (int j = 0; j < nh; j++) {
-            const __m256 pt = _mm256_broadcast_ss(scores + j * len + t);
-            const char *v = vrow + (long)(j / group) * head_dim * esize;
+            const char *v = vrow + (long)(j / group) * hb;
+            const float p = scores[j * len + t];
+            const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p * int8_scale(v, head_dim) : p);
             float *aj = acc + (long)j * head_dim;
             for (int c = 0; c < head_dim; c += 8)
                 _mm256_storeu_ps(aj + c, _mm256_fmadd_ps(pt, load8(v, c, kv_dtype), _mm256_loadu_ps(aj + c)));
@@ -157,9 +186,12 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
 #endif
 
 #ifdef METRALE_AVX512
-/* 16 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row. */
+/* 16 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row; int8 (2):
+ * the integers, unscaled (the caller applies the row's scale). */
 static inline __m512 load16(const void *row, int i, int kv_dtype) {
     if (kv_dtype == 0) return _mm512_loadu_ps((const float *)row + i);
+    if (kv_dtype == 2)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)row + i))));
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -182,21 +214,23 @@ static inline __m512 reduce16(const __m512 *c) {
 
 /* P·V for HB query heads that read the same KV head, dims [s, s + 64): four zmm
  * accumulators per head stay in registers while the tokens stream by in order (so each
- * output element is the same sequential sum over t as in the other paths). */
+ * output element is the same sequential sum over t as in the other paths). hoff: the
+ * head's byte offset in a token's row of tbytes bytes. */
 static inline __attribute__((always_inline)) void pv_heads(const float *scores, long len, const void *v_cache,
-                                                            const int64_t *table, int block_size, long row,
-                                                            long col, size_t esize, int kv_dtype, const float *sums,
-                                                            float *out, long ldo, const int HB) {
+                                                            const int64_t *table, int block_size, long tbytes,
+                                                            long hoff, int s, int head_dim, int kv_dtype,
+                                                            const float *sums, float *out, long ldo, const int HB) {
     __m512 acc[4][4];
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < 4; c++) acc[h][c] = _mm512_setzero_ps();
     for (long t = 0; t < len; t++) {
         const long slot = table[t / block_size] * block_size + t % block_size;
-        const char *v = (const char *)v_cache + (slot * row + col) * (long)esize;
-        const __m512 v0 = load16(v, 0, kv_dtype), v1 = load16(v, 16, kv_dtype);
-        const __m512 v2 = load16(v, 32, kv_dtype), v3 = load16(v, 48, kv_dtype);
+        const char *v = (const char *)v_cache + slot * tbytes + hoff;
+        const float vs = kv_dtype == 2 ? int8_scale(v, head_dim) : 1.f;
+        const __m512 v0 = load16(v, s, kv_dtype), v1 = load16(v, s + 16, kv_dtype);
+        const __m512 v2 = load16(v, s + 32, kv_dtype), v3 = load16(v, s + 48, kv_dtype);
         for (int h = 0; h < HB; h++) {
-            const __m512 p = _mm512_set1_ps(scores[h * len + t]);
+            const __m512 p = _mm512_set1_ps(kv_dtype == 2 ? scores[h * len + t] * vs : scores[h * len + t]);
             acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
             acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
             acc[h][2] = _mm512_fmadd_ps(p, v2, acc[h][2]);
@@ -217,25 +251,30 @@ static void attend_avx512(const float *qh, const void *k_cache, const void *v_ca
                           float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
                           int kv_dtype, float *scores) {
     const int nh = (h1 - h0) * group;
-    const size_t esize = kv_dtype == 0 ? 4 : 2;
-    const long row = (long)n_kv * head_dim; /* elements per token */
+    const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
     const __m512 vscale = _mm512_set1_ps(scale);
     for (long t0 = 0; t0 < len; t0 += 16) {
         const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
         const char *krows[16];
-        key_rows(krows, 16, t0, len, table, block_size, k_cache, row, h0, head_dim, esize);
+        key_rows(krows, 16, t0, len, table, block_size, k_cache, tbytes, h0, hb);
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
-            const long off = (long)(j / group) * head_dim * (long)esize;
+            const long off = (long)(j / group) * hb;
             __m512 c[16];
             for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
             for (int i = 0; i < head_dim; i += 16) {
                 const __m512 qv = _mm512_loadu_ps(qj + i);
                 for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u] + off, i, kv_dtype), c[u]);
             }
-            const __m512 dots = _mm512_mul_ps(reduce16(c), vscale);
+            __m512 dots = reduce16(c);
+            if (kv_dtype == 2) {
+                float ks[16];
+                for (int u = 0; u < 16; u++) ks[u] = int8_scale(krows[u] + off, head_dim);
+                dots = _mm512_mul_ps(dots, _mm512_loadu_ps(ks));
+            }
+            dots = _mm512_mul_ps(dots, vscale);
             const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
             _mm512_mask_storeu_ps(scores + j * len + t0, m, dots);
             maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
@@ -256,15 +295,15 @@ static void attend_avx512(const float *qh, const void *k_cache, const void *v_ca
     for (int g = 0; g < h1 - h0; g++)
         for (int s = 0; s < head_dim; s += 64)
             for (int b = 0; b < group; b += 4) {
-                const int hb = group - b < 4 ? group - b : 4, j = g * group + b;
-                const long col = (long)(h0 + g) * head_dim + s;
+                const int nb = group - b < 4 ? group - b : 4, j = g * group + b;
+                const long hoff = (long)(h0 + g) * hb;
                 float *o = out + ((long)h0 * group + j) * head_dim + s;
                 const float *sc = scores + (long)j * len;
-                switch (hb) {
-                    case 4: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 4); break;
-                    case 3: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 3); break;
-                    case 2: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 2); break;
-                    default: pv_heads(sc, len, v_cache, table, block_size, row, col, esize, kv_dtype, sums + j, o, head_dim, 1); break;
+                switch (nb) {
+                    case 4: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 4); break;
+                    case 3: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 3); break;
+                    case 2: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 2); break;
+                    default: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 1); break;
                 }
             }
 }
@@ -343,7 +382,8 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
 /* Decode attention through block tables (vLLM's PagedAttention layout, Kwon et al. 2023).
  *
  * q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
- * head_dim] in float32 (kv_dtype 0) or bfloat16 (1); block_tables: int64 [D, width];
+ * head_dim] in float32 (kv_dtype 0) or bfloat16 (1), or int8 (2) as [..., n_kv, head_dim + 4]
+ * bytes (each head's int8 values, then its float32 scale); block_tables: int64 [D, width];
  * seq_lens: int64 [D] (tokens to attend, the new one included); out: float32 [D,
  * n_heads, head_dim]. Grouped-query head h reads KV head h / (n_heads / n_kv).
  * softmax(q k^T * scale) v in float32. With at least as many sequences as threads a

@@ -21,7 +21,7 @@ typedef struct {
     metrale_weight qkv, o, gate_up, down;       /* the linears (kernels.h) */
     const float *qkv_bias;                      /* [q + 2 kv] or NULL */
     const float *q_norm, *k_norm;               /* [head_dim] or NULL */
-    void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] */
+    void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] (int8: head_dim + 4 bytes) */
     const metrale_lora_layer *lora;             /* resident LoRA adapters, or NULL */
 } metrale_layer;
 
@@ -70,13 +70,33 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-static void write_kv(void *cache, long slot, const float *src, long n, int kv_dtype) {
+/* One token's K or V (n_kv heads of head_dim floats at src) into its cache slot. int8 (kv_dtype 2):
+ * per head, scale = amax / 127 and q = round-half-even(x * (127 / amax)) (0 where amax is 0), the
+ * head_dim int8 values followed by the float32 scale (layers/kv_quant.py's rule, the same steps). */
+static void write_kv(void *cache, long slot, const float *src, int n_kv, int head_dim, int kv_dtype) {
+    const long n = (long)n_kv * head_dim;
     if (kv_dtype == 0) {
         memcpy((float *)cache + slot * n, src, sizeof(float) * (size_t)n);
         return;
     }
-    uint16_t *dst = (uint16_t *)cache + slot * n;
-    for (long i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
+    if (kv_dtype == 1) {
+        uint16_t *dst = (uint16_t *)cache + slot * n;
+        for (long i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
+        return;
+    }
+    const long hb = (long)head_dim + 4;
+    for (int h = 0; h < n_kv; h++) {
+        const float *x = src + (long)h * head_dim;
+        int8_t *dst = (int8_t *)cache + (slot * n_kv + h) * hb;
+        float amax = 0.f;
+        for (int i = 0; i < head_dim; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
+        for (int i = 0; i < head_dim; i++) {
+            float q = nearbyintf(x[i] * inv);
+            dst[i] = (int8_t)(q > 127.f ? 127.f : q < -127.f ? -127.f : q);
+        }
+        memcpy(dst + head_dim, &scale, sizeof scale);
+    }
 }
 
 /* silu(g) * u for n values: g / (1 + exp(-g)) * u. */
@@ -134,8 +154,8 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
             if (L->k_norm) rms_norm(kh, L->k_norm, kh, hd, S->eps);
             rope(kh, c, s, hd);
         }
-        write_kv(L->k_cache, S->slots[m], row + qs, kvs, S->kv_dtype);
-        write_kv(L->v_cache, S->slots[m], row + qs + kvs, kvs, S->kv_dtype);
+        write_kv(L->k_cache, S->slots[m], row + qs, nkv, hd, S->kv_dtype);
+        write_kv(L->v_cache, S->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
     }
     metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
                                            nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);

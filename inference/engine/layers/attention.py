@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from . import kv_quant
 
 
 @dataclass(slots=True)
@@ -73,15 +74,16 @@ def paged_attention(
 
     q: [T, n_heads, head_dim]; k, v: [T, n_kv_heads, head_dim]; caches: [num_blocks,
     block_size, n_kv_heads, head_dim], in the KV dtype (may be narrower than q's; K/V are
-    cast back for the attention). Returns [T, n_heads, head_dim].
+    cast back for the attention), or int8 [..., head_dim + 4] (layers/kv_quant.py: quantised
+    on write, dequantised on read). Returns [T, n_heads, head_dim].
     Grouped-query attention folds the query heads of one KV head into the query-length
     axis, so K/V are never repeated.
     """
-    num_blocks, block_size, n_kv, head_dim = k_cache.shape
-    n_heads = q.shape[1]
+    num_blocks, block_size, n_kv, row = k_cache.shape
+    n_heads, head_dim = q.shape[1], q.shape[2]
     group = n_heads // n_kv
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    kv_quant.store(k_cache, meta.slot_mapping, k)
+    kv_quant.store(v_cache, meta.slot_mapping, v)
     convert = k_cache.dtype != q.dtype
     out = torch.empty_like(q)
 
@@ -92,10 +94,10 @@ def paged_attention(
     elif d:
         tables = meta.decode_block_tables
         length = tables.shape[1] * block_size
-        kd = k_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
-        vd = v_cache[tables].view(d, length, n_kv, head_dim).transpose(1, 2)
+        kd = k_cache[tables].view(d, length, n_kv, row).transpose(1, 2)
+        vd = v_cache[tables].view(d, length, n_kv, row).transpose(1, 2)
         if convert:
-            kd, vd = kd.to(q.dtype), vd.to(q.dtype)
+            kd, vd = kv_quant.load(kd, q.dtype), kv_quant.load(vd, q.dtype)
         qd = q[:d].view(d, n_kv, group, head_dim)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask)
         out[:d] = od.reshape(d, n_heads, head_dim)
@@ -103,10 +105,10 @@ def paged_attention(
     for p in meta.prefills:
         q_len = p.q_end - p.q_start
         length = p.block_table.shape[0] * block_size
-        kp = k_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
-        vp = v_cache[p.block_table].view(length, n_kv, head_dim).transpose(0, 1)
+        kp = k_cache[p.block_table].view(length, n_kv, row).transpose(0, 1)
+        vp = v_cache[p.block_table].view(length, n_kv, row).transpose(0, 1)
         if convert:
-            kp, vp = kp.to(q.dtype), vp.to(q.dtype)
+            kp, vp = kv_quant.load(kp, q.dtype), kv_quant.load(vp, q.dtype)
         if p.start == 0:
             # A first chunk is plainly causal: the flash kernel skips the masked half (about 2x).
             qp = q[p.q_start:p.q_end].transpose(0, 1)[None]

@@ -76,7 +76,7 @@ class Command(BaseCommand):
         bandwidth = in_own_thread(copy_bandwidth_gb_s)
         out = self.stdout.write
         out(f"model {Path(model).name}; weights {base.weights}; prefill weights "
-            f"{base.prefill_weights}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
+            f"{base.prefill_weights}; KV cache {base.kv_cache_dtype}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
         for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
