@@ -21,8 +21,8 @@ raises the step's tokens per second: the engine fits its decode steps' time as a
 cost plus a cost per computed row (`StepCost`), and a sequence drafts only while its
 recent acceptance (accepted / drafted tokens) exceeds the share of a token's time that
 one more row costs at this step's size (`StepCost.threshold`). Per sequence, the draft
-length doubles after a fully accepted draft and falls to what was accepted plus one after
-a rejection, and a sequence whose recent acceptance falls below `min_acceptance` pauses
+length doubles after a fully accepted draft; after a rejection a prompt-lookup draft falls to
+what was accepted plus one, a prediction's keeps its length; and a sequence whose recent acceptance falls below `min_acceptance` pauses
 drafting for a number of steps that doubles each time.
 """
 from __future__ import annotations
@@ -250,8 +250,11 @@ class SpecState:
             self.prediction.pointer = at + num_accepted + 1
         if num_accepted == num_drafted:
             self.window = min(cfg.num_draft_tokens, self.window * 2)
-        else:
+        elif not self.from_prediction:
             self.window = max(1, num_accepted + 1)
+        # A prediction's rejection keeps the window: the output departs from it locally (an edit) and
+        # realigns, and what follows the realignment is as likely to match as what came before; a
+        # rejected n-gram continuation says the lookup itself was wrong.
         self.recent = 0.7 * self.recent + 0.3 * (num_accepted / num_drafted)
         if cfg.mode == "auto" and self.recent < cfg.min_acceptance:
             self.pause, self.backoff = self.backoff, min(self.backoff * 2, 64)
