@@ -47,8 +47,12 @@ serve: migrate model static
 test: migrate model static browser
 	$(PY) -m pytest -p no:cacheprovider
 
+# `make bench LLAMA_CPP_URL=http://127.0.0.1:8013 LLAMA_CPP_PID=<its pid>` adds the side-by-side with
+# llama.cpp's llama-server on the same GGUF (README, "Speed").
+LLAMA_CPP_URL ?=
+LLAMA_CPP_PID ?= 0
 bench: migrate model
-	$(PY) manage.py bench
+	$(PY) manage.py bench $(if $(LLAMA_CPP_URL),--llama-cpp-url $(LLAMA_CPP_URL) --llama-cpp-pid $(LLAMA_CPP_PID))
 	$(PY) manage.py bench_speculative
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
