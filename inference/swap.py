@@ -64,15 +64,10 @@ def fits_beside(path: str | Path, old) -> bool:
     return need < 0.8 * available_memory_bytes(resolve_device(engine.config.device))
 
 
-def _idle(rt) -> bool:
-    engine = rt.engine
-    return not engine._handles and not engine._commands and not engine.engine.has_work()
-
-
 def drain_and_stop(rt, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
     """Wait until no request runs on `rt`'s engine (up to timeout_s), then stop its thread."""
     deadline = time.monotonic() + timeout_s
-    while not _idle(rt) and time.monotonic() < deadline:
+    while not rt.engine.idle() and time.monotonic() < deadline:
         time.sleep(0.05)
     rt.engine.stop()
     log.info("the previous model %r stopped after draining", rt.model_id)

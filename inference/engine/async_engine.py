@@ -201,6 +201,11 @@ class AsyncEngine:
         self._wake.set()
         return future
 
+    def idle(self) -> bool:
+        """Whether no request is open, no command waits and the engine has nothing scheduled (a snapshot
+        read from any thread: a request submitted right after may make it stale)."""
+        return not self._handles and not self._commands and not self.engine.has_work()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread after its current step and wait for it (up to `timeout` seconds):
         a daemon thread still inside torch when the interpreter exits can abort the process."""

@@ -64,6 +64,13 @@ class FakeEngine:
     def max_request_tokens(self) -> int:
         return self.max_model_len
 
+    def idle(self) -> bool:
+        """No scripted request has events left (AsyncEngine.idle's meaning for a swap's drain)."""
+        return all(not s.handle.events for s in self.submissions)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        pass
+
     def submit(self, request: EngineRequest):
         prompt_token_ids, params = request.prompt_token_ids, request.params
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:

@@ -1,7 +1,6 @@
 """inference.swap on stand-in runtimes: a failed load leaves the old model serving, a swap that does not fit
 drains the old model first (503 model_not_loaded meanwhile), and the served-model row is followed."""
 import threading
-from types import SimpleNamespace
 
 import pytest
 
@@ -11,13 +10,15 @@ from .fake_engine import call
 
 
 class _Engine:
-    """What swap reads of an AsyncEngine: its live handles and commands, has_work, stop."""
+    """What swap reads of an AsyncEngine: idle, stop."""
 
     max_model_len = 2048
 
     def __init__(self):
-        self._handles, self._commands, self.stopped, self.busy = {}, [], False, False
-        self.engine = SimpleNamespace(has_work=lambda: self.busy)
+        self.stopped, self.busy = False, False
+
+    def idle(self):
+        return not self.busy
 
     def stop(self):
         self.stopped = True
