@@ -161,7 +161,7 @@ class EngineConfig:
     max_loras: int = 4
     max_lora_rank: int = 64
     speculative: str = "auto"
-    speculative_draft_tokens: int = 8
+    speculative_draft_tokens: int = 16
     speculative_ngram_max: int = 4
     speculative_ngram_min: int = 2
     speculative_max_batch: int = 8

@@ -21,16 +21,10 @@ class EngineOverloaded(RuntimeError):
 
 @dataclass(slots=True)
 class TokenEvent:
-    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k, sorted desc).
-
-    accepted_prediction: the token was a drafted token of the request's prediction, accepted.
-    rejected_prediction: prediction tokens drafted after this one and refused (speculative.py).
-    """
+    """One generated token. logprobs: None or (sampled logprob, [(token id, logprob)] top-k, sorted desc)."""
 
     token_id: int
     logprobs: tuple | None = None
-    accepted_prediction: bool = False
-    rejected_prediction: int = 0
 
 
 @dataclass(slots=True)

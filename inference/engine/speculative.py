@@ -12,18 +12,18 @@ after a rejection (llama.cpp's lookup decoding, PR #12127); or (2) prompt lookup
 n-gram proposer, Saxena 2023): the last n tokens (n from ngram_max down to ngram_min)
 found earlier in the prompt or the output, and what followed them. A request with a
 prediction that has nothing to offer (used up, or the output's last token is not in it)
-drafts by prompt lookup; only drafts taken from the prediction count as its accepted and
-rejected prediction tokens.
+drafts by prompt lookup. Usage's accepted and rejected prediction tokens do not depend on
+the drafts: `PredictionMatch` walks the emitted tokens against the prediction.
 
-The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts whenever a draft
-exists; "auto" drafts while the batch has at most `max_batch` decodes and a drafted token
-raises the step's tokens per second: the engine fits its decode steps' time as a fixed
-cost plus a cost per computed row (`StepCost`), and a sequence drafts only while its
-recent acceptance (accepted / drafted tokens) exceeds the share of a token's time that
-one more row costs at this step's size (`StepCost.threshold`). Per sequence, the draft
-length doubles after a fully accepted draft; after a rejection a prompt-lookup draft falls to
-what was accepted plus one, a prediction's keeps its length; and a sequence whose recent acceptance falls below `min_acceptance` pauses
-drafting for a number of steps that doubles each time.
+The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts `num_draft_tokens`
+whenever a draft exists; "auto" drafts while the batch has at most `max_batch` decodes, and
+as many tokens as raise the step's tokens per second: the engine fits its decode steps'
+time as a fixed cost plus a cost per computed row (`StepCost`), each sequence estimates the
+chance that its next draft token is accepted (`SpecState.acceptance`: draft tokens as a
+geometric run, accepted / (accepted + refusals), over a decaying window), and a draft of k
+tokens is expected to add acceptance + acceptance² + ... + acceptanceᵏ tokens for k rows'
+time (`StepCost.best_draft` picks k, 0 for none). A sequence whose acceptance falls below
+`min_acceptance` pauses drafting for a number of steps that doubles each time.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class StepCost:
     __slots__ = ("decay", "min_var", "prior_row_share", "max_row_share", "stale_after", "since_fit",
                  "w", "sx", "sy", "sxx", "sxy", "fixed_s", "row_s", "fitted")
 
-    def __init__(self, decay: float = 0.95, min_var: float = 1.0, prior_row_share: float = 1 / 16,
+    def __init__(self, decay: float = 0.99, min_var: float = 1.0, prior_row_share: float = 1 / 16,
                  max_row_share: float = 1.0, stale_after: int = 256):
         self.decay, self.min_var = decay, min_var
         self.prior_row_share, self.max_row_share, self.stale_after = prior_row_share, max_row_share, stale_after
@@ -109,15 +109,35 @@ class StepCost:
         self.fitted = True
         self.since_fit = 0
 
-    def threshold(self, tokens: float, rows: int) -> float:
-        """The acceptance a draft token needs for one more row to raise tokens per second.
+    def best_draft(self, acceptance: float, tokens: float, rows: int, most: int) -> int:
+        """The draft length k in [0, most] that gives the step the most tokens per second.
 
-        A step of `rows` rows yielding `tokens` tokens runs at tokens / (fixed + row * rows);
-        a draft row that is accepted with probability p adds p tokens and one row's time, which
-        pays when p > row * tokens / (fixed + row * rows). 0 when rows cost nothing.
+        The step planned so far computes `rows` rows for `tokens` expected tokens; a draft of k
+        tokens, each accepted with probability `acceptance` given the ones before it (a draft is
+        accepted up to its first refusal), adds sum(acceptance ** j, j = 1..k) expected tokens
+        and k rows: rate(k) = (tokens + gain(k)) / (fixed + row * (rows + k)). Returns 0 when no
+        k beats rate(0); `most` when rows cost nothing and acceptance > 0.
         """
         step = self.fixed_s + self.row_s * rows
-        return self.row_s * tokens / step if step > 0 else 1.0
+        best_k, best = 0, tokens / step if step > 0 else 0.0
+        gain, p = 0.0, 1.0
+        for k in range(1, most + 1):
+            p *= acceptance
+            gain += p
+            rate = (tokens + gain) / (step + self.row_s * k)
+            if rate > best:
+                best_k, best = k, rate
+        return best_k
+
+
+def expected_accepted(acceptance: float, k: int) -> float:
+    """Expected accepted tokens of a k-token draft whose tokens are each accepted with probability
+    `acceptance` given the ones before: acceptance + acceptance² + ... + acceptanceᵏ."""
+    gain, p = 0.0, 1.0
+    for _ in range(k):
+        p *= acceptance
+        gain += p
+    return gain
 
 
 class NgramIndex:
@@ -195,39 +215,81 @@ class PredictionDraft:
         return at, ([] if at is None else self.tokens[at:at + k])
 
 
+class PredictionMatch:
+    """Usage's prediction tokens (OpenAI's accepted_prediction_tokens: the prediction's tokens that
+    appeared in the completion; rejected_prediction_tokens: the ones that did not), from the
+    completion's tokens alone, so the counts are the same whatever was drafted (speculation on,
+    auto or off, any batch, any timing).
+
+    Each completion token is compared with the prediction token that `PredictionDraft.align`
+    expects after the tokens before it (the drafter's alignment: in order, found again after an
+    edit), or, where the token before it is not in the prediction, the one after the last
+    compared (a substituted token); an equal one counts that prediction position as accepted,
+    once however often the output realigns on it. rejected = len(prediction) - accepted.
+    """
+
+    __slots__ = ("draft", "output", "accepted", "_counted")
+
+    def __init__(self, prediction: list[int]):
+        self.draft = PredictionDraft(prediction)
+        self.output: list[int] = []
+        self.accepted = 0
+        self._counted = bytearray(len(prediction))
+
+    def feed(self, token_id: int) -> bool:
+        """Fold in the completion's next token; True when it newly counts as an accepted prediction token."""
+        aligned = self.draft.align(self.output[-PredictionDraft.MATCH:])
+        at = self.draft.pointer if aligned is None else aligned
+        self.output.append(token_id)
+        tokens = self.draft.tokens
+        if at >= len(tokens) or tokens[at] != token_id:
+            if aligned is not None:
+                self.draft.pointer = at + 1  # the model's token stands in for this one (or realigns later)
+            return False
+        self.draft.pointer = at + 1
+        if self._counted[at]:
+            return False
+        self._counted[at] = 1
+        self.accepted += 1
+        return True
+
+    @property
+    def rejected(self) -> int:
+        return len(self.draft.tokens) - self.accepted
+
+
 class SpecState:
-    """One sequence's speculation: its drafters, its adaptive draft length and pause, and its counts.
+    """One sequence's speculation: its drafters, its acceptance estimate and pause, and its counts.
+
+    acceptance: the estimated chance that a draft token is accepted given the ones before it,
+    hits / (hits + misses) where each verify adds its accepted tokens to hits and 1 to misses
+    when it refused one, both decaying by DECAY a verify (about the last 10 verifies). The
+    prior: 3 hits to 1 miss (0.75) for a prediction, 1 to 1 for prompt lookup.
 
     drafted / accepted: all draft tokens proposed and accepted. A request with a prediction
     drafts from it while it has a draft to offer, else by prompt lookup (`from_prediction`
-    says which the last proposal used). accepted_prediction / rejected_prediction count
-    prediction tokens (usage's accepted_prediction_tokens and rejected_prediction_tokens,
-    OpenAI's prediction tokens that were and were not in the completion): each prediction
-    position once, at the first verify that drafts it, as accepted or rejected, so their sum
-    never exceeds the prediction's length however often the output realigns on it. Drafts
-    from prompt lookup count in neither. `step_prediction`: the last verify's share of them,
-    (for each accepted draft token whether it newly counts, the newly rejected count), or None.
+    says which the last proposal used).
     """
 
-    __slots__ = ("prediction", "ngrams", "window", "pause", "backoff", "recent", "drafted", "accepted",
-                 "accepted_prediction", "rejected_prediction", "from_prediction", "step_prediction", "_at",
-                 "_counted")
+    __slots__ = ("prediction", "ngrams", "hits", "misses", "pause", "backoff", "drafted", "accepted",
+                 "from_prediction", "_at")
 
     def __init__(self, cfg: SpeculativeConfig, prediction: list[int] | None):
         self.prediction = PredictionDraft(prediction) if prediction else None
         self.ngrams = NgramIndex(cfg.ngram_min, cfg.ngram_max)
-        self.window = 1 if prediction is None else 2
+        self.hits, self.misses = (1.0, 1.0) if prediction is None else (3.0, 1.0)
         self.pause = 0
         self.backoff = 1
-        self.recent = 1.0  # exponential average of accepted / drafted per verify
         self.drafted = 0
         self.accepted = 0
-        self.accepted_prediction = 0
-        self.rejected_prediction = 0
         self.from_prediction = False
-        self.step_prediction: tuple[list[bool], int] | None = None
         self._at: int | None = None
-        self._counted = bytearray(len(prediction or ()))  # prediction positions already counted
+
+    DECAY = 0.9
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / (self.hits + self.misses)
 
     def propose(self, tokens: list[int], num_prompt: int, k: int) -> list[int]:
         """Up to k draft tokens to follow `tokens` (prompt + output ids): the prediction's, else prompt lookup's."""
@@ -236,29 +298,17 @@ class SpecState:
         return draft or self.ngrams.propose(tokens, k)
 
     def record(self, cfg: SpeculativeConfig, num_drafted: int, num_accepted: int) -> None:
-        """Fold in one verify of the last proposal: counts, the prediction's pointer, the window and the pause."""
+        """Fold in one verify of the last proposal: counts, the prediction's pointer, the acceptance and the pause."""
         self.drafted += num_drafted
         self.accepted += num_accepted
-        self.step_prediction = None
         if self.from_prediction:
-            at, counted = self._at, self._counted
-            fresh = [not counted[at + j] for j in range(num_drafted)]
-            counted[at:at + num_drafted] = b"\x01" * num_drafted
-            self.step_prediction = (fresh[:num_accepted], sum(fresh[num_accepted:]))
-            self.accepted_prediction += sum(fresh[:num_accepted])
-            self.rejected_prediction += self.step_prediction[1]
-            self.prediction.pointer = at + num_accepted + 1
-        if num_accepted == num_drafted:
-            self.window = min(cfg.num_draft_tokens, self.window * 2)
-        elif not self.from_prediction:
-            self.window = max(1, num_accepted + 1)
-        # A prediction's rejection keeps the window: the output departs from it locally (an edit) and
-        # realigns, and what follows the realignment is as likely to match as what came before; a
-        # rejected n-gram continuation says the lookup itself was wrong.
-        self.recent = 0.7 * self.recent + 0.3 * (num_accepted / num_drafted)
-        if cfg.mode == "auto" and self.recent < cfg.min_acceptance:
+            self.prediction.pointer = self._at + num_accepted + 1
+        self.hits = self.DECAY * self.hits + num_accepted
+        self.misses = self.DECAY * self.misses + (num_accepted < num_drafted)
+        if cfg.mode == "auto" and self.acceptance < cfg.min_acceptance:
             self.pause, self.backoff = self.backoff, min(self.backoff * 2, 64)
-            self.recent = cfg.min_acceptance  # retried at the threshold after the pause
+            # retried at min_acceptance after the pause, with the weight of two verifies
+            self.hits, self.misses = 2 * cfg.min_acceptance, 2 * (1 - cfg.min_acceptance)
         elif num_accepted:
             self.backoff = 1
 
@@ -310,7 +360,7 @@ class Speculator:
 
     def plan(self, seq, num_decodes: int, budget: int, max_model_len: int | None) -> list[int]:
         """The draft tokens of decode `seq` this step (may be []), within `budget` tokens and its limits.
-        In auto, only while its recent acceptance beats StepCost.threshold at the rows planned so far."""
+        In auto, as many as StepCost.best_draft says pay at the rows planned so far."""
         state = seq.spec
         cfg = self.cfg
         if state is None or budget <= 0:
@@ -321,17 +371,16 @@ class Speculator:
         if state.pause > 0:
             state.pause -= 1
             return []
-        if auto and state.recent <= self.cost.threshold(self._tokens, self._rows):
-            return []
-        k = min(cfg.num_draft_tokens if not auto else state.window, budget,
-                seq.params.max_tokens - seq.num_output_tokens - 1)
+        k = min(cfg.num_draft_tokens, budget, seq.params.max_tokens - seq.num_output_tokens - 1)
         if max_model_len is not None:
             k = min(k, max_model_len - len(seq.token_ids))
+        if auto and k > 0:
+            k = self.cost.best_draft(state.acceptance, self._tokens, self._rows, k)
         if k <= 0:
             return []
         draft = state.propose(seq.token_ids, seq.num_prompt_tokens, k)
         self._rows += len(draft)
-        self._tokens += state.recent * len(draft)
+        self._tokens += expected_accepted(state.acceptance, len(draft))
         return draft
 
     def record(self, seq, num_drafted: int, num_accepted: int) -> None:

@@ -82,7 +82,6 @@ def verify_drafts(scheduler, sampler, speculator, batch, result, outputs: list) 
             speculator.record(seq, len(draft), accepted)
         if not seq.is_finished:
             scheduler.block_manager.truncate(seq, len(seq.token_ids))
-        _mark(events.get(id(seq)), seq)
 
 
 def _sample_depth(scheduler, sampler, result, entries, depth, outputs, events) -> dict:
@@ -110,16 +109,3 @@ def _extend(outputs, events, seq, evs) -> None:
         events[id(seq)] = list(evs)
         outputs.append((seq, events[id(seq)]))
 
-
-def _mark(evs, seq) -> None:
-    """Tag the step's token events for usage (SpecState.step_prediction): each accepted prediction token that
-    counts, and the newly rejected prediction tokens on the last; nothing for a draft from prompt lookup."""
-    mark = seq.spec.step_prediction if seq.spec is not None else None
-    if not evs or mark is None:
-        return
-    fresh, rejected = mark
-    tokens = [e for e in evs if isinstance(e, TokenEvent)]
-    for e, new in zip(tokens, fresh):  # t_0..t_{a-1} equal the accepted drafts d_1..d_a
-        e.accepted_prediction = new
-    if tokens:
-        tokens[-1].rejected_prediction = rejected

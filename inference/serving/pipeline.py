@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.request import EngineRequest
+from inference.engine.speculative import PredictionMatch
 from inference.metrics import count_tool_calls
 
 from .assembly import resolve_finish_reason
@@ -68,13 +69,14 @@ class Generation:
         parse = gen.text.pipeline() if gen.text is not None and gen.text.active else None
         carry = _TokenCarry()
         completion_tokens = 0
-        predicted = [0, 0]  # accepted, rejected prediction tokens (engine/verify.py tags the events)
+        prediction = gen.request.prediction_token_ids
+        predicted = PredictionMatch(prediction) if prediction else None  # usage's prediction tokens
         try:
             async for event in self.handle:
                 if isinstance(event, TokenEvent):
                     completion_tokens += 1
-                    predicted[0] += event.accepted_prediction
-                    predicted[1] += event.rejected_prediction
+                    if predicted is not None:
+                        predicted.feed(event.token_id)
                     text, matched = stops.feed(detok.add(event.token_id))
                     was_reasoning = parse is not None and parse.in_reasoning
                     out = _parsed(parse, text)
@@ -93,10 +95,8 @@ class Generation:
                     if stop_now:
                         _count_tool_calls(parse)
                         yield Finish(_finish_reason("stop", parse),
-                                     Usage(len(prompt_ids), completion_tokens,
-                                           reasoning_tokens=parse.reasoning_tokens if parse else 0,
-                                           accepted_prediction_tokens=predicted[0],
-                                           rejected_prediction_tokens=predicted[1]),
+                                     Usage(len(prompt_ids), completion_tokens, 0,
+                                           parse.reasoning_tokens if parse else 0, *_prediction_usage(predicted)),
                                      stop_string=stops.matched)
                         return
                 elif isinstance(event, Finished):
@@ -114,7 +114,7 @@ class Generation:
                     _count_tool_calls(parse)
                     yield Finish(_finish_reason(base, parse),
                                  Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                                       parse.reasoning_tokens if parse else 0, *predicted),
+                                       parse.reasoning_tokens if parse else 0, *_prediction_usage(predicted)),
                                  prompt_logprobs=prompt_lps, stop_string=stops.matched)
                     return
                 elif isinstance(event, Failed):
@@ -173,3 +173,8 @@ class _TokenCarry:
         if reasoning is not None:
             reasoning.token_ids, self.ids = self.ids, []
         return deltas
+
+
+def _prediction_usage(predicted: PredictionMatch | None) -> tuple[int, int]:
+    """(accepted_prediction_tokens, rejected_prediction_tokens) of a choice: (0, 0) without a prediction."""
+    return (predicted.accepted, predicted.rejected) if predicted is not None else (0, 0)

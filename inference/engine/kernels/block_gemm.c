@@ -40,7 +40,7 @@
 #endif
 
 #define BT 16  /* output channels per tile */
-#define BR 4   /* rows per micro-kernel */
+#define BR 8   /* rows per micro-kernel */
 #define BMC 64 /* rows per cache block: the weights are read once per BMC rows */
 
 /* The packed bytes of one (tile, block): codes and the float16 scales. */
@@ -92,18 +92,36 @@ static inline void halves_to_floats(const uint16_t *h, float *f) {
 
 /* One row of activations as int8 blocks: a [K], dx [KB] (amax / 127), asum [KB] (the sum of
  * the block's int8 values) and sa [KB] = dx * float(asum). A block holding inf or NaN gets
- * dx = NaN (so every output it feeds is NaN); an all-zero block dx = 0. */
+ * dx = NaN (so every output it feeds is NaN); an all-zero block dx = 0. Each value is
+ * x * (127 / amax) rounded half to even (the default rounding mode: lrintf, cvtps2dq) and
+ * clamped to [-127, 127]; the vector path takes the same steps, so the same bytes. */
 static void quantize_row_blocks(const float *x, long K, int8_t *a, float *dx, int32_t *asum, float *sa) {
     const long KB = K / 32;
     for (long b = 0; b < KB; b++) {
         const float *xb = x + b * 32;
+        int8_t *ab = a + b * 32;
+#if defined(BLK_AVX2)
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+        __m256 v[4], mx = _mm256_setzero_ps(), badv = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            const __m256 av = _mm256_and_ps(v[i], absmask);
+            badv = _mm256_or_ps(badv, _mm256_cmp_ps(av, inf, _CMP_NLT_UQ)); /* inf, or NaN (unordered) */
+            mx = _mm256_max_ps(mx, av);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const int bad = _mm256_movemask_ps(badv) != 0;
+#else
         float amax = 0.f;
         int bad = 0;
         for (int i = 0; i < 32; i++) {
             amax = fmaxf(amax, fabsf(xb[i]));
             bad |= !isfinite(xb[i]);
         }
-        int8_t *ab = a + b * 32;
+#endif
         if (bad || amax == 0.f) {
             memset(ab, 0, 32);
             dx[b] = bad ? NAN : 0.f;
@@ -113,12 +131,28 @@ static void quantize_row_blocks(const float *x, long K, int8_t *a, float *dx, in
         }
         const float inv = 127.f / amax;
         int32_t s = 0;
+#if defined(BLK_AVX2)
+        const __m256 iv = _mm256_set1_ps(inv);
+        const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            q[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], iv)), lo), hi);
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)ab, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        s = _mm_cvtsi128_si32(s4);
+#else
         for (int i = 0; i < 32; i++) {
             long v = lrintf(xb[i] * inv); /* round half to even (the default rounding mode) */
             v = v > 127 ? 127 : (v < -127 ? -127 : v);
             ab[i] = (int8_t)v;
             s += (int32_t)v;
         }
+#endif
         dx[b] = amax / 127.f;
         asum[b] = s;
         sa[b] = dx[b] * (float)s;
@@ -294,50 +328,56 @@ static void dequant_tile_block(int format, const uint8_t *qs, const float *d, co
 
 #if defined(BLK_VNNI512)
 /* tile_fast's loop over the blocks for R rows with the float sums and the integer ones in
- * registers (the same operations per lane as block_sums + block_finish, so the same bits). */
+ * registers (the same operations per lane as block_sums + block_finish, so the same bits).
+ * Up to 4 rows keep two integer accumulators a row (two dependency chains of vpdpbusd);
+ * more rows are enough independent chains with one each, which leaves room for 8 rows'
+ * float and integer sums in the 32 vector registers (the codes unpacked once for all 8). */
 static inline __attribute__((always_inline)) void tile_rows_vnni(int format, const uint8_t *qs, long cb,
                                                                   const uint16_t *dh, const uint16_t *mh, long KB,
                                                                   const int8_t *a, long K, const float *dx,
                                                                   const int32_t *asum, const float *sa, float *acc,
                                                                   const int R) {
+    const int two = R <= 4;
     __m512 c[BR];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
     for (long b = 0; b < KB; b++, qs += cb) {
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dh + b * BT)));
-        __m512i s[BR];
+        __m512i s[BR], s1[BR];
+        for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
+        const int8_t *ab = a + b * 32;
         if (format == METRALE_W_Q8_0) {
-            __m512i s1[BR];
-            for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
             for (int g = 0; g < 8; g += 2) {
                 const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g)), flip);
                 const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g + 64)), flip);
                 for (int r = 0; r < R; r++) {
                     int32_t p0, p1;
-                    memcpy(&p0, a + r * K + b * 32 + 4 * g, 4);
-                    memcpy(&p1, a + r * K + b * 32 + 4 * g + 4, 4);
+                    memcpy(&p0, ab + r * K + 4 * g, 4);
+                    memcpy(&p1, ab + r * K + 4 * g + 4, 4);
                     s[r] = _mm512_dpbusd_epi32(s[r], w0, _mm512_set1_epi32(p0));
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], w1, _mm512_set1_epi32(p1));
+                    if (two) s1[r] = _mm512_dpbusd_epi32(s1[r], w1, _mm512_set1_epi32(p1));
+                    else s[r] = _mm512_dpbusd_epi32(s[r], w1, _mm512_set1_epi32(p1));
                 }
             }
-            for (int r = 0; r < R; r++)
-                s[r] = _mm512_sub_epi32(_mm512_add_epi32(s[r], s1[r]), _mm512_set1_epi32(128 * asum[r * KB + b]));
+            for (int r = 0; r < R; r++) {
+                if (two) s[r] = _mm512_add_epi32(s[r], s1[r]);
+                s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(128 * asum[r * KB + b]));
+            }
         } else {
-            __m512i s1[BR];
-            for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
             for (int g = 0; g < 4; g++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
                 const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 for (int r = 0; r < R; r++) {
                     int32_t p0, p1;
-                    memcpy(&p0, a + r * K + b * 32 + 8 * g, 4);
-                    memcpy(&p1, a + r * K + b * 32 + 8 * g + 4, 4);
+                    memcpy(&p0, ab + r * K + 8 * g, 4);
+                    memcpy(&p1, ab + r * K + 8 * g + 4, 4);
                     s[r] = _mm512_dpbusd_epi32(s[r], lo, _mm512_set1_epi32(p0));
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(p1));
+                    if (two) s1[r] = _mm512_dpbusd_epi32(s1[r], hi, _mm512_set1_epi32(p1));
+                    else s[r] = _mm512_dpbusd_epi32(s[r], hi, _mm512_set1_epi32(p1));
                 }
             }
             for (int r = 0; r < R; r++) {
-                s[r] = _mm512_add_epi32(s[r], s1[r]);
+                if (two) s[r] = _mm512_add_epi32(s[r], s1[r]);
                 if (format == METRALE_W_Q4_0) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(8 * asum[r * KB + b]));
             }
         }
@@ -370,9 +410,9 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
         const float *dr = dx + m * KB, *sr = sa + m * KB;
         const int32_t *qr = asum + m * KB;
         switch (rows) {
-            case 4: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 4); break;
-            case 3: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 3); break;
-            case 2: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 2); break;
+#define ROWS(n) case n: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, n); break;
+            ROWS(8) ROWS(7) ROWS(6) ROWS(5) ROWS(4) ROWS(3) ROWS(2)
+#undef ROWS
             default: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 1); break;
         }
 #else
