@@ -77,7 +77,7 @@ def engine_families(async_engine, model_name: str):
     labels = [model_name, ENGINE_INDEX]
     scheduler, blocks = llm.scheduler, llm.block_manager
     yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                 len(scheduler.running), labels)
+                 scheduler.num_running_requests(), labels)
     yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                  async_engine.num_waiting, labels)
     yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",

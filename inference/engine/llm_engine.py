@@ -274,13 +274,22 @@ class LLMEngine:
             if group.root.is_finished or not group.ready():
                 continue
             try:
+                decoded = len(group.seqs)  # beams that decoded a row this step: a token each
                 out = group.advance(self.scheduler, now)
+                self._record_beam_step(group.root, decoded, now)
             except Exception as exc:  # this search's state alone is broken
                 log.exception("beam search %s failed in the engine and ends alone", group.root.request_id)
                 out = group.fail(self.scheduler, f"engine error: {exc}")
             if out is not None:
                 kept.append(out)
         return kept
+
+    def _record_beam_step(self, root: Sequence, decoded: int, now: float) -> None:
+        """A beam search's step: `decoded` beams each generated a token (never sent: its group picks)."""
+        try:
+            self.stats.record_beam_step(root, decoded, now)
+        except Exception:  # metrics never end a step
+            log.exception("recording beam search %s's step failed", root.request_id)
 
     def _record_stats(self, batch: ScheduledBatch, outputs: StepOutputs) -> None:
         # Metrics never end a step: a bug in them is logged, the requests go on.

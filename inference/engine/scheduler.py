@@ -104,6 +104,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def num_running_requests(self) -> int:
+        """Requests with a sequence in the running list: a beam search's live beams are one request."""
+        return len({id(seq.beam) if seq.beam is not None else id(seq) for seq in self.running})
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq` with `reason`, wherever it is, and free its blocks."""
         seq.finish_reason = reason

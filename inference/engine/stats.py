@@ -182,16 +182,24 @@ class EngineStats:
                     self.prefix_cache_hits += seq.num_cached_tokens
         self.iteration_tokens.observe(step_tokens)
         for seq, events in outputs:
-            timing = self._timings.get(id(seq))
+            tokens = sum(isinstance(event, TokenEvent) for event in events)
+            if tokens:
+                self._tokens(seq, tokens, now, point)
             for event in events:
-                if isinstance(event, TokenEvent):
-                    self._token(seq, timing, now, point)
-                elif isinstance(event, (Finished, Failed)):
+                if isinstance(event, (Finished, Failed)):
                     self.record_finished(seq, now)
 
-    def _token(self, seq, timing: _Timing | None, now: float, point: SeriesPoint) -> None:
-        self.generation_tokens += 1
-        point.generation_tokens += 1
+    def record_beam_step(self, root, decoded: int, now: float | None = None) -> None:
+        """A beam search's step (its `root` sequence the request's): `decoded` beams generated a token
+        each. All count as generation tokens; the request's TTFT and ITL are its steps'."""
+        self._tokens(root, decoded, time.monotonic() if now is None else now, self._point())
+
+    def _tokens(self, seq, n: int, now: float, point: SeriesPoint) -> None:
+        """`seq` emitted n >= 1 tokens in one step: n generation tokens, and one TTFT or ITL sample (a
+        step's drafted tokens accepted together arrive together: vLLM's per-iteration inter-token latency)."""
+        self.generation_tokens += n
+        point.generation_tokens += n
+        timing = self._timings.get(id(seq))
         if timing is None:
             return
         if timing.first_token is None:

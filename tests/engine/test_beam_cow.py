@@ -150,3 +150,33 @@ def test_a_search_whose_selection_raises_fails_alone_and_frees_its_blocks(tiny_f
     assert isinstance(ends[id(broken)], Failed) and "broken selection" in ends[id(broken)].message
     assert isinstance(ends[id(other)], Finished) and other.num_output_tokens == 4
     assert pool_is_whole(engine)
+
+
+def test_a_search_is_one_running_request_and_every_beams_tokens_count_as_generated(tiny_folder):
+    engine = make_engine(tiny_folder)
+    prompt = prompts(1, seed=5)[0]
+    engine.add_request(beam_request(prompt, BeamSpec(3, 2), 6, [2]))
+    plain = engine.add_request(make_plain_request(prompt))
+    schedule, rows = engine.scheduler.schedule, []
+
+    def counting_schedule():
+        batch = schedule()
+        rows.append(sum(1 for seq, _ in batch.items if seq.beam is not None))  # a beam's row: one candidate set
+        return batch
+
+    engine.scheduler.schedule = counting_schedule
+    seen_two = False
+    while engine.has_work():
+        if any(s.beam is not None for s in engine.scheduler.running) and plain in engine.scheduler.running:
+            assert engine.scheduler.num_running_requests() == 2  # 1 to 3 live beams, and the plain request
+            seen_two = True
+        engine.step()
+    assert seen_two and max(rows) == 3
+    # every beam row a generated token, beside the plain request's own; each request's first token once
+    assert engine.stats.generation_tokens == sum(rows) + plain.num_output_tokens
+    assert engine.stats.ttft_s.count == 2
+
+
+def make_plain_request(prompt):
+    from inference.engine.request import EngineRequest
+    return EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))

@@ -77,6 +77,22 @@ def test_greedy_output_is_identical_with_speculation_on_and_off_over_a_corpus(ti
     assert engine.stats.generation_tokens == sum(len(r[0]) for r in on)
 
 
+def test_tokens_accepted_together_are_one_inter_token_latency_sample(tiny_folder):
+    """vLLM's rule: one ITL sample per request and step that emitted tokens (not a 0 s sample for each
+    accepted draft token after the first)."""
+    engine = spec_engine(tiny_folder, "on")
+    seq = engine.add_request(EngineRequest(corpus()[5], SamplingParams(**GREEDY)))
+    steps_with_tokens, tokens = 0, 0
+    while engine.has_work():
+        for s, evs in engine.step():
+            n = sum(isinstance(e, TokenEvent) for e in evs)
+            steps_with_tokens += s is seq and n > 0
+            tokens += n
+    assert engine.speculator.num_accepted_tokens > 0 and tokens == 24 > steps_with_tokens
+    assert engine.stats.generation_tokens == 24
+    assert engine.stats.ttft_s.count == 1 and engine.stats.itl_s.count == steps_with_tokens - 1
+
+
 def mixed_requests(corpus_prompts, greedy_out):
     """Speculating rows (predictions exact, partial, junk; prompt lookup) and plain sampled ones in one batch,
     with the controls whose state advances per token: penalties, DRY, min_tokens, bias, stop ids, logprobs."""

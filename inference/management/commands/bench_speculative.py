@@ -3,9 +3,10 @@
 Workloads (inference/bench/speculative.py), greedy, at batch 1 and 8 streams: editing a
 ~300-token code file with the file as the prediction (`editing`: the 135M model rewrites parts of
 it), the same request predicted by the model's own answer with one line changed (`edit1`),
-summarising a prompt (prompt lookup), and plain chat, each with speculation "on", "auto" and "off". Runs are interleaved
-(on, auto, off, on, ...) in one process and the medians compared with "off"; the outputs of the
-modes must be identical (checked). Each line ends with the auto engine's step-cost fit (its gate's
+summarising a prompt (prompt lookup), and plain chat, each with speculation "on", "auto" and "off",
+and "off" again on a second engine (the two "off" engines' ratio is the run's noise). Runs are
+interleaved (on, auto, off, off, on, ...) in one process and the medians compared with "off"; the
+outputs of the modes must be identical (checked). Each line ends with the auto engine's step-cost fit (its gate's
 view of a decode step: fixed ms + ms per row). A script, not a test: figures depend on the machine
 and its load.
 """
@@ -35,7 +36,8 @@ class Command(BaseCommand):
         base = replace(engine_config(), kv_cache_bytes=256 << 20, max_model_len=2048)
         tokenizer = Tokenizer.from_folder(base.model_path)
         out = self.stdout.write
-        engines = {mode: LLMEngine(replace(base, speculative=mode)) for mode in ("on", "auto", "off")}
+        engines = {mode: LLMEngine(replace(base, speculative=mode.rstrip("2")))
+                   for mode in ("on", "auto", "off", "off2")}
         out(f"CPU {cpuinfo_field('model name') or 'unknown'}; torch threads {torch.get_num_threads()}; "
             f"draft tokens {base.speculative_draft_tokens}; weights {base.weights}")
         makers = {"editing": editing, "summarise": summarise, "plain": plain_chat,
@@ -51,9 +53,11 @@ class Command(BaseCommand):
                     rate = last.accepted / last.drafted if last.drafted else 0.0
                     parts.append(f"{mode} {median_tok_s(runs[mode]):.1f} tok/s (x{median_tok_s(runs[mode]) / off:.2f}, "
                                  f"{last.drafted} drafted, {rate:.0%} accepted)")
+                noise = median_tok_s(runs["off2"]) / off
                 cost = engines["auto"].speculator.cost
                 fit = (f"auto's fit: a decode step {cost.fixed_s * 1e3:.2f} ms + {cost.row_s * 1e3:.3f} ms a row"
                        if cost.fitted else "auto's fit: none yet (prior)")
                 out(f"{work.name:<10} batch {batch}: off {off:.1f} tok/s; " + "; ".join(parts)
+                    + f"; a second off engine x{noise:.2f}"
                     + f" [median of {repeats} interleaved runs, {runs['off'][-1].tokens} tokens each;"
                     f" outputs identical; {fit}]")
