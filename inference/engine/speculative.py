@@ -67,15 +67,18 @@ class StepCost:
     read, bounds it; a fit above that is a warm-up or a noisy stretch). A fit that has not been
     refreshed for `stale_after` steps (no steps of different sizes: nobody drafted) is dropped
     for the prior, so the gate drafts again and measures anew instead of holding a fit that
-    made it stop.
+    made it stop. Once fitted, a step is taken at no more than `clip` times the fit's prediction
+    for it: a step the machine interrupted (another process, a page fault, a collection) is
+    longer the more rows it had a chance to be interrupted in, and would otherwise read as
+    dear rows; a lasting change still moves the fit, by up to that factor a step.
     """
 
-    __slots__ = ("decay", "min_var", "prior_row_share", "max_row_share", "stale_after", "since_fit",
+    __slots__ = ("decay", "min_var", "prior_row_share", "max_row_share", "stale_after", "clip", "since_fit",
                  "w", "sx", "sy", "sxx", "sxy", "fixed_s", "row_s", "fitted")
 
     def __init__(self, decay: float = 0.99, min_var: float = 1.0, prior_row_share: float = 1 / 16,
-                 max_row_share: float = 1.0, stale_after: int = 256):
-        self.decay, self.min_var = decay, min_var
+                 max_row_share: float = 1.0, stale_after: int = 256, clip: float = 1.25):
+        self.decay, self.min_var, self.clip = decay, min_var, clip
         self.prior_row_share, self.max_row_share, self.stale_after = prior_row_share, max_row_share, stale_after
         self._reset()
 
@@ -90,6 +93,8 @@ class StepCost:
         self.since_fit += 1
         if self.fitted and self.since_fit > self.stale_after:
             self._reset()
+        if self.fitted:
+            seconds = min(seconds, self.clip * (self.fixed_s + self.row_s * rows))
         d = self.decay
         self.w = self.w * d + 1.0
         self.sx = self.sx * d + rows

@@ -234,6 +234,17 @@ def test_the_step_cost_fit_recovers_fixed_and_row_costs_and_holds_without_spread
     assert not flat.fitted and flat.row_s / flat.fixed_s == pytest.approx(1 / 16)
 
 
+def test_an_interrupted_step_is_clipped_and_a_lasting_change_still_moves_the_fit():
+    cost = StepCost()
+    for i in range(60):
+        cost.observe(1 + i % 9, 0.010 + 0.002 * (1 + i % 9))
+    cost.observe(9, 0.500)  # the machine stopped the process for half a second in a 9-row step
+    assert cost.row_s == pytest.approx(0.002, rel=0.05) and cost.fixed_s == pytest.approx(0.010, rel=0.05)
+    for i in range(600):  # every step twice as dear from now on: the fit follows
+        cost.observe(1 + i % 9, 2 * (0.010 + 0.002 * (1 + i % 9)))
+    assert cost.row_s == pytest.approx(0.004, rel=0.05) and cost.fixed_s == pytest.approx(0.020, rel=0.05)
+
+
 def test_the_draft_length_is_the_one_that_gives_the_step_the_most_tokens_per_second():
     cost = StepCost()
     for i in range(40):
