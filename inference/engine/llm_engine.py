@@ -250,7 +250,7 @@ class LLMEngine:
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         outputs = self._advance_beams(batch, outputs)
         if not failed and batch.num_decodes == len(batch.items):  # the gate's cost fit: decode steps only
-            self.speculator.end_step(batch.num_tokens + sum(map(len, batch.drafts.values())))
+            self.speculator.end_step(batch.num_tokens + sum(map(len, batch.drafts.values())), batch.num_decodes)
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)

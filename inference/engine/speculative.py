@@ -325,7 +325,11 @@ class Speculator:
     compiled decode layers); drafts are never planned otherwise, since only then is a verify
     row bitwise the decode row it stands for. clock: the seconds source of the step timings
     `StepCost` fits (time.perf_counter; tests script it). The engine brackets each step with
-    `start_step()` and, for a step of decodes only (their drafts included), `end_step(rows)`.
+    `start_step()` and, for a step of decodes only (their drafts included), `end_step(rows,
+    num_decodes)`. Steps are fitted per number of decodes (`costs`, 1 to max_batch): a step's
+    time is not one line across batch sizes (each decode brings its own sampling and
+    bookkeeping, its own context to attend), and a fit made at 8 streams would misjudge a
+    lone stream's drafts; a size without a fit of its own uses the nearest fitted size's.
     """
 
     def __init__(self, cfg: SpeculativeConfig, exact: bool, clock=time.perf_counter):
@@ -337,7 +341,7 @@ class Speculator:
         # Called with (drafted, accepted) after each verify (LLMEngine: stats.EngineStats.record_spec_decode).
         self.observe = None
         self.clock = clock
-        self.cost = StepCost()
+        self.costs: dict[int, StepCost] = {}
         self._started: float | None = None
         # The step being planned: its rows so far and the tokens they are expected to yield.
         self._rows = 0
@@ -351,12 +355,24 @@ class Speculator:
         """Mark a step's start (before its schedule: drafting's own time is part of the step's)."""
         self._started = self.clock()
 
-    def end_step(self, rows: int) -> None:
-        """The step started last computed `rows` positions (decodes and drafts, no prompt chunk): fold its
-        time into the cost fit."""
+    def end_step(self, rows: int, num_decodes: int = 1) -> None:
+        """The step started last computed `rows` positions for `num_decodes` decodes (their drafts
+        included, no prompt chunk): fold its time into that batch size's cost fit."""
         if self._started is not None:
-            self.cost.observe(rows, self.clock() - self._started)
-            self._started = None
+            seconds, self._started = self.clock() - self._started, None
+            if 1 <= num_decodes <= self.cfg.max_batch:
+                self.costs.setdefault(num_decodes, StepCost()).observe(rows, seconds)
+
+    def cost_for(self, num_decodes: int) -> StepCost:
+        """The step-cost fit for `num_decodes` decodes: its own once fitted, else the nearest fitted
+        size's, else a fresh one (the prior)."""
+        own = self.costs.get(num_decodes)
+        if own is not None and own.fitted:
+            return own
+        fitted = [n for n, c in self.costs.items() if c.fitted]
+        if fitted:
+            return self.costs[min(fitted, key=lambda n: (abs(n - num_decodes), n))]
+        return own if own is not None else StepCost()
 
     def begin_plan(self, num_decodes: int) -> None:
         """Start planning a step of `num_decodes` decodes (each a row and a token before any draft)."""
@@ -380,7 +396,7 @@ class Speculator:
         if max_model_len is not None:
             k = min(k, max_model_len - len(seq.token_ids))
         if auto and k > 0:
-            k = self.cost.best_draft(state.acceptance, self._tokens, self._rows, k)
+            k = self.cost_for(num_decodes).best_draft(state.acceptance, self._tokens, self._rows, k)
         if k <= 0:
             return []
         draft = state.propose(seq.token_ids, seq.num_prompt_tokens, k)

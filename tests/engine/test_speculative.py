@@ -245,6 +245,24 @@ def test_an_interrupted_step_is_clipped_and_a_lasting_change_still_moves_the_fit
     assert cost.row_s == pytest.approx(0.004, rel=0.05) and cost.fixed_s == pytest.approx(0.020, rel=0.05)
 
 
+def test_each_batch_size_has_its_own_step_cost_fit():
+    clock = ScriptedClock()
+    spec = Speculator(AUTO, exact=True, clock=clock)
+    for i in range(200):
+        for decodes, fixed_s, row_s in ((1, 0.010, 0.002), (8, 0.004, 0.003)):
+            rows = decodes + i % 9
+            spec.start_step()
+            clock.now += fixed_s + row_s * rows
+            spec.end_step(rows, decodes)
+    one, eight = spec.cost_for(1), spec.cost_for(8)
+    assert (one.fixed_s, one.row_s) == (pytest.approx(0.010, rel=1e-3), pytest.approx(0.002, rel=1e-3))
+    assert (eight.fixed_s, eight.row_s) == (pytest.approx(0.004, rel=1e-3), pytest.approx(0.003, rel=1e-3))
+    assert spec.cost_for(3) is one and spec.cost_for(6) is eight  # the nearest fitted size
+    spec.start_step()
+    spec.end_step(40, 20)  # past max_batch: auto never drafts there, nothing to fit
+    assert set(spec.costs) == {1, 8}
+
+
 def test_the_draft_length_is_the_one_that_gives_the_step_the_most_tokens_per_second():
     cost = StepCost()
     for i in range(40):
@@ -329,7 +347,9 @@ def test_the_auto_gate_drafts_while_rows_are_cheap_stops_when_they_cost_more_tha
     # ...but not once a row costs as much as a step's fixed cost (1 ms + 1 ms a row: at 8 streams a
     # row pays above 8/9 acceptance).
     timed_steps(spec, clock, 0.001, 0.001)
-    assert spec.cost.fixed_s == pytest.approx(0.001, rel=0.02) and spec.cost.row_s == pytest.approx(0.001, rel=0.02)
+    cost = spec.cost_for(8)  # the only fitted size (1 decode): the nearest for every other
+    assert cost is spec.costs[1] and cost.fixed_s == pytest.approx(0.001, rel=0.02)
+    assert cost.row_s == pytest.approx(0.001, rel=0.02)
     assert not any(planned(spec, seqs))
     # Alone, a row's share is 1/2: a stream accepting 40% stops, one accepting 90% drafts.
     set_acceptance(one[0].spec, 0.4)
@@ -355,7 +375,7 @@ def test_auto_output_is_that_of_off_and_the_engine_fits_its_decode_steps(tiny_fo
     auto = drive(engine, reqs())
     assert [r[:3] for r in auto] == [r[:3] for r in off]
     assert engine.speculator.num_drafted_tokens > 0
-    assert engine.speculator.cost.w > 0  # decode steps were timed
+    assert any(c.w > 0 for c in engine.speculator.costs.values())  # decode steps were timed
 
 
 def test_a_prediction_with_nothing_to_offer_falls_back_to_prompt_lookup():

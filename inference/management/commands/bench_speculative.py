@@ -54,7 +54,7 @@ class Command(BaseCommand):
                     parts.append(f"{mode} {median_tok_s(runs[mode]):.1f} tok/s (x{median_tok_s(runs[mode]) / off:.2f}, "
                                  f"{last.drafted} drafted, {rate:.0%} accepted)")
                 noise = median_tok_s(runs["off2"]) / off
-                cost = engines["auto"].speculator.cost
+                cost = engines["auto"].speculator.cost_for(batch)
                 fit = (f"auto's fit: a decode step {cost.fixed_s * 1e3:.2f} ms + {cost.row_s * 1e3:.3f} ms a row"
                        if cost.fitted else "auto's fit: none yet (prior)")
                 out(f"{work.name:<10} batch {batch}: off {off:.1f} tok/s; " + "; ".join(parts)
