@@ -28,6 +28,7 @@ time (`StepCost.best_draft` picks k, 0 for none). A sequence whose acceptance fa
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 MODES = ("auto", "on", "off")
@@ -196,8 +197,9 @@ class PredictionDraft:
         for i, t in enumerate(self.tokens):
             self.where.setdefault(t, []).append(i)
 
-    def align(self, output: list[int]) -> int | None:
-        """The prediction index of the next token after `output`, or None when its last token is not in it."""
+    def align(self, output) -> int | None:
+        """The prediction index of the next token after `output` (token ids, a list or a deque of at least its
+        last MATCH), or None when its last token is not in it."""
         if not output:
             return 0
         last = output[-1]
@@ -237,13 +239,13 @@ class PredictionMatch:
 
     def __init__(self, prediction: list[int]):
         self.draft = PredictionDraft(prediction)
-        self.output: list[int] = []
+        self.output: deque[int] = deque(maxlen=PredictionDraft.MATCH)  # the completion's last tokens
         self.accepted = 0
         self._counted = bytearray(len(prediction))
 
     def feed(self, token_id: int) -> bool:
         """Fold in the completion's next token; True when it newly counts as an accepted prediction token."""
-        aligned = self.draft.align(self.output[-PredictionDraft.MATCH:])
+        aligned = self.draft.align(self.output)
         at = self.draft.pointer if aligned is None else aligned
         self.output.append(token_id)
         tokens = self.draft.tokens
