@@ -95,8 +95,7 @@ class Generation:
                     if stop_now:
                         _count_tool_calls(parse)
                         yield Finish(_finish_reason("stop", parse),
-                                     Usage(len(prompt_ids), completion_tokens, 0,
-                                           parse.reasoning_tokens if parse else 0, *_prediction_usage(predicted)),
+                                     _usage(len(prompt_ids), completion_tokens, 0, parse, predicted),
                                      stop_string=stops.matched)
                         return
                 elif isinstance(event, Finished):
@@ -113,8 +112,8 @@ class Generation:
                                                      event.prompt_logprobs)
                     _count_tool_calls(parse)
                     yield Finish(_finish_reason(base, parse),
-                                 Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                                       parse.reasoning_tokens if parse else 0, *_prediction_usage(predicted)),
+                                 _usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, parse,
+                                        predicted),
                                  prompt_logprobs=prompt_lps, stop_string=stops.matched)
                     return
                 elif isinstance(event, Failed):
@@ -175,6 +174,9 @@ class _TokenCarry:
         return deltas
 
 
-def _prediction_usage(predicted: PredictionMatch | None) -> tuple[int, int]:
-    """(accepted_prediction_tokens, rejected_prediction_tokens) of a choice: (0, 0) without a prediction."""
-    return (predicted.accepted, predicted.rejected) if predicted is not None else (0, 0)
+def _usage(prompt: int, completion: int, cached: int, parse, predicted: PredictionMatch | None) -> Usage:
+    """One choice's Usage (token counts): its reasoning tokens from the text pipeline `parse` (None: 0) and
+    its prediction tokens from `predicted` (None, no prediction: 0 and 0)."""
+    return Usage(prompt, completion, cached, reasoning_tokens=parse.reasoning_tokens if parse else 0,
+                 accepted_prediction_tokens=predicted.accepted if predicted else 0,
+                 rejected_prediction_tokens=predicted.rejected if predicted else 0)
