@@ -393,6 +393,78 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
 }
 #endif
 
+#if defined(BLK_AVX2) && !defined(BLK_VNNI512) && defined(__F16C__)
+#define BLK_AVX2_REGS 1
+/* The 4 bytes at p in every 32-bit lane (one vbroadcastss load; the bits are only moved). */
+static inline __m256i bcast4(const int8_t *p) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)p)); }
+
+#define BR2 4 /* rows per AVX2 micro-kernel: 16 ymm registers hold 4 rows' float and integer sums */
+/* tile_fast's loop over the blocks for one half of a tile (8 channels) and R <= 4 rows with
+ * the float and integer sums in registers: the same operations per lane as block_sums +
+ * block_finish (int16 pair sums of vpmaddubsw, exact; vpmaddwd to int32; then
+ * c + float(isum) * (d * dx), c + m * sa), so the same bits. The halves read disjoint bytes
+ * of each group, so a tile's codes are still read once per call. */
+static inline __attribute__((always_inline)) void tile_half_avx2(int format, const uint8_t *qs, long cb,
+                                                                  const uint16_t *dh, const uint16_t *mh, long KB,
+                                                                  const int8_t *a, long K, const float *dx,
+                                                                  const int32_t *asum, const float *sa, float *acc,
+                                                                  const int R) {
+    __m256 c[BR2];
+    for (int r = 0; r < R; r++) c[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (long b = 0; b < KB; b++, qs += cb) {
+        __m256i s[BR2];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        const int8_t *ab = a + b * 32;
+        if (format == METRALE_W_Q8_0) {
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
+                const __m256i aw = _mm256_abs_epi8(w);
+                for (int r = 0; r < R; r++) {
+                    /* |q| * (a with q's sign): each int16 pair sum is at most 2 * 128 * 127 */
+                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(ab + r * K + 4 * g), w));
+                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(prod, ones));
+                }
+            }
+        } else {
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
+                const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                for (int r = 0; r < R; r++) {
+                    /* 16 products of at most 15 * 127 per int16 lane: below 32767, so int16 sums are exact */
+                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, bcast4(ab + r * K + 8 * g)));
+                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, bcast4(ab + r * K + 8 * g + 4)));
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                s[r] = _mm256_madd_epi16(s[r], ones);
+                if (format == METRALE_W_Q4_0) s[r] = _mm256_sub_epi32(s[r], _mm256_set1_epi32(8 * asum[r * KB + b]));
+            }
+        }
+        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + b * BT)));
+        for (int r = 0; r < R; r++)
+            c[r] = _mm256_add_ps(c[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s[r]),
+                                                     _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * KB + b]))));
+        if (mh) {
+            const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + b * BT)));
+            for (int r = 0; r < R; r++) c[r] = _mm256_add_ps(c[r], _mm256_mul_ps(mv, _mm256_set1_ps(sa[r * KB + b])));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(acc + r * BT, c[r]);
+}
+
+/* Both halves of a tile for R rows. */
+static inline __attribute__((always_inline)) void tile_rows_avx2(int format, const uint8_t *qs, long cb,
+                                                                  const uint16_t *dh, const uint16_t *mh, long KB,
+                                                                  const int8_t *a, long K, const float *dx,
+                                                                  const int32_t *asum, const float *sa, float *acc,
+                                                                  const int R) {
+    for (int half = 0; half < 2; half++)
+        tile_half_avx2(format, qs + 32 * half, cb, dh + 8 * half, mh ? mh + 8 * half : NULL, KB, a, K, dx, asum, sa,
+                       acc + 8 * half, R);
+}
+#endif
+
 /* Output channels of one tile for rows [m0, m1): the fast path. */
 static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
                       const float *sa, long m0, long m1, float *y, long N) {
@@ -414,6 +486,20 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             ROWS(8) ROWS(7) ROWS(6) ROWS(5) ROWS(4) ROWS(3) ROWS(2)
 #undef ROWS
             default: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 1); break;
+        }
+#elif defined(BLK_AVX2_REGS)
+        for (int r0 = 0; r0 < rows; r0 += BR2) {
+            const int n = rows - r0 < BR2 ? rows - r0 : BR2;
+            const int8_t *ar = a + (m + r0) * K;
+            const float *dr = dx + (m + r0) * KB, *sr = sa + (m + r0) * KB;
+            const int32_t *qr = asum + (m + r0) * KB;
+            float *ac = acc + r0 * BT;
+            switch (n) {
+#define ROWS(k) case k: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, k); break;
+                ROWS(4) ROWS(3) ROWS(2)
+#undef ROWS
+                default: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, 1); break;
+            }
         }
 #else
         int32_t isum[BR * BT] __attribute__((aligned(64)));
