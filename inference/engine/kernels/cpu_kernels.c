@@ -92,31 +92,71 @@ static inline __m256 load8(const void *row, int i, int kv_dtype) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* The AVX2 path of attend() for head_dim a multiple of 64: the same steps (scores, max,
- * exp, sum, weighted V) vectorised; per (sequence, head) the order of operations is fixed. */
-static void attend_avx2(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table, long len,
-                        float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
-                        int kv_dtype, float *scores) {
-    const int nh = (h1 - h0) * group;
+/* 16 K/V values of dims [i, i + 16) as two float32 vectors, in the order perm16 names:
+ * bfloat16 as its even and its odd dims (one shift or one mask per 8 values: a dword holds
+ * two bfloat16s), float32 and int8 (unscaled integers) in order. */
+static inline void load16_pair(const void *row, int i, int kv_dtype, __m256 *a, __m256 *b) {
+    if (kv_dtype == 1) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+        *a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        *b = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+        return;
+    }
+    *a = load8(row, i, kv_dtype);
+    *b = load8(row, i + 8, kv_dtype);
+}
+
+/* Lane position p (0..15) of load16_pair's two vectors -> the dim (offset within the 16). */
+static inline int perm16(int kv_dtype, int p) { return kv_dtype == 1 ? (p < 8 ? 2 * p : 2 * (p - 8) + 1) : p; }
+
+/* The AVX2 path of attend() for head_dim a multiple of 64, for query heads [j0, j1) (of the
+ * sequence's n_heads; head j reads KV head j / group): scores 8 keys at a time (a short last
+ * block repeats its first key, so a key's score never depends on where it falls, and a
+ * decode row scores a key exactly as a prompt row does), softmax with exp8, then P·V with
+ * 8 register accumulators per 64 dims. The query and the accumulators are kept in
+ * load16_pair's lane order, so a bfloat16 row is widened with one instruction per 8 values.
+ * Per (sequence, head) the order of operations is fixed whatever [j0, j1) is. */
+static void attend_avx2(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
+                        float *out, int n_kv, int j0, int j1, int group, int head_dim, int kv_dtype, int block_size,
+                        float scale, float *scores) {
     const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
+    const int nh = j1 - j0;
+    float qp[256 * 4] __attribute__((aligned(32))); /* one head's query in lane order (head_dim <= 1024) */
     float maxs[256], sums[256];
-    for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
-    /* Scores 8 keys at a time: one FMA chain per key, then one transposing reduction for
-     * all 8 (instead of a horizontal sum per key). A short last block repeats its first
-     * key in the unused lanes, so every key's score is computed the same way wherever
-     * it falls (and a decode row scores a key exactly as a prompt row does). */
-    for (long t0 = 0; t0 < len; t0 += 8) {
-        const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
-        const char *krows[8];
-        key_rows(krows, 8, t0, len, table, block_size, k_cache, tbytes, h0, hb);
-        for (int j = 0; j < nh; j++) {
-            const float *qj = qh + (long)j * head_dim;
-            const long off = (long)(j / group) * hb;
+    for (int jj = 0; jj < nh; jj++) {
+        const int j = j0 + jj;
+        const float *qj = q + (long)j * head_dim;
+        const long off = (long)(j / group) * hb;
+        for (int i = 0; i < head_dim; i += 16)
+            for (int p = 0; p < 16; p++) qp[i + p] = qj[i + perm16(kv_dtype, p)];
+        float mx = -INFINITY;
+        float *dst = scores + (long)jj * len;
+        for (long t0 = 0; t0 < len; t0 += 8) {
+            const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
+            const char *krows[8];
+            if (t0 % block_size + 8 <= block_size && cnt == 8) { /* 8 keys in one block: no division per key */
+                const char *first = (const char *)k_cache + (table[t0 / block_size] * block_size + t0 % block_size) * tbytes;
+                for (int u = 0; u < 8; u++) krows[u] = first + u * tbytes;
+            } else {
+                key_rows(krows, 8, t0, len, table, block_size, k_cache, tbytes, 0, hb);
+            }
+            if (t0 + 24 <= len) { /* the 8 keys after the next 8: fetched while these are scored */
+                const long hbytes = head_bytes(kv_dtype, head_dim);
+                for (long t = t0 + 16; t < t0 + 24; t++) {
+                    const char *ahead = (const char *)k_cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
+                    for (long bt = 0; bt < hbytes; bt += 64) _mm_prefetch(ahead + bt, _MM_HINT_T0);
+                }
+            }
             __m256 c[8];
             for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
-            for (int i = 0; i < head_dim; i += 8) {
-                const __m256 qv = _mm256_loadu_ps(qj + i);
-                for (int u = 0; u < 8; u++) c[u] = _mm256_fmadd_ps(qv, load8(krows[u] + off, i, kv_dtype), c[u]);
+            for (int i = 0; i < head_dim; i += 16) {
+                const __m256 qa = _mm256_load_ps(qp + i), qb = _mm256_load_ps(qp + i + 8);
+                for (int u = 0; u < 8; u++) {
+                    __m256 ka, kb;
+                    load16_pair(krows[u] + off, i, kv_dtype, &ka, &kb);
+                    c[u] = _mm256_fmadd_ps(qa, ka, c[u]);
+                    c[u] = _mm256_fmadd_ps(qb, kb, c[u]);
+                }
             }
             const __m256 s01 = _mm256_hadd_ps(c[0], c[1]), s23 = _mm256_hadd_ps(c[2], c[3]);
             const __m256 s45 = _mm256_hadd_ps(c[4], c[5]), s67 = _mm256_hadd_ps(c[6], c[7]);
@@ -129,16 +169,16 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
             }
             float sc[8];
             _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
-            float *dst = scores + j * len + t0;
             for (int u = 0; u < cnt; u++) {
-                dst[u] = sc[u];
-                if (sc[u] > maxs[j]) maxs[j] = sc[u];
+                dst[t0 + u] = sc[u];
+                if (sc[u] > mx) mx = sc[u];
             }
         }
+        maxs[jj] = mx;
     }
-    for (int j = 0; j < nh; j++) {
-        float *r = scores + j * len;
-        const __m256 mx = _mm256_set1_ps(maxs[j]);
+    for (int jj = 0; jj < nh; jj++) {
+        float *r = scores + (long)jj * len;
+        const __m256 mx = _mm256_set1_ps(maxs[jj]);
         __m256 acc = _mm256_setzero_ps();
         long t = 0;
         for (; t + 8 <= len; t += 8) {
@@ -149,38 +189,58 @@ static void attend_avx2(const float *qh, const void *k_cache, const void *v_cach
         float sum = hsum8(acc);
         if (t < len) {
             float tmp[8] = {0};
-            for (long u = t; u < len; u++) tmp[u - t] = r[u] - maxs[j];
+            for (long u = t; u < len; u++) tmp[u - t] = r[u] - maxs[jj];
             _mm256_storeu_ps(tmp, exp8(_mm256_loadu_ps(tmp)));
             for (long u = t; u < len; u++) {
                 r[u] = tmp[u - t];
                 sum += r[u];
             }
         }
-        sums[j] = sum;
+        sums[jj] = sum;
     }
-    /* Weighted V, token-major: each token's V row (all heads) is read once, in order. */
-    float *acc = scores + (long)nh * len; /* [nh, head_dim] */
-    memset(acc, 0, sizeof(float) * (size_t)nh * head_dim);
-    for (long t = 0; t < len; t++) {
-        const long slot = table[t / block_size] * block_size + t % block_size;
-        const char *vrow = (const char *)v_cache + slot * tbytes + (long)h0 * hb;
-        if ((t + 1) % block_size == 0 && t + 1 < len) {  /* the next block starts elsewhere: fetch it early */
-            const char *next = (const char *)v_cache + table[(t + 1) / block_size] * block_size * tbytes + (long)h0 * hb;
-            for (long b = 0; b < (long)(h1 - h0) * hb; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    /* P·V per head and 64 dims: 8 accumulators in registers while the tokens stream by in
+     * order (each output element a sequential sum over t). */
+    for (int jj = 0; jj < nh; jj++) {
+        const int j = j0 + jj;
+        const long off = (long)(j / group) * hb;
+        const float *p = scores + (long)jj * len;
+        float *o = out + (long)j * head_dim;
+        for (int s = 0; s < head_dim; s += 64) {
+            __m256 acc[8];
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+            for (long t = 0, tb = 0; t < len; tb++) { /* block by block: no division per token */
+              const char *vb0 = (const char *)v_cache + table[tb] * block_size * tbytes + off;
+              const long tend = t + block_size < len ? t + block_size : len;
+              for (; t < tend; t++) {
+                const char *v = vb0 + (t - tb * block_size) * tbytes;
+                if (t + 8 < len && s == 0) { /* the row 8 tokens on: fetched while these are summed */
+                    const long ta = t + 8;
+                    const char *ahead = (const char *)v_cache + (table[ta / block_size] * block_size + ta % block_size) * tbytes + off;
+                    for (long bt = 0; bt < hb; bt += 64) _mm_prefetch(ahead + bt, _MM_HINT_T0);
+                }
+                const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p[t] * int8_scale(v, head_dim) : p[t]);
+                for (int c = 0; c < 4; c++) {
+                    __m256 va, vb;
+                    load16_pair(v, s + 16 * c, kv_dtype, &va, &vb);
+                    acc[2 * c] = _mm256_fmadd_ps(pt, va, acc[2 * c]);
+                    acc[2 * c + 1] = _mm256_fmadd_ps(pt, vb, acc[2 * c + 1]);
+                }
+              }
+            }
+            const __m256 inv = _mm256_set1_ps(1.f / sums[jj]);
+            for (int c = 0; c < 4; c++) {
+                const __m256 a = _mm256_mul_ps(acc[2 * c], inv), b = _mm256_mul_ps(acc[2 * c + 1], inv);
+                float *oc = o + s + 16 * c;
+                if (kv_dtype == 1) { /* even and odd dims back in order */
+                    const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+                    _mm256_storeu_ps(oc, _mm256_permute2f128_ps(lo, hi, 0x20));
+                    _mm256_storeu_ps(oc + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+                } else {
+                    _mm256_storeu_ps(oc, a);
+                    _mm256_storeu_ps(oc + 8, b);
+                }
+            }
         }
-        for (int j = 0; j < nh; j++) {
-            const char *v = vrow + (long)(j / group) * hb;
-            const float p = scores[j * len + t];
-            const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p * int8_scale(v, head_dim) : p);
-            float *aj = acc + (long)j * head_dim;
-            for (int c = 0; c < head_dim; c += 8)
-                _mm256_storeu_ps(aj + c, _mm256_fmadd_ps(pt, load8(v, c, kv_dtype), _mm256_loadu_ps(aj + c)));
-        }
-    }
-    for (int j = 0; j < nh; j++) {
-        const __m256 inv = _mm256_set1_ps(1.f / sums[j]);
-        float *o = out + ((long)h0 * group + j) * head_dim;
-        for (int c = 0; c < head_dim; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(acc + (long)j * head_dim + c), inv));
     }
 }
 #endif
@@ -330,8 +390,8 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     }
 #elif defined(METRALE_AVX2)
     if (head_dim % 64 == 0) {
-        attend_avx2(qh, k_cache, v_cache, table, len, out, n_kv, h0, h1, group, head_dim, block_size, scale, kv_dtype,
-                    scores);
+        attend_avx2(q, k_cache, v_cache, table, len, out, n_kv, h0 * group, h1 * group, group, head_dim, kv_dtype,
+                    block_size, scale, scores);
         return;
     }
 #endif
@@ -398,13 +458,29 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
     for (long d = 0; d < D; d++)
         if (seq_lens[d] > max_len) max_len = seq_lens[d];
     const int per_head = D < nthreads;
-    const long tasks = per_head ? D * n_kv : D;
+#if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
+    /* few sequences: a task is one query head (its K and V are read per query head anyway) */
+    const int by_query_head = per_head && head_dim % 64 == 0;
+#else
+    const int by_query_head = 0;
+#endif
+    const long tasks = by_query_head ? D * n_heads : per_head ? D * n_kv : D;
 #pragma omp parallel num_threads(nthreads)
     {
         float *scratch = (float *)malloc(sizeof(float) * (size_t)(n_heads * max_len + 2 * n_kv * head_dim +
                                                                   n_heads * head_dim));
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < tasks; task++) {
+#if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
+            if (by_query_head) {
+                const long d = task / n_heads;
+                const int j = (int)(task % n_heads);
+                attend_avx2(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
+                            out + d * n_heads * head_dim, n_kv, j, j + 1, n_heads / n_kv, head_dim, kv_dtype,
+                            block_size, scale, scratch);
+                continue;
+            }
+#endif
             const long d = per_head ? task / n_kv : task;
             const int h0 = per_head ? (int)(task % n_kv) : 0, h1 = per_head ? h0 + 1 : n_kv;
             attend(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
