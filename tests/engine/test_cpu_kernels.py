@@ -167,6 +167,31 @@ def test_paged_decode_attention_matches_sdpa(kv_dtype, n_heads, n_kv, head_dim):
         assert torch.equal(alone[0], out[d])
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("n_heads, n_kv, head_dim", [(9, 3, 64), (14, 2, 128), (6, 2, 48)])
+def test_rows_that_share_a_block_table_attend_as_they_would_alone(kv_dtype, n_heads, n_kv, head_dim):
+    """A sequence's verify (or prompt) rows read one block table at consecutive lengths; the kernel
+    fetches each K/V row once for such a group (of at most 32 rows). Each row's output must be
+    the same floats as that row attending alone, and match SDPA: groups of 1, 9 and 40 rows
+    (40 splits into 32 + 8), lengths that end inside an 8-key group and across a KV block."""
+    g = torch.Generator().manual_seed(n_heads * head_dim)
+    block_size, num_blocks, width = 16, 60, 12
+    k_cache = as_cache(torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g), kv_dtype)
+    v_cache = as_cache(torch.randn(num_blocks, block_size, n_kv, head_dim, generator=g), kv_dtype)
+    shared = torch.randperm(num_blocks, generator=g)[:width]
+    other = torch.randperm(num_blocks, generator=g)[:width]
+    lens = torch.cat([torch.tensor([57]), 27 + torch.arange(9), torch.tensor([5]), 120 + torch.arange(40)])
+    tables = torch.stack([other] + [shared] * 9 + [other] + [shared] * 40)
+    q = torch.randn(len(lens), n_heads, head_dim, generator=g)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim ** -0.5)
+    ref = reference_decode_attention(q, k_cache, v_cache, tables, lens)
+    assert (out - ref).abs().max().item() <= 1e-5
+    for d in range(len(lens)):
+        alone = kernels.paged_decode_attention(q[d:d + 1], k_cache, v_cache, tables[d:d + 1], lens[d:d + 1],
+                                               head_dim ** -0.5)
+        assert torch.equal(alone[0], out[d]), d
+
+
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_fused_decode_layers_match_the_torch_layers(arch, kv_dtype, tmp_path, monkeypatch):

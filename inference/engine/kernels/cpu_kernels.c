@@ -109,135 +109,167 @@ static inline void load16_pair(const void *row, int i, int kv_dtype, __m256 *a, 
 /* Lane position p (0..15) of load16_pair's two vectors -> the dim (offset within the 16). */
 static inline int perm16(int kv_dtype, int p) { return kv_dtype == 1 ? (p < 8 ? 2 * p : 2 * (p - 8) + 1) : p; }
 
-/* The AVX2 path of attend() for head_dim a multiple of 64, for query heads [j0, j1) (of the
- * sequence's n_heads; head j reads KV head j / group): scores 8 keys at a time (a short last
- * block repeats its first key, so a key's score never depends on where it falls, and a
- * decode row scores a key exactly as a prompt row does), softmax with exp8, then P·V with
- * 8 register accumulators per 64 dims. The query and the accumulators are kept in
- * load16_pair's lane order, so a bfloat16 row is widened with one instruction per 8 values.
- * Per (sequence, head) the order of operations is fixed whatever [j0, j1) is. */
-static void attend_avx2(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
-                        float *out, int n_kv, int j0, int j1, int group, int head_dim, int kv_dtype, int block_size,
-                        float scale, float *scores) {
+/* The scores of one query row (qp: its head in load16_pair's lane order) against keys
+ * t0 .. t0 + 7 (krows: their K rows of the head), scaled, into sc[8]. */
+static inline __attribute__((always_inline)) void score8(const float *qp, const char *const *krows, int head_dim,
+                                                         int kv_dtype, float scale, float *sc) {
+    __m256 c[8];
+    for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
+    for (int i = 0; i < head_dim; i += 16) {
+        const __m256 qa = _mm256_load_ps(qp + i), qb = _mm256_load_ps(qp + i + 8);
+        for (int u = 0; u < 8; u++) {
+            __m256 ka, kb;
+            load16_pair(krows[u], i, kv_dtype, &ka, &kb);
+            c[u] = _mm256_fmadd_ps(qa, ka, c[u]);
+            c[u] = _mm256_fmadd_ps(qb, kb, c[u]);
+        }
+    }
+    const __m256 s01 = _mm256_hadd_ps(c[0], c[1]), s23 = _mm256_hadd_ps(c[2], c[3]);
+    const __m256 s45 = _mm256_hadd_ps(c[4], c[5]), s67 = _mm256_hadd_ps(c[6], c[7]);
+    const __m256 lo = _mm256_hadd_ps(s01, s23), hi = _mm256_hadd_ps(s45, s67);
+    __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+    if (kv_dtype == 2) {
+        float ks[8];
+        for (int u = 0; u < 8; u++) ks[u] = int8_scale(krows[u], head_dim);
+        dots = _mm256_mul_ps(dots, _mm256_loadu_ps(ks));
+    }
+    _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+}
+
+/* Rows of the AVX2 attention scratch: R rows' scores over max_len keys, their queries in lane
+ * order and their P·V accumulators (floats; 32-byte aligned parts). */
+static long avx2_scratch_floats(int R, long max_len, int head_dim) {
+    return (long)R * (((max_len + 7) & ~7L) + 2L * head_dim) + 8;
+}
+
+/* The AVX2 path of the decode attention (head_dim a multiple of 64) for R query rows that
+ * read one block table (e.g. a sequence's verify rows, or one decode row: R = 1), query
+ * heads [j0, j1) (head j reads KV head j / group). Row r: query q + r * q_stride, lens[r]
+ * keys, output out + r * o_stride. Scores 8 keys at a time (a short last block repeats its
+ * first key, so a key's score never depends on where it falls, and a decode row scores a
+ * key exactly as a prompt row does), softmax with exp8, then P·V summed over the tokens in
+ * order. The query and the accumulators are kept in load16_pair's lane order, so a bfloat16
+ * row is widened with one instruction per 8 values. Each K and V row is fetched once for
+ * all R rows (the later rows read it from L1). Per (row, head) the operations and their
+ * order are the same whatever R, [j0, j1) or the other rows are, so the same bits. */
+static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
+                        const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0, int j1,
+                        int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
     const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
-    const int nh = j1 - j0;
-    float qp[256 * 4] __attribute__((aligned(32))); /* one head's query in lane order (head_dim <= 1024) */
-    float maxs[256], sums[256];
-    for (int jj = 0; jj < nh; jj++) {
-        const int j = j0 + jj;
-        const float *qj = q + (long)j * head_dim;
+    long max_len = 0;
+    for (int r = 0; r < R; r++) max_len = lens[r] > max_len ? lens[r] : max_len;
+    const long ls = (max_len + 7) & ~7L;
+    float *base = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
+    float *scores = base, *qp = base + (long)R * ls, *acc = qp + (long)R * head_dim;
+    float maxs[64], sums[64];
+    for (int j = j0; j < j1; j++) {
         const long off = (long)(j / group) * hb;
-        for (int i = 0; i < head_dim; i += 16)
-            for (int p = 0; p < 16; p++) qp[i + p] = qj[i + perm16(kv_dtype, p)];
-        float mx = -INFINITY;
-        float *dst = scores + (long)jj * len;
-        for (long t0 = 0; t0 < len; t0 += 8) {
-            const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
+        for (int r = 0; r < R; r++) {
+            const float *qj = q + r * q_stride + (long)j * head_dim;
+            for (int i = 0; i < head_dim; i += 16)
+                for (int p = 0; p < 16; p++) qp[r * head_dim + i + p] = qj[i + perm16(kv_dtype, p)];
+            maxs[r] = -INFINITY;
+        }
+        for (long t0 = 0; t0 < max_len; t0 += 8) {
             const char *krows[8];
-            if (t0 % block_size + 8 <= block_size && cnt == 8) { /* 8 keys in one block: no division per key */
+            if (t0 % block_size + 8 <= block_size) { /* 8 keys in one block: no division per key */
                 const char *first = (const char *)k_cache + (table[t0 / block_size] * block_size + t0 % block_size) * tbytes;
-                for (int u = 0; u < 8; u++) krows[u] = first + u * tbytes;
+                for (int u = 0; u < 8; u++) krows[u] = first + u * tbytes + off;
             } else {
-                key_rows(krows, 8, t0, len, table, block_size, k_cache, tbytes, 0, hb);
+                key_rows(krows, 8, t0, max_len, table, block_size, k_cache, tbytes, 0, hb);
+                for (int u = 0; u < 8; u++) krows[u] += off;
             }
-            if (t0 + 24 <= len) { /* the 8 keys after the next 8: fetched while these are scored */
-                const long hbytes = head_bytes(kv_dtype, head_dim);
+            if (t0 + 24 <= max_len) { /* the 8 keys after the next 8: fetched while these are scored */
                 for (long t = t0 + 16; t < t0 + 24; t++) {
                     const char *ahead = (const char *)k_cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
-                    for (long bt = 0; bt < hbytes; bt += 64) _mm_prefetch(ahead + bt, _MM_HINT_T0);
-                }
-            }
-            __m256 c[8];
-            for (int u = 0; u < 8; u++) c[u] = _mm256_setzero_ps();
-            for (int i = 0; i < head_dim; i += 16) {
-                const __m256 qa = _mm256_load_ps(qp + i), qb = _mm256_load_ps(qp + i + 8);
-                for (int u = 0; u < 8; u++) {
-                    __m256 ka, kb;
-                    load16_pair(krows[u] + off, i, kv_dtype, &ka, &kb);
-                    c[u] = _mm256_fmadd_ps(qa, ka, c[u]);
-                    c[u] = _mm256_fmadd_ps(qb, kb, c[u]);
-                }
-            }
-            const __m256 s01 = _mm256_hadd_ps(c[0], c[1]), s23 = _mm256_hadd_ps(c[2], c[3]);
-            const __m256 s45 = _mm256_hadd_ps(c[4], c[5]), s67 = _mm256_hadd_ps(c[6], c[7]);
-            const __m256 lo = _mm256_hadd_ps(s01, s23), hi = _mm256_hadd_ps(s45, s67);
-            __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
-            if (kv_dtype == 2) {
-                float ks[8];
-                for (int u = 0; u < 8; u++) ks[u] = int8_scale(krows[u] + off, head_dim);
-                dots = _mm256_mul_ps(dots, _mm256_loadu_ps(ks));
-            }
-            float sc[8];
-            _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
-            for (int u = 0; u < cnt; u++) {
-                dst[t0 + u] = sc[u];
-                if (sc[u] > mx) mx = sc[u];
-            }
-        }
-        maxs[jj] = mx;
-    }
-    for (int jj = 0; jj < nh; jj++) {
-        float *r = scores + (long)jj * len;
-        const __m256 mx = _mm256_set1_ps(maxs[jj]);
-        __m256 acc = _mm256_setzero_ps();
-        long t = 0;
-        for (; t + 8 <= len; t += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(r + t), mx));
-            _mm256_storeu_ps(r + t, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        float sum = hsum8(acc);
-        if (t < len) {
-            float tmp[8] = {0};
-            for (long u = t; u < len; u++) tmp[u - t] = r[u] - maxs[jj];
-            _mm256_storeu_ps(tmp, exp8(_mm256_loadu_ps(tmp)));
-            for (long u = t; u < len; u++) {
-                r[u] = tmp[u - t];
-                sum += r[u];
-            }
-        }
-        sums[jj] = sum;
-    }
-    /* P·V per head and 64 dims: 8 accumulators in registers while the tokens stream by in
-     * order (each output element a sequential sum over t). */
-    for (int jj = 0; jj < nh; jj++) {
-        const int j = j0 + jj;
-        const long off = (long)(j / group) * hb;
-        const float *p = scores + (long)jj * len;
-        float *o = out + (long)j * head_dim;
-        for (int s = 0; s < head_dim; s += 64) {
-            __m256 acc[8];
-            for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-            for (long t = 0, tb = 0; t < len; tb++) { /* block by block: no division per token */
-              const char *vb0 = (const char *)v_cache + table[tb] * block_size * tbytes + off;
-              const long tend = t + block_size < len ? t + block_size : len;
-              for (; t < tend; t++) {
-                const char *v = vb0 + (t - tb * block_size) * tbytes;
-                if (t + 8 < len && s == 0) { /* the row 8 tokens on: fetched while these are summed */
-                    const long ta = t + 8;
-                    const char *ahead = (const char *)v_cache + (table[ta / block_size] * block_size + ta % block_size) * tbytes + off;
                     for (long bt = 0; bt < hb; bt += 64) _mm_prefetch(ahead + bt, _MM_HINT_T0);
                 }
-                const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p[t] * int8_scale(v, head_dim) : p[t]);
-                for (int c = 0; c < 4; c++) {
-                    __m256 va, vb;
-                    load16_pair(v, s + 16 * c, kv_dtype, &va, &vb);
-                    acc[2 * c] = _mm256_fmadd_ps(pt, va, acc[2 * c]);
-                    acc[2 * c + 1] = _mm256_fmadd_ps(pt, vb, acc[2 * c + 1]);
-                }
-              }
             }
-            const __m256 inv = _mm256_set1_ps(1.f / sums[jj]);
-            for (int c = 0; c < 4; c++) {
-                const __m256 a = _mm256_mul_ps(acc[2 * c], inv), b = _mm256_mul_ps(acc[2 * c + 1], inv);
-                float *oc = o + s + 16 * c;
-                if (kv_dtype == 1) { /* even and odd dims back in order */
-                    const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
-                    _mm256_storeu_ps(oc, _mm256_permute2f128_ps(lo, hi, 0x20));
-                    _mm256_storeu_ps(oc + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-                } else {
-                    _mm256_storeu_ps(oc, a);
-                    _mm256_storeu_ps(oc + 8, b);
+            for (int r = 0; r < R; r++) {
+                const long len = lens[r];
+                if (t0 >= len) continue;
+                const int cnt = len - t0 < 8 ? (int)(len - t0) : 8;
+                const char *own[8];
+                const char *const *rows = krows;
+                if (cnt < 8) { /* this row's last block: its first key in the unused lanes */
+                    for (int u = 0; u < 8; u++) own[u] = u < cnt ? krows[u] : krows[0];
+                    rows = own;
+                }
+                float sc[8];
+                score8(qp + r * head_dim, rows, head_dim, kv_dtype, scale, sc);
+                float *dst = scores + r * ls + t0, mx = maxs[r];
+                for (int u = 0; u < cnt; u++) {
+                    dst[u] = sc[u];
+                    if (sc[u] > mx) mx = sc[u];
+                }
+                maxs[r] = mx;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const long len = lens[r];
+            float *row = scores + r * ls;
+            const __m256 mx = _mm256_set1_ps(maxs[r]);
+            __m256 e8 = _mm256_setzero_ps();
+            long t = 0;
+            for (; t + 8 <= len; t += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), mx));
+                _mm256_storeu_ps(row + t, e);
+                e8 = _mm256_add_ps(e8, e);
+            }
+            float sum = hsum8(e8);
+            if (t < len) {
+                float tmp[8] = {0};
+                for (long u = t; u < len; u++) tmp[u - t] = row[u] - maxs[r];
+                _mm256_storeu_ps(tmp, exp8(_mm256_loadu_ps(tmp)));
+                for (long u = t; u < len; u++) {
+                    row[u] = tmp[u - t];
+                    sum += row[u];
+                }
+            }
+            sums[r] = sum;
+        }
+        /* P·V, 64 dims at a time, one KV block at a time: a row's 8 accumulators go to
+         * registers for the block's tokens (summed in order) and back to acc between blocks. */
+        for (int s = 0; s < head_dim; s += 64) {
+            memset(acc, 0, sizeof(float) * (size_t)R * 64);
+            for (long tb = 0; tb * block_size < max_len; tb++) {
+                const long t_first = tb * block_size;
+                const char *vblock = (const char *)v_cache + table[tb] * block_size * tbytes + off;
+                for (int r = 0; r < R; r++) {
+                    const long len = lens[r];
+                    if (t_first >= len) continue;
+                    const long t_end = t_first + block_size < len ? t_first + block_size : len;
+                    const float *p = scores + r * ls;
+                    float *ar = acc + r * 64;
+                    __m256 a8[8];
+                    for (int c = 0; c < 8; c++) a8[c] = _mm256_load_ps(ar + 8 * c);
+                    for (long t = t_first; t < t_end; t++) {
+                        const char *v = vblock + (t - t_first) * tbytes;
+                        const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p[t] * int8_scale(v, head_dim) : p[t]);
+                        for (int c = 0; c < 4; c++) {
+                            __m256 va, vb;
+                            load16_pair(v, s + 16 * c, kv_dtype, &va, &vb);
+                            a8[2 * c] = _mm256_fmadd_ps(pt, va, a8[2 * c]);
+                            a8[2 * c + 1] = _mm256_fmadd_ps(pt, vb, a8[2 * c + 1]);
+                        }
+                    }
+                    for (int c = 0; c < 8; c++) _mm256_store_ps(ar + 8 * c, a8[c]);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                const __m256 inv = _mm256_set1_ps(1.f / sums[r]);
+                float *o = out + r * o_stride + (long)j * head_dim + s;
+                for (int c = 0; c < 4; c++) {
+                    const __m256 x = _mm256_mul_ps(_mm256_load_ps(acc + r * 64 + 16 * c), inv);
+                    const __m256 y = _mm256_mul_ps(_mm256_load_ps(acc + r * 64 + 16 * c + 8), inv);
+                    if (kv_dtype == 1) { /* even and odd dims back in order */
+                        const __m256 lo = _mm256_unpacklo_ps(x, y), hi = _mm256_unpackhi_ps(x, y);
+                        _mm256_storeu_ps(o + 16 * c, _mm256_permute2f128_ps(lo, hi, 0x20));
+                        _mm256_storeu_ps(o + 16 * c + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+                    } else {
+                        _mm256_storeu_ps(o + 16 * c, x);
+                        _mm256_storeu_ps(o + 16 * c + 8, y);
+                    }
                 }
             }
         }
@@ -388,12 +420,6 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
                       scores);
         return;
     }
-#elif defined(METRALE_AVX2)
-    if (head_dim % 64 == 0) {
-        attend_avx2(q, k_cache, v_cache, table, len, out, n_kv, h0 * group, h1 * group, group, head_dim, kv_dtype,
-                    block_size, scale, scores);
-        return;
-    }
 #endif
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
@@ -457,30 +483,48 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
     long max_len = 0;
     for (long d = 0; d < D; d++)
         if (seq_lens[d] > max_len) max_len = seq_lens[d];
-    const int per_head = D < nthreads;
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
-    /* few sequences: a task is one query head (its K and V are read per query head anyway) */
-    const int by_query_head = per_head && head_dim % 64 == 0;
-#else
-    const int by_query_head = 0;
+    if (head_dim % 64 == 0) {
+        /* Consecutive rows with the same block table (a sequence's verify rows) form a group of
+         * at most 32, whose K/V rows are fetched once for all of them; a task is one group and
+         * KV head, or with fewer groups than threads one group and query head. */
+        long starts[D + 1];
+        long G = 0;
+        for (long d = 0; d < D; d++) {
+            const int same = d > 0 && d - starts[G - 1] < 32 &&
+                             memcmp(block_tables + d * width, block_tables + (d - 1) * width, sizeof(int64_t) * width) == 0;
+            if (!same) starts[G++] = d;
+        }
+        starts[G] = D;
+        long most = 1;
+        for (long g = 0; g < G; g++) most = starts[g + 1] - starts[g] > most ? starts[g + 1] - starts[g] : most;
+        const int group = n_heads / n_kv, by_query_head = G < nthreads;
+        const long tasks = G * (by_query_head ? n_heads : n_kv);
+#pragma omp parallel num_threads(nthreads)
+        {
+            float *scratch = (float *)malloc(sizeof(float) * (size_t)avx2_scratch_floats((int)most, max_len, head_dim));
+#pragma omp for schedule(dynamic, 1)
+            for (long task = 0; task < tasks; task++) {
+                const long g = by_query_head ? task / n_heads : task / n_kv, d = starts[g];
+                const int j0 = by_query_head ? (int)(task % n_heads) : (int)(task % n_kv) * group;
+                const int j1 = by_query_head ? j0 + 1 : j0 + group;
+                attend_avx2(q + d * q_stride, q_stride, seq_lens + d, (int)(starts[g + 1] - d), k_cache, v_cache,
+                            block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
+                            j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
+            }
+            free(scratch);
+        }
+        return;
+    }
 #endif
-    const long tasks = by_query_head ? D * n_heads : per_head ? D * n_kv : D;
+    const int per_head = D < nthreads;
+    const long tasks = per_head ? D * n_kv : D;
 #pragma omp parallel num_threads(nthreads)
     {
         float *scratch = (float *)malloc(sizeof(float) * (size_t)(n_heads * max_len + 2 * n_kv * head_dim +
                                                                   n_heads * head_dim));
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < tasks; task++) {
-#if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
-            if (by_query_head) {
-                const long d = task / n_heads;
-                const int j = (int)(task % n_heads);
-                attend_avx2(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
-                            out + d * n_heads * head_dim, n_kv, j, j + 1, n_heads / n_kv, head_dim, kv_dtype,
-                            block_size, scale, scratch);
-                continue;
-            }
-#endif
             const long d = per_head ? task / n_kv : task;
             const int h0 = per_head ? (int)(task % n_kv) : 0, h1 = per_head ? h0 + 1 : n_kv;
             attend(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
