@@ -398,71 +398,74 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
 /* The 4 bytes at p in every 32-bit lane (one vbroadcastss load; the bits are only moved). */
 static inline __m256i bcast4(const int8_t *p) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)p)); }
 
-#define BR2 4 /* rows per AVX2 micro-kernel: 16 ymm registers hold 4 rows' float and integer sums */
-/* tile_fast's loop over the blocks for one half of a tile (8 channels) and R <= 4 rows with
- * the float and integer sums in registers: the same operations per lane as block_sums +
- * block_finish (int16 pair sums of vpmaddubsw, exact; vpmaddwd to int32; then
- * c + float(isum) * (d * dx), c + m * sa), so the same bits. The halves read disjoint bytes
- * of each group, so a tile's codes are still read once per call. */
-static inline __attribute__((always_inline)) void tile_half_avx2(int format, const uint8_t *qs, long cb,
-                                                                  const uint16_t *dh, const uint16_t *mh, long KB,
-                                                                  const int8_t *a, long K, const float *dx,
-                                                                  const int32_t *asum, const float *sa, float *acc,
-                                                                  const int R) {
-    __m256 c[BR2];
-    for (int r = 0; r < R; r++) c[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    for (long b = 0; b < KB; b++, qs += cb) {
-        __m256i s[BR2];
-        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-        const int8_t *ab = a + b * 32;
-        if (format == METRALE_W_Q8_0) {
-            for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
-                const __m256i aw = _mm256_abs_epi8(w);
-                for (int r = 0; r < R; r++) {
-                    /* |q| * (a with q's sign): each int16 pair sum is at most 2 * 128 * 127 */
-                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(ab + r * K + 4 * g), w));
-                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(prod, ones));
-                }
-            }
-        } else {
-            for (int g = 0; g < 4; g++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
-                const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                for (int r = 0; r < R; r++) {
-                    /* 16 products of at most 15 * 127 per int16 lane: below 32767, so int16 sums are exact */
-                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, bcast4(ab + r * K + 8 * g)));
-                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, bcast4(ab + r * K + 8 * g + 4)));
-                }
-            }
-            for (int r = 0; r < R; r++) {
-                s[r] = _mm256_madd_epi16(s[r], ones);
-                if (format == METRALE_W_Q4_0) s[r] = _mm256_sub_epi32(s[r], _mm256_set1_epi32(8 * asum[r * KB + b]));
-            }
-        }
-        const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + b * BT)));
-        for (int r = 0; r < R; r++)
-            c[r] = _mm256_add_ps(c[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s[r]),
-                                                     _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * KB + b]))));
-        if (mh) {
-            const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + b * BT)));
-            for (int r = 0; r < R; r++) c[r] = _mm256_add_ps(c[r], _mm256_mul_ps(mv, _mm256_set1_ps(sa[r * KB + b])));
-        }
-    }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(acc + r * BT, c[r]);
-}
+#define BR2 2 /* rows per AVX2 micro-kernel: 16 ymm registers hold 2 rows' float and integer sums of a tile */
 
-/* Both halves of a tile for R rows. */
+/* tile_fast's loop over the blocks for R <= 2 rows with both halves of the tile (16 channels) at
+ * once and the float and integer sums in registers: the same operations per lane as
+ * block_sums + block_finish (int16 pair sums of vpmaddubsw, exact; vpmaddwd to int32; then
+ * c + float(isum) * (d * dx), c + m * sa), so the same bits. Each activation broadcast
+ * serves the 16 channels. */
 static inline __attribute__((always_inline)) void tile_rows_avx2(int format, const uint8_t *qs, long cb,
                                                                   const uint16_t *dh, const uint16_t *mh, long KB,
                                                                   const int8_t *a, long K, const float *dx,
                                                                   const int32_t *asum, const float *sa, float *acc,
                                                                   const int R) {
-    for (int half = 0; half < 2; half++)
-        tile_half_avx2(format, qs + 32 * half, cb, dh + 8 * half, mh ? mh + 8 * half : NULL, KB, a, K, dx, asum, sa,
-                       acc + 8 * half, R);
+    __m256 c[2][2];
+    for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (long b = 0; b < KB; b++, qs += cb) {
+        __m256i s[2][2];
+        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+        const int8_t *ab = a + b * 32;
+        if (format == METRALE_W_Q8_0) {
+            for (int g = 0; g < 8; g++) {
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32));
+                const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
+                for (int r = 0; r < R; r++) {
+                    const __m256i p = bcast4(ab + r * K + 4 * g);
+                    s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(aw0, _mm256_sign_epi8(p, w0)), ones));
+                    s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(aw1, _mm256_sign_epi8(p, w1)), ones));
+                }
+            }
+        } else {
+            for (int g = 0; g < 4; g++) {
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32));
+                const __m256i lo0 = _mm256_and_si256(v0, low), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
+                const __m256i lo1 = _mm256_and_si256(v1, low), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
+                for (int r = 0; r < R; r++) {
+                    const __m256i p0 = bcast4(ab + r * K + 8 * g), p1 = bcast4(ab + r * K + 8 * g + 4);
+                    s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(lo0, p0));
+                    s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(lo1, p0));
+                    s[r][0] = _mm256_add_epi16(s[r][0], _mm256_maddubs_epi16(hi0, p1));
+                    s[r][1] = _mm256_add_epi16(s[r][1], _mm256_maddubs_epi16(hi1, p1));
+                }
+            }
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < 2; h++) {
+                    s[r][h] = _mm256_madd_epi16(s[r][h], ones);
+                    if (format == METRALE_W_Q4_0) s[r][h] = _mm256_sub_epi32(s[r][h], _mm256_set1_epi32(8 * asum[r * KB + b]));
+                }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + b * BT + 8 * h)));
+            for (int r = 0; r < R; r++)
+                c[r][h] = _mm256_add_ps(c[r][h], _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]),
+                                                               _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * KB + b]))));
+        }
+        if (mh)
+            for (int h = 0; h < 2; h++) {
+                const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + b * BT + 8 * h)));
+                for (int r = 0; r < R; r++) c[r][h] = _mm256_add_ps(c[r][h], _mm256_mul_ps(mv, _mm256_set1_ps(sa[r * KB + b])));
+            }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(acc + r * BT, c[r][0]);
+        _mm256_storeu_ps(acc + r * BT + 8, c[r][1]);
+    }
 }
+
 #endif
 
 /* Output channels of one tile for rows [m0, m1): the fast path. */
@@ -496,7 +499,7 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             float *ac = acc + r0 * BT;
             switch (n) {
 #define ROWS(k) case k: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, k); break;
-                ROWS(4) ROWS(3) ROWS(2)
+                ROWS(2)
 #undef ROWS
                 default: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, 1); break;
             }
