@@ -31,7 +31,7 @@
 #include <string.h>
 #include <omp.h>
 #include "kernels.h"
-#if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__AVX2__) && defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define BLK_AVX2 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -80,14 +80,7 @@ static inline float half_to_float(uint16_t h) {
 }
 
 static inline void halves_to_floats(const uint16_t *h, float *f) {
-#if defined(BLK_VNNI512)
-    _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
-#elif defined(BLK_AVX2) && defined(__F16C__)
-    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
-    _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
-#else
     for (int j = 0; j < BT; j++) f[j] = half_to_float(h[j]);
-#endif
 }
 
 /* One row of activations as int8 blocks: a [K], dx [KB] (amax / 127), asum [KB] (the sum of
@@ -159,101 +152,12 @@ static void quantize_row_blocks(const float *x, long K, int8_t *a, float *dx, in
     }
 }
 
-/* Exact int32 sums of `rows` activation rows (a, lda int8 apart; block b) against one
+/* The portable path's exact int32 sums of `rows` activation rows (a, lda int8 apart; block b) against one
  * tile-block's codes: isum[r][j] = sum_k w_code[j][k] * a[r][k] with the format's offset
  * removed (Q4_0: q - 8; Q8_0: signed q), i.e. the dot product of the block's integer values. */
 static inline __attribute__((always_inline)) void block_sums(int format, const uint8_t *qs, const int8_t *a,
                                                              long lda, const int32_t *asum, long ldsum, int rows,
                                                              int32_t *isum) {
-#if defined(BLK_VNNI512)
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    if (format == METRALE_W_Q8_0) {
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-        __m512i w[8];
-        for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * g)), flip);
-        for (int r = 0; r < rows; r++) {
-            const int8_t *ar = a + r * lda;
-            __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-            for (int g = 0; g < 8; g += 2) {
-                int32_t p0, p1;
-                memcpy(&p0, ar + 4 * g, 4);
-                memcpy(&p1, ar + 4 * g + 4, 4);
-                s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(p0));
-                s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(p1));
-            }
-            /* (q + 128) * a summed, minus 128 * sum(a) */
-            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * asum[r * ldsum]));
-            _mm512_storeu_si512((void *)(isum + r * BT), s);
-        }
-        return;
-    }
-    __m512i lo[4], hi[4];
-    for (int g = 0; g < 4; g++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-        lo[g] = _mm512_and_si512(v, low);
-        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    }
-    for (int r = 0; r < rows; r++) {
-        const int8_t *ar = a + r * lda;
-        __m512i s0 = _mm512_setzero_si512(), s1 = s0;
-        for (int g = 0; g < 4; g++) {
-            int32_t p0, p1;
-            memcpy(&p0, ar + 8 * g, 4);
-            memcpy(&p1, ar + 8 * g + 4, 4);
-            s0 = _mm512_dpbusd_epi32(s0, lo[g], _mm512_set1_epi32(p0));
-            s1 = _mm512_dpbusd_epi32(s1, hi[g], _mm512_set1_epi32(p1));
-        }
-        __m512i s = _mm512_add_epi32(s0, s1);
-        if (format == METRALE_W_Q4_0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(8 * asum[r * ldsum]));
-        _mm512_storeu_si512((void *)(isum + r * BT), s);
-    }
-#elif defined(BLK_AVX2)
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int half = 0; half < 2; half++) { /* channels 8 * half .. 8 * half + 7: bytes 32 half .. of each group */
-        if (format == METRALE_W_Q8_0) {
-            __m256i w[8], aw[8];
-            for (int g = 0; g < 8; g++) {
-                w[g] = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32 * half));
-                aw[g] = _mm256_abs_epi8(w[g]);
-            }
-            for (int r = 0; r < rows; r++) {
-                const int8_t *ar = a + r * lda;
-                __m256i s = _mm256_setzero_si256();
-                for (int g = 0; g < 8; g++) {
-                    int32_t p;
-                    memcpy(&p, ar + 4 * g, 4);
-                    /* |q| * (a with q's sign): each int16 pair sum is at most 2 * 128 * 127 */
-                    const __m256i prod = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(_mm256_set1_epi32(p), w[g]));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
-                }
-                _mm256_storeu_si256((__m256i *)(isum + r * BT + 8 * half), s);
-            }
-            continue;
-        }
-        const __m256i low = _mm256_set1_epi8(0x0f);
-        __m256i lo[4], hi[4];
-        for (int g = 0; g < 4; g++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32 * half));
-            lo[g] = _mm256_and_si256(v, low);
-            hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-        for (int r = 0; r < rows; r++) {
-            const int8_t *ar = a + r * lda;
-            /* 16 products of at most 15 * 127 per int16 lane: below 32767, so int16 sums are exact */
-            __m256i s16 = _mm256_setzero_si256();
-            for (int g = 0; g < 4; g++) {
-                int32_t p0, p1;
-                memcpy(&p0, ar + 8 * g, 4);
-                memcpy(&p1, ar + 8 * g + 4, 4);
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[g], _mm256_set1_epi32(p0)));
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[g], _mm256_set1_epi32(p1)));
-            }
-            __m256i s = _mm256_madd_epi16(s16, ones);
-            if (format == METRALE_W_Q4_0) s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * asum[r * ldsum]));
-            _mm256_storeu_si256((__m256i *)(isum + r * BT + 8 * half), s);
-        }
-    }
-#else
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < BT; j++) {
             const int8_t *ar = a + r * lda;
@@ -271,24 +175,12 @@ static inline __attribute__((always_inline)) void block_sums(int format, const u
             }
             isum[r * BT + j] = s;
         }
-#endif
 }
 
 /* acc[r][j] += float(isum[r][j]) * (d[j] * dx[r]) (+ m[j] * sa[r]): the same steps per lane everywhere. */
 static inline __attribute__((always_inline)) void block_finish(const int32_t *isum, const float *d, const float *m,
                                                                const float *dx, const float *sa, long ldq, int rows,
                                                                float *acc) {
-#if defined(BLK_VNNI512)
-    const __m512i *is = (const __m512i *)isum;
-    const __m512 dv = _mm512_loadu_ps(d);
-    for (int r = 0; r < rows; r++) {
-        __m512 c = _mm512_loadu_ps(acc + r * BT);
-        const __m512 f = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(is + r)));
-        c = _mm512_add_ps(c, _mm512_mul_ps(f, _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * ldq]))));
-        if (m) c = _mm512_add_ps(c, _mm512_mul_ps(_mm512_loadu_ps(m), _mm512_set1_ps(sa[r * ldq])));
-        _mm512_storeu_ps(acc + r * BT, c);
-    }
-#else
     for (int r = 0; r < rows; r++) {
         const float x = dx[r * ldq];
 #pragma GCC ivdep
@@ -299,7 +191,6 @@ static inline __attribute__((always_inline)) void block_finish(const int32_t *is
             for (int j = 0; j < BT; j++) acc[r * BT + j] = acc[r * BT + j] + m[j] * s;
         }
     }
-#endif
 }
 
 /* The 16 x 32 dequantised weights of one tile-block, w[kk][j] (k-major so that a row's dot
@@ -393,8 +284,7 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
 }
 #endif
 
-#if defined(BLK_AVX2) && !defined(BLK_VNNI512) && defined(__F16C__)
-#define BLK_AVX2_REGS 1
+#if defined(BLK_AVX2) && !defined(BLK_VNNI512)
 /* The 4 bytes at p in every 32-bit lane (one vbroadcastss load; the bits are only moved). */
 static inline __m256i bcast4(const int8_t *p) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)p)); }
 
@@ -490,7 +380,7 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
 #undef ROWS
             default: tile_rows_vnni(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, acc, 1); break;
         }
-#elif defined(BLK_AVX2_REGS)
+#elif defined(BLK_AVX2)
         for (int r0 = 0; r0 < rows; r0 += BR2) {
             const int n = rows - r0 < BR2 ? rows - r0 : BR2;
             const int8_t *ar = a + (m + r0) * K;

@@ -474,7 +474,10 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
  * n_heads, head_dim]. Grouped-query head h reads KV head h / (n_heads / n_kv).
  * softmax(q k^T * scale) v in float32. With at least as many sequences as threads a
  * task is one sequence (each token's K/V rows, all heads, are read once); otherwise
- * one (sequence, KV head). The result is the same either way. n_heads <= 256.
+ * one (sequence, KV head). The AVX2 path (head_dim a multiple of 64) serves consecutive
+ * rows with the same block table as one group of up to 32 rows, a task being a group and
+ * KV head, or with fewer groups than threads a group and query head. The result is the
+ * same either way. n_heads <= 256.
  */
 void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
                                             const int64_t *block_tables, const int64_t *seq_lens, float *out,
