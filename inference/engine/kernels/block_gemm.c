@@ -300,11 +300,11 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
                                                                   const int8_t *a, long K, const float *dx,
                                                                   const int32_t *asum, const float *sa, float *acc,
                                                                   const int R) {
-    __m256 c[2][2];
+    __m256 c[BR2][2];
     for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (long b = 0; b < KB; b++, qs += cb) {
-        __m256i s[2][2];
+        __m256i s[BR2][2];
         for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
         const int8_t *ab = a + b * 32;
         if (format == METRALE_W_Q8_0) {
@@ -387,12 +387,8 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             const float *dr = dx + (m + r0) * KB, *sr = sa + (m + r0) * KB;
             const int32_t *qr = asum + (m + r0) * KB;
             float *ac = acc + r0 * BT;
-            switch (n) {
-#define ROWS(k) case k: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, k); break;
-                ROWS(2)
-#undef ROWS
-                default: tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, 1); break;
-            }
+            if (n == 2) tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, 2);
+            else tile_rows_avx2(W->format, qs, cb, dh, mh, KB, ar, K, dr, qr, sr, ac, 1);
         }
 #else
         int32_t isum[BR * BT] __attribute__((aligned(64)));

@@ -136,6 +136,8 @@ static inline __attribute__((always_inline)) void score8(const float *qp, const 
     _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
 }
 
+#define GROUP_ROWS 32 /* rows of one block table the AVX2 attention serves together */
+
 /* Rows of the AVX2 attention scratch: R rows' scores over max_len keys, their queries in lane
  * order and their P·V accumulators (floats; 32-byte aligned parts). */
 static long avx2_scratch_floats(int R, long max_len, int head_dim) {
@@ -143,7 +145,7 @@ static long avx2_scratch_floats(int R, long max_len, int head_dim) {
 }
 
 /* The AVX2 path of the decode attention (head_dim a multiple of 64) for R query rows that
- * read one block table (e.g. a sequence's verify rows, or one decode row: R = 1), query
+ * read one block table (R <= GROUP_ROWS: a sequence's verify rows, or one decode row), query
  * heads [j0, j1) (head j reads KV head j / group). Row r: query q + r * q_stride, lens[r]
  * keys, output out + r * o_stride. Scores 8 keys at a time (a short last block repeats its
  * first key, so a key's score never depends on where it falls, and a decode row scores a
@@ -161,7 +163,7 @@ static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int 
     const long ls = (max_len + 7) & ~7L;
     float *base = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
     float *scores = base, *qp = base + (long)R * ls, *acc = qp + (long)R * head_dim;
-    float maxs[64], sums[64];
+    float maxs[GROUP_ROWS], sums[GROUP_ROWS];
     for (int j = j0; j < j1; j++) {
         const long off = (long)(j / group) * hb;
         for (int r = 0; r < R; r++) {
@@ -475,7 +477,7 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
  * softmax(q k^T * scale) v in float32. With at least as many sequences as threads a
  * task is one sequence (each token's K/V rows, all heads, are read once); otherwise
  * one (sequence, KV head). The AVX2 path (head_dim a multiple of 64) serves consecutive
- * rows with the same block table as one group of up to 32 rows, a task being a group and
+ * rows with the same block table as one group of up to GROUP_ROWS (32), a task being a group and
  * KV head, or with fewer groups than threads a group and query head. The result is the
  * same either way. n_heads <= 256.
  */
@@ -489,12 +491,12 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
     if (head_dim % 64 == 0) {
         /* Consecutive rows with the same block table (a sequence's verify rows) form a group of
-         * at most 32, whose K/V rows are fetched once for all of them; a task is one group and
+         * at most GROUP_ROWS, whose K/V rows are fetched once for all of them; a task is one group and
          * KV head, or with fewer groups than threads one group and query head. */
         long starts[D + 1];
         long G = 0;
         for (long d = 0; d < D; d++) {
-            const int same = d > 0 && d - starts[G - 1] < 32 &&
+            const int same = d > 0 && d - starts[G - 1] < GROUP_ROWS &&
                              memcmp(block_tables + d * width, block_tables + (d - 1) * width, sizeof(int64_t) * width) == 0;
             if (!same) starts[G++] = d;
         }
