@@ -10,9 +10,12 @@ Drafts come from (1) a request's `prediction` (OpenAI's Predicted Outputs): the
 prediction's tokens after the place that matches the output's last tokens, found again
 after a rejection (llama.cpp's lookup decoding, PR #12127); or (2) prompt lookup (vLLM's
 n-gram proposer, Saxena 2023): the last n tokens (n from ngram_max down to ngram_min)
-found earlier in the prompt or the output, and what followed them. A request with a
-prediction that has nothing to offer (used up, or the output's last token is not in it)
-drafts by prompt lookup. Usage's accepted and rejected prediction tokens do not depend on
+found earlier in the prompt or the output, at the occurrence whose preceding tokens match
+longest, and what followed them. A request with a prediction drafts from the source whose
+match of the tokens before is longer (the prediction on ties and up to
+SpecState.PREDICTION_LEAD tokens shorter: an output that repeats its own earlier text
+drafts from that text), and by prompt lookup where the prediction has nothing to offer
+(used up, or the output's last token is not in it). Usage's accepted and rejected prediction tokens do not depend on
 the drafts: `PredictionMatch` walks the emitted tokens against the prediction.
 
 The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts `num_draft_tokens`
@@ -146,36 +149,73 @@ def expected_accepted(acceptance: float, k: int) -> float:
     return gain
 
 
+def common_suffix(a, a_end: int, b, b_end: int, most: int) -> int:
+    """How many tokens a[:a_end] and b[:b_end] (token id lists) end alike, up to `most`: the length of
+    the context a draft source matches before the place it proposes from (compared 8 at a time)."""
+    n = 0
+    while n < most:
+        step = min(8, most - n, a_end - n, b_end - n)
+        if step <= 0:
+            return n
+        if a[a_end - n - step:a_end - n] == b[b_end - n - step:b_end - n]:
+            n += step
+            continue
+        while n < most and a_end - n > 0 and b_end - n > 0 and a[a_end - n - 1] == b[b_end - n - 1]:
+            n += 1
+        return n
+    return n
+
+
+MATCH_MOST = 64  # tokens compared when measuring how long a draft source's match is
+
+
 class NgramIndex:
-    """n-gram -> where its latest earlier occurrence's continuation starts, over a growing token list.
+    """n-gram -> where its latest earlier occurrences' continuations start, over a growing token list.
 
     For each n in [ngram_min, ngram_max], every n-gram that ends before the list's last token
-    is indexed once (positions only grow), so a lookup costs O(ngram_max) dictionary probes,
-    never a scan of the whole context.
+    is indexed once (positions only grow), keeping its last KEEP occurrences; a lookup probes
+    the longest n first and, among that n-gram's occurrences, takes the one whose preceding
+    tokens match the list's longest (the latest on ties: a suffix-matching drafter's rule), so
+    it costs O(ngram_max + KEEP) probes, never a scan of the whole context.
     """
 
     __slots__ = ("sizes", "maps", "indexed")
+    KEEP = 8
 
     def __init__(self, ngram_min: int, ngram_max: int):
         self.sizes = range(ngram_max, ngram_min - 1, -1)
-        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.maps: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in self.sizes}
         self.indexed = 0  # n-grams ending before this position are in the maps
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier match of the list's last n tokens ([] when none)."""
+    def lookup(self, tokens: list[int]) -> tuple[int | None, int]:
+        """(where the continuation of the best earlier match of the list's last tokens starts, how many
+        tokens that match has, up to MATCH_MOST); (None, 0) when no n-gram matches."""
         end = len(tokens) - 1  # index n-grams ending at positions < end (the suffix itself is not a match)
         for e in range(self.indexed, end):
             for n in self.sizes:
                 if e + 1 >= n:
-                    self.maps[n][tuple(tokens[e + 1 - n:e + 1])] = e + 1
+                    starts = self.maps[n].setdefault(tuple(tokens[e + 1 - n:e + 1]), [])
+                    starts.append(e + 1)
+                    if len(starts) > self.KEEP:
+                        del starts[0]
         self.indexed = max(self.indexed, end)
         for n in self.sizes:
             if len(tokens) < n + 1:
                 continue
-            start = self.maps[n].get(tuple(tokens[-n:]))
-            if start is not None:
-                return tokens[start:start + k]
-        return []
+            starts = self.maps[n].get(tuple(tokens[-n:]))
+            if starts:
+                best, best_len = None, -1
+                for start in reversed(starts):
+                    m = common_suffix(tokens, start, tokens, len(tokens), MATCH_MOST)
+                    if m > best_len:
+                        best, best_len = start, m
+                return best, best_len
+        return None, 0
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the best earlier match of the list's last tokens ([] when none)."""
+        start, _ = self.lookup(tokens)
+        return [] if start is None else tokens[start:start + k]
 
 
 class PredictionDraft:
@@ -274,7 +314,8 @@ class SpecState:
     prior: 3 hits to 1 miss (0.75) for a prediction, 1 to 1 for prompt lookup.
 
     drafted / accepted: all draft tokens proposed and accepted. A request with a prediction
-    drafts from it while it has a draft to offer, else by prompt lookup (`from_prediction`
+    drafts from it unless prompt lookup matches a longer context (the model repeating text of
+    its own, not the prediction's) or the prediction has nothing to offer (`from_prediction`
     says which the last proposal used).
     """
 
@@ -298,11 +339,29 @@ class SpecState:
     def acceptance(self) -> float:
         return self.hits / (self.hits + self.misses)
 
+    # A prediction's draft is taken over prompt lookup's unless the context prompt lookup matched is
+    # longer by more than this many tokens (the model repeating its own output, not the prediction).
+    PREDICTION_LEAD = 2
+
     def propose(self, tokens: list[int], num_prompt: int, k: int) -> list[int]:
-        """Up to k draft tokens to follow `tokens` (prompt + output ids): the prediction's, else prompt lookup's."""
-        self._at, draft = self.prediction.propose(tokens[num_prompt:], k) if self.prediction else (None, [])
-        self.from_prediction = bool(draft)
-        return draft or self.ngrams.propose(tokens, k)
+        """Up to k draft tokens to follow `tokens` (prompt + output ids): from the source whose match of
+        the tokens before is the longest (common_suffix), the prediction's on ties and up to
+        PREDICTION_LEAD tokens shorter; prompt lookup's where the prediction has nothing to offer."""
+        draft, self._at = [], None
+        pred_match = -1
+        if self.prediction is not None:
+            at, draft = self.prediction.propose(tokens[num_prompt:], k)
+            if draft:
+                self._at = at
+                pred_match = common_suffix(self.prediction.tokens, at, tokens, len(tokens),
+                                           min(MATCH_MOST, len(tokens) - num_prompt))
+        start, match = self.ngrams.lookup(tokens)
+        if start is not None and match > pred_match + self.PREDICTION_LEAD:
+            draft = tokens[start:start + k]
+            self.from_prediction = False
+        else:
+            self.from_prediction = bool(draft)
+        return draft
 
     def record(self, cfg: SpeculativeConfig, num_drafted: int, num_accepted: int) -> None:
         """Fold in one verify of the last proposal: counts, the prediction's pointer, the acceptance and the pause."""

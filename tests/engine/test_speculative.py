@@ -11,7 +11,7 @@ from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
 from inference.engine.speculative import (NgramIndex, PredictionDraft, PredictionMatch, SpeculativeConfig, Speculator,
-                                         SpecState, StepCost)
+                                         SpecState, StepCost, common_suffix)
 
 from .test_async_engine import LLMEngine_block_bytes, make_engine, prompts
 from .tiny_models import make_tiny_model
@@ -191,6 +191,43 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert index.propose(tokens + [4], 3) == []  # [7, 4] never occurred
     index = NgramIndex(2, 3)
     assert index.propose([1, 2, 1, 2], 4) == [1, 2]  # the suffix itself is no match; the earlier one is
+
+
+def test_prompt_lookup_takes_the_occurrence_whose_context_matches_longest():
+    # [7, 8] occurs twice before the end: after [1, 2] (which the tokens end with) and later after [3, 4].
+    tokens = [1, 2, 7, 8, 5, 3, 4, 7, 8, 6, 0, 1, 2, 7, 8]
+    index = NgramIndex(2, 2)
+    assert index.lookup(tokens) == (4, 4)  # [1, 2, 7, 8] matched, continuing with 5
+    assert index.propose(tokens, 2) == [5, 3]
+    tied = [3, 4, 7, 8, 1, 3, 4, 7, 8, 2, 3, 4, 7, 8]
+    assert NgramIndex(2, 2).lookup(tied) == (9, 4)  # both match 4 tokens: the latest
+    assert NgramIndex(2, 2).lookup([1, 2, 3]) == (None, 0)
+
+
+def test_common_suffix_counts_matching_tokens_up_to_a_bound():
+    a = list(range(40))
+    assert common_suffix(a, 40, a, 40, 64) == 40
+    assert common_suffix(a, 40, a, 40, 17) == 17
+    b = [99] + a[1:]
+    assert common_suffix(a, 40, b, 40, 64) == 39
+    assert common_suffix(a, 30, b, 40, 64) == 0
+    assert common_suffix(a, 0, b, 40, 64) == 0
+
+
+def test_an_output_repeating_its_own_text_drafts_from_it_over_the_prediction():
+    cfg = SpeculativeConfig("on", 4, 3, 2, 8, 0.3)
+    prediction = [10, 11, 12, 13, 14, 15]
+    state = SpecState(cfg, prediction)
+    prompt = [1, 2]
+    # The output's last token (11) is in the prediction, matched there over 1 token; the output's own
+    # earlier text matches 4 (more than 1 + PREDICTION_LEAD): that text's continuation drafts.
+    assert SpecState.PREDICTION_LEAD == 2
+    own = [5, 6, 7, 11, 30, 31, 5, 6, 7, 11]
+    assert state.propose(prompt + own, len(prompt), 3) == [30, 31, 5] and not state.from_prediction
+    # Its own text matching 3 (no more than 1 + 2): the prediction.
+    state = SpecState(cfg, prediction)
+    assert state.propose(prompt + [0, 6, 7, 11, 30, 31, 5, 6, 7, 11], len(prompt), 3) == [12, 13, 14]
+    assert state.from_prediction
 
 
 def test_a_prediction_is_aligned_again_after_an_edit():
