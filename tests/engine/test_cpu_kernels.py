@@ -190,6 +190,10 @@ def test_rows_that_share_a_block_table_attend_as_they_would_alone(kv_dtype, n_he
         alone = kernels.paged_decode_attention(q[d:d + 1], k_cache, v_cache, tables[d:d + 1], lens[d:d + 1],
                                                head_dim ** -0.5)
         assert torch.equal(alone[0], out[d]), d
+    # One group alone in a call (its rows split among the threads, where the kernel splits them): the same.
+    for a, b in ((1, 10), (11, 51), (12, 15)):
+        part = kernels.paged_decode_attention(q[a:b], k_cache, v_cache, tables[a:b], lens[a:b], head_dim ** -0.5)
+        assert torch.equal(part, out[a:b]), (a, b)
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])

@@ -81,6 +81,8 @@ static inline void key_rows(const char **krows, int n, long t0, long len, const 
     }
 }
 
+#define GROUP_ROWS 32 /* rows of one block table the vector attentions serve together */
+
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512) /* the AVX2 attention (the AVX-512 one is below) */
 /* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row; int8 (2):
  * the integers, unscaled (the caller applies the row's scale). */
@@ -135,8 +137,6 @@ static inline __attribute__((always_inline)) void score8(const float *qp, const 
     }
     _mm256_storeu_ps(sc, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
 }
-
-#define GROUP_ROWS 32 /* rows of one block table the AVX2 attention serves together */
 
 /* Rows of the AVX2 attention scratch: R rows' scores over max_len keys, their queries in lane
  * order and their P·V accumulators (floats; 32-byte aligned parts). */
@@ -308,9 +308,10 @@ static inline __m512 reduce16(const __m512 *c) {
 
 /* P·V for HB query heads that read the same KV head, dims [s, s + 64): four zmm
  * accumulators per head stay in registers while the tokens stream by in order (so each
- * output element is the same sequential sum over t as in the other paths). hoff: the
- * head's byte offset in a token's row of tbytes bytes. */
-static inline __attribute__((always_inline)) void pv_heads(const float *scores, long len, const void *v_cache,
+ * output element is the same sequential sum over t as in attend_avx512's other loop).
+ * Head h's probabilities: scores + h * ldsc. hoff: the head's byte offset in a token's row
+ * of tbytes bytes. */
+static inline __attribute__((always_inline)) void pv_heads(const float *scores, long ldsc, long len, const void *v_cache,
                                                             const int64_t *table, int block_size, long tbytes,
                                                             long hoff, int s, int head_dim, int kv_dtype,
                                                             const float *sums, float *out, long ldo, const int HB) {
@@ -324,7 +325,7 @@ static inline __attribute__((always_inline)) void pv_heads(const float *scores, 
         const __m512 v0 = load16(v, s, kv_dtype), v1 = load16(v, s + 16, kv_dtype);
         const __m512 v2 = load16(v, s + 32, kv_dtype), v3 = load16(v, s + 48, kv_dtype);
         for (int h = 0; h < HB; h++) {
-            const __m512 p = _mm512_set1_ps(kv_dtype == 2 ? scores[h * len + t] * vs : scores[h * len + t]);
+            const __m512 p = _mm512_set1_ps(kv_dtype == 2 ? scores[h * ldsc + t] * vs : scores[h * ldsc + t]);
             acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
             acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
             acc[h][2] = _mm512_fmadd_ps(p, v2, acc[h][2]);
@@ -337,69 +338,165 @@ static inline __attribute__((always_inline)) void pv_heads(const float *scores, 
     }
 }
 
-/* The AVX-512 path of attend() for head_dim a multiple of 64: scores 16 keys at a time
- * (a short last block repeats its first key, so a key's score never depends on where
- * it falls, and a decode row scores a key exactly as a prompt row does), softmax with
- * exp16, then P·V with register accumulators. */
-static void attend_avx512(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table, long len,
-                          float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
-                          int kv_dtype, float *scores) {
-    const int nh = (h1 - h0) * group;
-    const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
-    float maxs[256], sums[256];
-    for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
+/* One block of cnt <= 16 tokens of P·V for HB heads of one row: acc[h] (head_dim floats each,
+ * consecutive) += p[h][u] * V[u] in token order, V[u] the block's widened rows (vf, head_dim
+ * floats apart), p[h] = scores + h * ldsc (times the token's int8 scale vs[u] for int8). */
+static inline __attribute__((always_inline)) void pv_block(const float *scores, long ldsc, const float *vf,
+                                                            const float *vs, int cnt, int kv_dtype, int head_dim,
+                                                            float *acc, const int HB) {
+    for (int s = 0; s < head_dim; s += 64) {
+        __m512 a[3][4];
+        for (int h = 0; h < HB; h++)
+            for (int c = 0; c < 4; c++) a[h][c] = _mm512_loadu_ps(acc + h * head_dim + s + 16 * c);
+        for (int u = 0; u < cnt; u++) {
+            const float *v = vf + u * head_dim + s;
+            const __m512 v0 = _mm512_load_ps(v), v1 = _mm512_load_ps(v + 16);
+            const __m512 v2 = _mm512_load_ps(v + 32), v3 = _mm512_load_ps(v + 48);
+            for (int h = 0; h < HB; h++) {
+                const float ph = scores[h * ldsc + u];
+                const __m512 pt = _mm512_set1_ps(kv_dtype == 2 ? ph * vs[u] : ph);
+                a[h][0] = _mm512_fmadd_ps(pt, v0, a[h][0]);
+                a[h][1] = _mm512_fmadd_ps(pt, v1, a[h][1]);
+                a[h][2] = _mm512_fmadd_ps(pt, v2, a[h][2]);
+                a[h][3] = _mm512_fmadd_ps(pt, v3, a[h][3]);
+            }
+        }
+        for (int h = 0; h < HB; h++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + h * head_dim + s + 16 * c, a[h][c]);
+    }
+}
+
+/* Floats of the AVX-512 attention's scratch for R rows of nq query heads over max_len keys:
+ * the scores, their maxima, sums and P·V accumulators, and one 16-token block of K or V rows
+ * as float32 (64-byte aligned). */
+static long avx512_scratch_floats(int R, int nq, long max_len, int head_dim) {
+    return (long)R * nq * (((max_len + 15) & ~15L) + 2 + head_dim) + 16L * head_dim + 32;
+}
+
+/* The AVX-512 path of the decode attention (head_dim a multiple of 64) for R query rows that
+ * read one block table (R <= GROUP_ROWS: a sequence's verify rows or prompt rows, or one
+ * decode row) and query heads [j0, j1), all of one KV head (j / group). Row r: query q + r *
+ * q_stride, lens[r] keys, output out + r * o_stride. Scores 16 keys at a time (a block past
+ * the longest row's keys repeats its first key, so a key's score never depends on where it
+ * falls, and a decode row scores a key exactly as a prompt row does); each block's K rows are
+ * widened to float32 once for every row and head (unless one row and head read them); softmax
+ * with exp16, then P·V with register accumulators. Per (row, head) the operations and their
+ * order are the same whatever R, [j0, j1) or the other rows are, so the same bits. */
+static void attend_avx512(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
+                          const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0,
+                          int j1, int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
+    const int nq = j1 - j0;
+    const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb, off = (long)(j0 / group) * hb;
+    long max_len = 0;
+    for (int r = 0; r < R; r++) max_len = lens[r] > max_len ? lens[r] : max_len;
+    const long ls = (max_len + 15) & ~15L; /* scores of (row r, head j0 + i) at (r * nq + i) * ls */
+    float *scores = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *kf = scores + (long)R * nq * ls, *maxs = kf + 16L * head_dim, *sums = maxs + (long)R * nq;
+    float *acc = sums + (long)R * nq; /* P·V sums of (row r, head j0 + i) at (r * nq + i) * head_dim */
+    for (int i = 0; i < R * nq; i++) maxs[i] = -INFINITY;
+    const int widen = R > 1; /* several rows: K and V rows widened once for all (float32 ones copied) */
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (long t0 = 0; t0 < len; t0 += 16) {
-        const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
+    for (long t0 = 0; t0 < max_len; t0 += 16) {
         const char *krows[16];
-        key_rows(krows, 16, t0, len, table, block_size, k_cache, tbytes, h0, hb);
-        for (int j = 0; j < nh; j++) {
-            const float *qj = qh + (long)j * head_dim;
-            const long off = (long)(j / group) * hb;
-            __m512 c[16];
-            for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
-            for (int i = 0; i < head_dim; i += 16) {
-                const __m512 qv = _mm512_loadu_ps(qj + i);
-                for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u] + off, i, kv_dtype), c[u]);
-            }
-            __m512 dots = reduce16(c);
-            if (kv_dtype == 2) {
-                float ks[16];
-                for (int u = 0; u < 16; u++) ks[u] = int8_scale(krows[u] + off, head_dim);
-                dots = _mm512_mul_ps(dots, _mm512_loadu_ps(ks));
-            }
-            dots = _mm512_mul_ps(dots, vscale);
+        key_rows(krows, 16, t0, max_len, table, block_size, k_cache, tbytes, 0, hb);
+        for (int u = 0; u < 16; u++) krows[u] += off;
+        float ks[16];
+        if (kv_dtype == 2)
+            for (int u = 0; u < 16; u++) ks[u] = int8_scale(krows[u], head_dim);
+        if (widen)
+            for (int u = 0; u < 16; u++)
+                for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(krows[u], i, kv_dtype));
+        for (int r = 0; r < R; r++) {
+            if (t0 >= lens[r]) continue;
+            const int cnt = lens[r] - t0 < 16 ? (int)(lens[r] - t0) : 16;
             const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
-            _mm512_mask_storeu_ps(scores + j * len + t0, m, dots);
-            maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
+            for (int j = j0; j < j1; j++) {
+                const float *qj = q + r * q_stride + (long)j * head_dim;
+                __m512 c[16];
+                for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
+                for (int i = 0; i < head_dim; i += 16) {
+                    const __m512 qv = _mm512_loadu_ps(qj + i);
+                    if (widen)
+                        for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, _mm512_load_ps(kf + u * head_dim + i), c[u]);
+                    else
+                        for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u], i, kv_dtype), c[u]);
+                }
+                __m512 dots = reduce16(c);
+                if (kv_dtype == 2) dots = _mm512_mul_ps(dots, _mm512_loadu_ps(ks));
+                dots = _mm512_mul_ps(dots, vscale);
+                const long at = (long)(r * nq + j - j0);
+                _mm512_mask_storeu_ps(scores + at * ls + t0, m, dots);
+                maxs[at] = fmaxf(maxs[at], _mm512_mask_reduce_max_ps(m, dots));
+            }
         }
     }
-    for (int j = 0; j < nh; j++) {
-        float *r = scores + j * len;
-        const __m512 mx = _mm512_set1_ps(maxs[j]);
-        __m512 acc = _mm512_setzero_ps();
-        for (long t = 0; t < len; t += 16) {
-            const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
-            const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, r + t), mx)));
-            _mm512_mask_storeu_ps(r + t, m, e);
-            acc = _mm512_add_ps(acc, e);
+    for (int r = 0; r < R; r++) {
+        const long len = lens[r];
+        for (int i = 0; i < nq; i++) {
+            float *row = scores + (long)(r * nq + i) * ls;
+            const __m512 mx = _mm512_set1_ps(maxs[r * nq + i]);
+            __m512 acc = _mm512_setzero_ps();
+            for (long t = 0; t < len; t += 16) {
+                const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+                const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), mx)));
+                _mm512_mask_storeu_ps(row + t, m, e);
+                acc = _mm512_add_ps(acc, e);
+            }
+            sums[r * nq + i] = _mm512_reduce_add_ps(acc);
         }
-        sums[j] = _mm512_reduce_add_ps(acc);
     }
-    for (int g = 0; g < h1 - h0; g++)
+    if (R == 1) { /* P·V with the sums in registers over all the tokens, the V rows widened as they are read */
         for (int s = 0; s < head_dim; s += 64)
-            for (int b = 0; b < group; b += 4) {
-                const int nb = group - b < 4 ? group - b : 4, j = g * group + b;
-                const long hoff = (long)(h0 + g) * hb;
-                float *o = out + ((long)h0 * group + j) * head_dim + s;
-                const float *sc = scores + (long)j * len;
+            for (int b = 0; b < nq; b += 4) {
+                const int nb = nq - b < 4 ? nq - b : 4;
+                float *o = out + (long)(j0 + b) * head_dim + s;
+                const float *sc = scores + (long)b * ls;
                 switch (nb) {
-                    case 4: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 4); break;
-                    case 3: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 3); break;
-                    case 2: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 2); break;
-                    default: pv_heads(sc, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 1); break;
+#define HEADS(n) case n: pv_heads(sc, ls, lens[0], v_cache, table, block_size, tbytes, off, s, head_dim, kv_dtype, sums + b, o, head_dim, n); break;
+                    HEADS(4) HEADS(3) HEADS(2)
+#undef HEADS
+                    default: pv_heads(sc, ls, lens[0], v_cache, table, block_size, tbytes, off, s, head_dim, kv_dtype, sums + b, o, head_dim, 1); break;
                 }
             }
+        return;
+    }
+    /* P·V for several rows, 16 tokens at a time: their V rows widened to float32 once for every
+     * row and head, then each (row, head) adds them in token order into its sums (in registers
+     * for the 16 tokens, 64 dims at a time): per (row, head) the same operations as pv_heads. */
+    memset(acc, 0, sizeof(float) * (size_t)R * nq * head_dim);
+    for (long t0 = 0; t0 < max_len; t0 += 16) {
+        const int n = max_len - t0 < 16 ? (int)(max_len - t0) : 16;
+        const char *vrows[16];
+        float vs[16];
+        for (int u = 0; u < n; u++) {
+            const long t = t0 + u;
+            vrows[u] = (const char *)v_cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
+            vs[u] = kv_dtype == 2 ? int8_scale(vrows[u], head_dim) : 1.f;
+        }
+        if (widen)
+            for (int u = 0; u < n; u++)
+                for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(vrows[u], i, kv_dtype));
+        for (int r = 0; r < R; r++) {
+            if (t0 >= lens[r]) continue;
+            const int cnt = lens[r] - t0 < n ? (int)(lens[r] - t0) : n;
+            for (int i = 0; i < nq; i += 3) { /* three heads at a time: 12 independent sums */
+                const int nh = nq - i < 3 ? nq - i : 3;
+                if (nh == 3) pv_block(scores + (long)(r * nq + i) * ls + t0, ls, kf, vs, cnt, kv_dtype, head_dim,
+                                      acc + (long)(r * nq + i) * head_dim, 3);
+                else if (nh == 2) pv_block(scores + (long)(r * nq + i) * ls + t0, ls, kf, vs, cnt, kv_dtype, head_dim,
+                                           acc + (long)(r * nq + i) * head_dim, 2);
+                else pv_block(scores + (long)(r * nq + i) * ls + t0, ls, kf, vs, cnt, kv_dtype, head_dim,
+                              acc + (long)(r * nq + i) * head_dim, 1);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < nq; i++) {
+            const __m512 inv = _mm512_set1_ps(1.f / sums[r * nq + i]);
+            const float *ar = acc + (long)(r * nq + i) * head_dim;
+            float *o = out + r * o_stride + (long)(j0 + i) * head_dim;
+            for (int c = 0; c < head_dim; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), inv));
+        }
 }
 #endif
 
@@ -416,13 +513,6 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     float *kbuf = scores + (long)nh * len;
     float *acc = kbuf + (h1 - h0) * head_dim;
     const float *qh = q + (long)h0 * group * head_dim;
-#if defined(METRALE_AVX512)
-    if (head_dim % 64 == 0) {
-        attend_avx512(qh, k_cache, v_cache, table, len, out, n_kv, h0, h1, group, head_dim, block_size, scale, kv_dtype,
-                      scores);
-        return;
-    }
-#endif
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
     for (long t = 0; t < len; t++) {
@@ -474,12 +564,14 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
  * bytes (each head's int8 values, then its float32 scale); block_tables: int64 [D, width];
  * seq_lens: int64 [D] (tokens to attend, the new one included); out: float32 [D,
  * n_heads, head_dim]. Grouped-query head h reads KV head h / (n_heads / n_kv).
- * softmax(q k^T * scale) v in float32. With at least as many sequences as threads a
- * task is one sequence (each token's K/V rows, all heads, are read once); otherwise
- * one (sequence, KV head). The AVX2 path (head_dim a multiple of 64) serves consecutive
- * rows with the same block table as one group of up to GROUP_ROWS (32), a task being a group and
- * KV head, or with fewer groups than threads a group and query head. The result is the
- * same either way. n_heads <= 256.
+ * softmax(q k^T * scale) v in float32. The vector paths (head_dim a multiple of 64) serve
+ * consecutive rows with the same block table (a sequence's verify or prompt rows) as one
+ * group of up to GROUP_ROWS (32), each K/V row fetched once for the group: on AVX-512 a task
+ * is a group's rows (split into parts while there are fewer than twice as many tasks as
+ * threads) and one KV head; on AVX2 a group and KV head, or with fewer groups than threads a
+ * group and query head. The portable path: with at least as many sequences as threads a task
+ * is one sequence, otherwise one (sequence, KV head). The result is the same either way.
+ * n_heads <= 256.
  */
 void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
                                             const int64_t *block_tables, const int64_t *seq_lens, float *out,
@@ -488,7 +580,7 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
     long max_len = 0;
     for (long d = 0; d < D; d++)
         if (seq_lens[d] > max_len) max_len = seq_lens[d];
-#if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
+#if defined(METRALE_AVX2)
     if (head_dim % 64 == 0) {
         /* Consecutive rows with the same block table (a sequence's verify rows) form a group of
          * at most GROUP_ROWS, whose K/V rows are fetched once for all of them; a task is one group and
@@ -503,19 +595,44 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         starts[G] = D;
         long most = 1;
         for (long g = 0; g < G; g++) most = starts[g + 1] - starts[g] > most ? starts[g + 1] - starts[g] : most;
-        const int group = n_heads / n_kv, by_query_head = G < nthreads;
-        const long tasks = G * (by_query_head ? n_heads : n_kv);
+        const int group = n_heads / n_kv;
+#if defined(METRALE_AVX512)
+        /* A task: one group's rows (or a part of them, so that the tasks outnumber the threads
+         * twice where they can) and one KV head, every query head that reads it. */
+        const int by_query_head = 0;
+        const long units = G * n_kv;
+        long parts = units < 2L * nthreads ? (2L * nthreads + units - 1) / units : 1;
+        parts = parts < most ? parts : most;
+#else
+        /* A task: one group and KV head, or with fewer groups than threads one group and query head. */
+        const int by_query_head = G < nthreads;
+        const long parts = 1;
+#endif
+        const long heads = by_query_head ? n_heads : n_kv, tasks = G * heads * parts;
 #pragma omp parallel num_threads(nthreads)
         {
+#if defined(METRALE_AVX512)
+            float *scratch = (float *)malloc(sizeof(float) * (size_t)avx512_scratch_floats((int)most, by_query_head ? 1 : group,
+                                                                                           max_len, head_dim));
+#else
             float *scratch = (float *)malloc(sizeof(float) * (size_t)avx2_scratch_floats((int)most, max_len, head_dim));
+#endif
 #pragma omp for schedule(dynamic, 1)
             for (long task = 0; task < tasks; task++) {
-                const long g = by_query_head ? task / n_heads : task / n_kv, d = starts[g];
-                const int j0 = by_query_head ? (int)(task % n_heads) : (int)(task % n_kv) * group;
+                const long g = task / (heads * parts), unit = task % (heads * parts) / parts, part = task % parts;
+                const long rows = starts[g + 1] - starts[g], per = (rows + parts - 1) / parts;
+                const long d = starts[g] + part * per, n = rows - part * per < per ? rows - part * per : per;
+                if (n <= 0) continue;
+                const int j0 = by_query_head ? (int)unit : (int)unit * group;
                 const int j1 = by_query_head ? j0 + 1 : j0 + group;
-                attend_avx2(q + d * q_stride, q_stride, seq_lens + d, (int)(starts[g + 1] - d), k_cache, v_cache,
-                            block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
-                            j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
+#if defined(METRALE_AVX512)
+                attend_avx512(
+#else
+                attend_avx2(
+#endif
+                    q + d * q_stride, q_stride, seq_lens + d, (int)n, k_cache, v_cache,
+                    block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
+                    j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
             }
             free(scratch);
         }
