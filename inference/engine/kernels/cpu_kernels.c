@@ -374,14 +374,14 @@ static long avx512_scratch_floats(int R, int nq, long max_len, int head_dim) {
 }
 
 /* The AVX-512 path of the decode attention (head_dim a multiple of 64) for R query rows that
- * read one block table (R <= GROUP_ROWS: a sequence's verify rows or prompt rows, or one
- * decode row) and query heads [j0, j1), all of one KV head (j / group). Row r: query q + r *
+ * read one block table (2 <= R <= GROUP_ROWS: a sequence's verify rows or prompt rows) and query heads [j0, j1), all of one KV head (j / group). Row r: query q + r *
  * q_stride, lens[r] keys, output out + r * o_stride. Scores 16 keys at a time (a block past
  * the longest row's keys repeats its first key, so a key's score never depends on where it
  * falls, and a decode row scores a key exactly as a prompt row does); each block's K rows are
- * widened to float32 once for every row and head (unless one row and head read them); softmax
- * with exp16, then P·V with register accumulators. Per (row, head) the operations and their
- * order are the same whatever R, [j0, j1) or the other rows are, so the same bits. */
+ * widened to float32 once for every row and head; softmax with exp16, then P·V, each block's V
+ * rows widened once. Per (row, head) the operations and their order are the same whatever R,
+ * [j0, j1) or the other rows are, and the same as attend_avx512_row's (one row), so the same
+ * bits. R >= 2 (one row takes attend_avx512_row). */
 static void attend_avx512(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
                           const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0,
                           int j1, int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
@@ -394,7 +394,6 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
     float *kf = scores + (long)R * nq * ls, *maxs = kf + 16L * head_dim, *sums = maxs + (long)R * nq;
     float *acc = sums + (long)R * nq; /* P·V sums of (row r, head j0 + i) at (r * nq + i) * head_dim */
     for (int i = 0; i < R * nq; i++) maxs[i] = -INFINITY;
-    const int widen = R > 1; /* several rows: K and V rows widened once for all (float32 ones copied) */
     const __m512 vscale = _mm512_set1_ps(scale);
     for (long t0 = 0; t0 < max_len; t0 += 16) {
         const char *krows[16];
@@ -403,9 +402,8 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
         float ks[16];
         if (kv_dtype == 2)
             for (int u = 0; u < 16; u++) ks[u] = int8_scale(krows[u], head_dim);
-        if (widen)
-            for (int u = 0; u < 16; u++)
-                for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(krows[u], i, kv_dtype));
+        for (int u = 0; u < 16; u++)
+            for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(krows[u], i, kv_dtype));
         for (int r = 0; r < R; r++) {
             if (t0 >= lens[r]) continue;
             const int cnt = lens[r] - t0 < 16 ? (int)(lens[r] - t0) : 16;
@@ -416,10 +414,7 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
                 for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
                 for (int i = 0; i < head_dim; i += 16) {
                     const __m512 qv = _mm512_loadu_ps(qj + i);
-                    if (widen)
-                        for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, _mm512_load_ps(kf + u * head_dim + i), c[u]);
-                    else
-                        for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u], i, kv_dtype), c[u]);
+                    for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, _mm512_load_ps(kf + u * head_dim + i), c[u]);
                 }
                 __m512 dots = reduce16(c);
                 if (kv_dtype == 2) dots = _mm512_mul_ps(dots, _mm512_loadu_ps(ks));
@@ -445,21 +440,6 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
             sums[r * nq + i] = _mm512_reduce_add_ps(acc);
         }
     }
-    if (R == 1) { /* P·V with the sums in registers over all the tokens, the V rows widened as they are read */
-        for (int s = 0; s < head_dim; s += 64)
-            for (int b = 0; b < nq; b += 4) {
-                const int nb = nq - b < 4 ? nq - b : 4;
-                float *o = out + (long)(j0 + b) * head_dim + s;
-                const float *sc = scores + (long)b * ls;
-                switch (nb) {
-#define HEADS(n) case n: pv_heads(sc, ls, lens[0], v_cache, table, block_size, tbytes, off, s, head_dim, kv_dtype, sums + b, o, head_dim, n); break;
-                    HEADS(4) HEADS(3) HEADS(2)
-#undef HEADS
-                    default: pv_heads(sc, ls, lens[0], v_cache, table, block_size, tbytes, off, s, head_dim, kv_dtype, sums + b, o, head_dim, 1); break;
-                }
-            }
-        return;
-    }
     /* P·V for several rows, 16 tokens at a time: their V rows widened to float32 once for every
      * row and head, then each (row, head) adds them in token order into its sums (in registers
      * for the 16 tokens, 64 dims at a time): per (row, head) the same operations as pv_heads. */
@@ -473,9 +453,8 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
             vrows[u] = (const char *)v_cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
             vs[u] = kv_dtype == 2 ? int8_scale(vrows[u], head_dim) : 1.f;
         }
-        if (widen)
-            for (int u = 0; u < n; u++)
-                for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(vrows[u], i, kv_dtype));
+        for (int u = 0; u < n; u++)
+            for (int i = 0; i < head_dim; i += 16) _mm512_store_ps(kf + u * head_dim + i, load16(vrows[u], i, kv_dtype));
         for (int r = 0; r < R; r++) {
             if (t0 >= lens[r]) continue;
             const int cnt = lens[r] - t0 < n ? (int)(lens[r] - t0) : n;
@@ -497,6 +476,72 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
             float *o = out + r * o_stride + (long)(j0 + i) * head_dim;
             for (int c = 0; c < head_dim; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), inv));
         }
+}
+
+/* attend_avx512's work for one row and KV heads [h0, h1) in one pass over the keys (each
+ * token's K and V rows of those heads read together; q: the row's query, all heads; out:
+ * its output): per (row, head) the same operations in the same order, so the same bits.
+ * scores: (h1 - h0) * group * len floats. */
+static void attend_avx512_row(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
+                          float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
+                          int kv_dtype, float *scores) {
+    const int nh = (h1 - h0) * group;
+    const float *qh = q + (long)h0 * group * head_dim;
+    const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
+    float maxs[256], sums[256];
+    for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (long t0 = 0; t0 < len; t0 += 16) {
+        const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
+        const char *krows[16];
+        key_rows(krows, 16, t0, len, table, block_size, k_cache, tbytes, h0, hb);
+        for (int j = 0; j < nh; j++) {
+            const float *qj = qh + (long)j * head_dim;
+            const long off = (long)(j / group) * hb;
+            __m512 c[16];
+            for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
+            for (int i = 0; i < head_dim; i += 16) {
+                const __m512 qv = _mm512_loadu_ps(qj + i);
+                for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u] + off, i, kv_dtype), c[u]);
+            }
+            __m512 dots = reduce16(c);
+            if (kv_dtype == 2) {
+                float ks[16];
+                for (int u = 0; u < 16; u++) ks[u] = int8_scale(krows[u] + off, head_dim);
+                dots = _mm512_mul_ps(dots, _mm512_loadu_ps(ks));
+            }
+            dots = _mm512_mul_ps(dots, vscale);
+            const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
+            _mm512_mask_storeu_ps(scores + j * len + t0, m, dots);
+            maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
+        }
+    }
+    for (int j = 0; j < nh; j++) {
+        float *r = scores + j * len;
+        const __m512 mx = _mm512_set1_ps(maxs[j]);
+        __m512 acc = _mm512_setzero_ps();
+        for (long t = 0; t < len; t += 16) {
+            const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+            const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, r + t), mx)));
+            _mm512_mask_storeu_ps(r + t, m, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        sums[j] = _mm512_reduce_add_ps(acc);
+    }
+    for (int g = 0; g < h1 - h0; g++)
+        for (int s = 0; s < head_dim; s += 64)
+            for (int b = 0; b < group; b += 4) {
+                const int nb = group - b < 4 ? group - b : 4, j = g * group + b;
+                const long hoff = (long)(h0 + g) * hb;
+                float *o = out + ((long)h0 * group + j) * head_dim + s;
+                const float *sc = scores + (long)j * len;
+                switch (nb) {
+                    case 4: pv_heads(sc, len, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 4); break;
+                    case 3: pv_heads(sc, len, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 3); break;
+                    case 2: pv_heads(sc, len, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 2); break;
+                    default: pv_heads(sc, len, len, v_cache, table, block_size, tbytes, hoff, s, head_dim, kv_dtype, sums + j, o, head_dim, 1); break;
+                }
+            }
 }
 #endif
 
@@ -567,8 +612,8 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
  * softmax(q k^T * scale) v in float32. The vector paths (head_dim a multiple of 64) serve
  * consecutive rows with the same block table (a sequence's verify or prompt rows) as one
  * group of up to GROUP_ROWS (32), each K/V row fetched once for the group: on AVX-512 a task
- * is a group's rows (split into parts while there are fewer than twice as many tasks as
- * threads) and one KV head; on AVX2 a group and KV head, or with fewer groups than threads a
+ * is a group and all KV heads, or with fewer groups than threads a group's rows (split into
+ * parts while there are fewer than twice as many tasks as threads) and one KV head; on AVX2 a group and KV head, or with fewer groups than threads a
  * group and query head. The portable path: with at least as many sequences as threads a task
  * is one sequence, otherwise one (sequence, KV head). The result is the same either way.
  * n_heads <= 256.
@@ -597,45 +642,59 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         for (long g = 0; g < G; g++) most = starts[g + 1] - starts[g] > most ? starts[g + 1] - starts[g] : most;
         const int group = n_heads / n_kv;
 #if defined(METRALE_AVX512)
-        /* A task: one group's rows (or a part of them, so that the tasks outnumber the threads
-         * twice where they can) and one KV head, every query head that reads it. */
-        const int by_query_head = 0;
-        const long units = G * n_kv;
-        long parts = units < 2L * nthreads ? (2L * nthreads + units - 1) / units : 1;
+        /* A task: with at least as many groups as threads, one group and every KV head (a lone row
+         * reads each token's K and V rows of all heads together); otherwise one group's rows (or a
+         * part of them, so that tasks outnumber threads twice where they can) and one KV head, or,
+         * where that would split the rows one by one, one row and every KV head. */
+        long parts = G >= nthreads ? 1 : (2L * nthreads + G * n_kv - 1) / (G * n_kv);
         parts = parts < most ? parts : most;
-#else
-        /* A task: one group and KV head, or with fewer groups than threads one group and query head. */
-        const int by_query_head = G < nthreads;
-        const long parts = 1;
-#endif
-        const long heads = by_query_head ? n_heads : n_kv, tasks = G * heads * parts;
+        const int whole = G >= nthreads || (most > 1 && parts == most); /* (or a task per row, all KV heads) */
+        const long heads = whole ? 1 : n_kv;
+        const long tasks = G * heads * parts;
+        long floats = avx512_scratch_floats((int)most, group, max_len, head_dim);
+        floats = floats > (long)n_heads * max_len ? floats : (long)n_heads * max_len;
 #pragma omp parallel num_threads(nthreads)
         {
-#if defined(METRALE_AVX512)
-            float *scratch = (float *)malloc(sizeof(float) * (size_t)avx512_scratch_floats((int)most, by_query_head ? 1 : group,
-                                                                                           max_len, head_dim));
-#else
-            float *scratch = (float *)malloc(sizeof(float) * (size_t)avx2_scratch_floats((int)most, max_len, head_dim));
-#endif
+            float *scratch = (float *)malloc(sizeof(float) * (size_t)floats);
 #pragma omp for schedule(dynamic, 1)
             for (long task = 0; task < tasks; task++) {
                 const long g = task / (heads * parts), unit = task % (heads * parts) / parts, part = task % parts;
                 const long rows = starts[g + 1] - starts[g], per = (rows + parts - 1) / parts;
                 const long d = starts[g] + part * per, n = rows - part * per < per ? rows - part * per : per;
                 if (n <= 0) continue;
-                const int j0 = by_query_head ? (int)unit : (int)unit * group;
-                const int j1 = by_query_head ? j0 + 1 : j0 + group;
-#if defined(METRALE_AVX512)
-                attend_avx512(
-#else
-                attend_avx2(
-#endif
-                    q + d * q_stride, q_stride, seq_lens + d, (int)n, k_cache, v_cache,
-                    block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
-                    j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
+                const int h0 = whole ? 0 : (int)unit, h1 = whole ? n_kv : h0 + 1;
+                if (n == 1) {
+                    attend_avx512_row(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
+                                      out + d * n_heads * head_dim, n_kv, h0, h1, group, head_dim, block_size, scale,
+                                      kv_dtype, scratch);
+                    continue;
+                }
+                for (int h = h0; h < h1; h++)
+                    attend_avx512(q + d * q_stride, q_stride, seq_lens + d, (int)n, k_cache, v_cache,
+                                  block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
+                                  h * group, (h + 1) * group, group, head_dim, kv_dtype, block_size, scale, scratch);
             }
             free(scratch);
         }
+#else
+        /* A task: one group and KV head, or with fewer groups than threads one group and query head. */
+        const int by_query_head = G < nthreads;
+        const long tasks = G * (by_query_head ? n_heads : n_kv);
+#pragma omp parallel num_threads(nthreads)
+        {
+            float *scratch = (float *)malloc(sizeof(float) * (size_t)avx2_scratch_floats((int)most, max_len, head_dim));
+#pragma omp for schedule(dynamic, 1)
+            for (long task = 0; task < tasks; task++) {
+                const long g = by_query_head ? task / n_heads : task / n_kv, d = starts[g];
+                const int j0 = by_query_head ? (int)(task % n_heads) : (int)(task % n_kv) * group;
+                const int j1 = by_query_head ? j0 + 1 : j0 + group;
+                attend_avx2(q + d * q_stride, q_stride, seq_lens + d, (int)(starts[g + 1] - d), k_cache, v_cache,
+                            block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
+                            j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
+            }
+            free(scratch);
+        }
+#endif
         return;
     }
 #endif
