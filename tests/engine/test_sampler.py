@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inference.engine.penalties import dry_penalties
-from inference.engine.sampler import Sampler
+from inference.engine.sampler import Sampler, argmax_rows
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
 
@@ -117,6 +117,16 @@ def test_it_equals_the_per_row_reference_for_random_mixed_batches():
             assert torch.equal(torch.isinf(batched[i]), torch.isinf(ref)), (trial, i, s.params)
             fin = torch.isfinite(ref)
             assert torch.allclose(batched[i][fin], ref[fin], atol=1e-4), (trial, i, s.params)
+
+
+def test_argmax_rows_is_tensor_argmax_first_index_on_ties_and_nan():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-2, 3, (64, 500), generator=g).float()  # many ties
+    x[0] = float("-inf")
+    x[1, 7] = x[1, 9] = float("inf")
+    x[2, 4] = x[2, 5] = float("nan")
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+    assert argmax_rows(x)[:3].tolist() == [0, 7, 4]
 
 
 def test_it_makes_greedy_rows_take_the_argmax_and_respects_logit_bias():
