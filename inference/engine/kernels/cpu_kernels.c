@@ -602,6 +602,13 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     }
 }
 
+/* Out of memory for a task's scratch: its rows' heads [j0, j1) become NaN (never silent zeros,
+ * as block_gemm.c's linears on the same failure). */
+static void nan_heads(float *out, long o_stride, long rows, int j0, int j1, int head_dim) {
+    for (long r = 0; r < rows; r++)
+        for (long i = (long)j0 * head_dim; i < (long)j1 * head_dim; i++) out[r * o_stride + i] = NAN;
+}
+
 /* Decode attention through block tables (vLLM's PagedAttention layout, Kwon et al. 2023).
  *
  * q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
@@ -663,6 +670,10 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
                 const long d = starts[g] + part * per, n = rows - part * per < per ? rows - part * per : per;
                 if (n <= 0) continue;
                 const int h0 = whole ? 0 : (int)unit, h1 = whole ? n_kv : h0 + 1;
+                if (!scratch) {
+                    nan_heads(out + d * n_heads * head_dim, (long)n_heads * head_dim, n, h0 * group, h1 * group, head_dim);
+                    continue;
+                }
                 if (n == 1) {
                     attend_avx512_row(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
                                       out + d * n_heads * head_dim, n_kv, h0, h1, group, head_dim, block_size, scale,
@@ -688,6 +699,10 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
                 const long g = by_query_head ? task / n_heads : task / n_kv, d = starts[g];
                 const int j0 = by_query_head ? (int)(task % n_heads) : (int)(task % n_kv) * group;
                 const int j1 = by_query_head ? j0 + 1 : j0 + group;
+                if (!scratch) {
+                    nan_heads(out + d * n_heads * head_dim, (long)n_heads * head_dim, starts[g + 1] - d, j0, j1, head_dim);
+                    continue;
+                }
                 attend_avx2(q + d * q_stride, q_stride, seq_lens + d, (int)(starts[g + 1] - d), k_cache, v_cache,
                             block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
                             j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
@@ -708,6 +723,11 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         for (long task = 0; task < tasks; task++) {
             const long d = per_head ? task / n_kv : task;
             const int h0 = per_head ? (int)(task % n_kv) : 0, h1 = per_head ? h0 + 1 : n_kv;
+            if (!scratch) {
+                const int group = n_heads / n_kv;
+                nan_heads(out + d * n_heads * head_dim, (long)n_heads * head_dim, 1, h0 * group, h1 * group, head_dim);
+                continue;
+            }
             attend(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
                    out + d * n_heads * head_dim, n_heads, n_kv, h0, h1, head_dim, block_size, scale, kv_dtype,
                    scratch);
