@@ -338,6 +338,20 @@ static inline __attribute__((always_inline)) void pv_heads(const float *scores, 
     }
 }
 
+/* exp(row[t] - mx) in place for t < len (exp16), 16 at a time; returns their sum (in lane order,
+ * then the lanes added: the same steps for every caller, so the same bits). */
+static inline float softmax_numerators(float *row, long len, float mx) {
+    const __m512 m16 = _mm512_set1_ps(mx);
+    __m512 acc = _mm512_setzero_ps();
+    for (long t = 0; t < len; t += 16) {
+        const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), m16)));
+        _mm512_mask_storeu_ps(row + t, m, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 /* One block of cnt <= 16 tokens of P·V for HB heads of one row: acc[h] (head_dim floats each,
  * consecutive) += p[h][u] * V[u] in token order, V[u] the block's widened rows (vf, head_dim
  * floats apart), p[h] = scores + h * ldsc (times the token's int8 scale vs[u] for int8). */
@@ -427,18 +441,8 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
     }
     for (int r = 0; r < R; r++) {
         const long len = lens[r];
-        for (int i = 0; i < nq; i++) {
-            float *row = scores + (long)(r * nq + i) * ls;
-            const __m512 mx = _mm512_set1_ps(maxs[r * nq + i]);
-            __m512 acc = _mm512_setzero_ps();
-            for (long t = 0; t < len; t += 16) {
-                const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
-                const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), mx)));
-                _mm512_mask_storeu_ps(row + t, m, e);
-                acc = _mm512_add_ps(acc, e);
-            }
-            sums[r * nq + i] = _mm512_reduce_add_ps(acc);
-        }
+        for (int i = 0; i < nq; i++)
+            sums[r * nq + i] = softmax_numerators(scores + (long)(r * nq + i) * ls, len, maxs[r * nq + i]);
     }
     /* P·V for several rows, 16 tokens at a time: their V rows widened to float32 once for every
      * row and head, then each (row, head) adds them in token order into its sums (in registers
@@ -516,18 +520,7 @@ static void attend_avx512_row(const float *q, const void *k_cache, const void *v
             maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
         }
     }
-    for (int j = 0; j < nh; j++) {
-        float *r = scores + j * len;
-        const __m512 mx = _mm512_set1_ps(maxs[j]);
-        __m512 acc = _mm512_setzero_ps();
-        for (long t = 0; t < len; t += 16) {
-            const __mmask16 m = len - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (len - t)) - 1u);
-            const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, r + t), mx)));
-            _mm512_mask_storeu_ps(r + t, m, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        sums[j] = _mm512_reduce_add_ps(acc);
-    }
+    for (int j = 0; j < nh; j++) sums[j] = softmax_numerators(scores + j * len, len, maxs[j]);
     for (int g = 0; g < h1 - h0; g++)
         for (int s = 0; s < head_dim; s += 64)
             for (int b = 0; b < group; b += 4) {
