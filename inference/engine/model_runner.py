@@ -12,9 +12,9 @@ from .kv_pool import KVPool
 from .layers.attention import AttentionMetadata, PrefillSlice
 from .layers import kv_quant
 from .layers.fused_decode import FusedDecoder
-from .sampler import Sampler, token_logprobs
+from .sampler import Sampler, argmax_rows, token_logprobs
 from .scheduler import ScheduledBatch
-from .verify import stateless
+from .verify import argmax_only, stateless
 
 
 # Prefill chunks whose context (tokens before the chunk + the chunk) is at most this many
@@ -201,14 +201,19 @@ class ModelRunner:
             t2 = time.perf_counter()
             main = torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
             seqs = [batch.items[i][0] for i in items]
-            # Drafts whose every row can be sampled now (verify.stateless) join the step's one sampler call.
+            # Drafts whose every row can be sampled now (verify.stateless) join the step's one sampler call;
+            # those the sampler would leave as they are (verify.argmax_only) take their argmax in one call.
             early, offset, extra_seqs, extra_logits = [], nd, [], []
+            plain, plain_logits = [], []
             for i in drafted:
                 k = len(self.draft_rows[i])
                 block = logits[offset:offset + k]
                 offset += k
                 seq = batch.items[i][0]
-                if stateless(seq):
+                if argmax_only(seq):
+                    plain.append((i, k))
+                    plain_logits.append(block)
+                elif stateless(seq):
                     early.append((i, len(extra_seqs), k))
                     extra_seqs += [seq] * k
                     extra_logits.append(block)
@@ -224,6 +229,12 @@ class ModelRunner:
             for i, at, k in early:
                 result.draft_samples[i] = (sampled.token_ids[base + at:base + at + k],
                                            sampled.logprobs[base + at:base + at + k])
+            if plain:
+                picked = argmax_rows(torch.cat(plain_logits)).tolist()
+                at = 0
+                for i, k in plain:
+                    result.draft_samples[i] = (picked[at:at + k], [None] * k)
+                    at += k
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()

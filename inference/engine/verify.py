@@ -12,7 +12,8 @@ emitted token, in the same order. The first mismatch emits the model's token and
 sequence's step; the rejected drafts' KV slots are dropped (`BlockManager.truncate`) and
 rewritten when decoding reaches them. Rows are sampled depth by depth, every verifying
 sequence of the batch in one sampler call per depth; rows that no sequence state can
-change (`stateless`) were sampled by the runner in the step's one sampler call.
+change (`stateless`) were sampled by the runner in the step's one sampler call (or, where
+the sampler would change nothing, `argmax_only`, taken as their logits' argmax).
 """
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def stateless(seq) -> bool:
     p = seq.params
     return (p.greedy and not penalties_on(p) and p.dry_multiplier <= 0 and seq.grammar is None
             and p.reasoning is None and seq.num_output_tokens >= p.min_tokens)
+
+
+def argmax_only(seq) -> bool:
+    """True when each of `seq`'s draft rows picks exactly the argmax of its raw logits, as the sampler
+    would: stateless, no logit_bias and no logprobs asked for (the sampler then changes nothing)."""
+    p = seq.params
+    return stateless(seq) and not p.logit_bias and p.logprobs is None
 
 
 def verify_drafts(scheduler, sampler, speculator, batch, result, outputs: list) -> None:

@@ -62,8 +62,9 @@ def corpus():
 GREEDY = dict(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-def test_greedy_output_is_identical_with_speculation_on_and_off_over_a_corpus(tiny_folder):
-    reqs = lambda: [EngineRequest(p, SamplingParams(**GREEDY, logprobs=2)) for p in corpus()]  # noqa: E731
+@pytest.mark.parametrize("logprobs", [2, None])  # None: draft rows take their logits' argmax (verify.argmax_only)
+def test_greedy_output_is_identical_with_speculation_on_and_off_over_a_corpus(tiny_folder, logprobs):
+    reqs = lambda: [EngineRequest(p, SamplingParams(**GREEDY, logprobs=logprobs)) for p in corpus()]  # noqa: E731
     off = drive(spec_engine(tiny_folder, "off"), reqs())
     engine = spec_engine(tiny_folder, "on")
     on = drive(engine, reqs())
