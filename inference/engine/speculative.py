@@ -15,8 +15,9 @@ longest, and what followed them. A request with a prediction drafts from the sou
 match of the tokens before is longer (the prediction on ties and up to
 SpecState.PREDICTION_LEAD tokens shorter: an output that repeats its own earlier text
 drafts from that text), and by prompt lookup where the prediction has nothing to offer
-(used up, or the output's last token is not in it). Usage's accepted and rejected prediction tokens do not depend on
-the drafts: `PredictionMatch` walks the emitted tokens against the prediction.
+(used up, or the output's last token is not in it). Usage's accepted and rejected
+prediction tokens do not depend on the drafts: `PredictionMatch` walks the emitted tokens
+against the prediction.
 
 The gate (`SpeculativeConfig.mode`): "off" never drafts; "on" drafts `num_draft_tokens`
 whenever a draft exists; "auto" drafts while the batch has at most `max_batch` decodes, and
