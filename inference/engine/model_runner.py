@@ -204,15 +204,15 @@ class ModelRunner:
             # Drafts whose every row can be sampled now (verify.stateless) join the step's one sampler call;
             # those the sampler would leave as they are (verify.argmax_only) take their argmax in one call.
             early, offset, extra_seqs, extra_logits = [], nd, [], []
-            plain, plain_logits = [], []
+            by_argmax, argmax_logits = [], []
             for i in drafted:
                 k = len(self.draft_rows[i])
                 block = logits[offset:offset + k]
                 offset += k
                 seq = batch.items[i][0]
                 if argmax_only(seq):
-                    plain.append((i, k))
-                    plain_logits.append(block)
+                    by_argmax.append((i, k))
+                    argmax_logits.append(block)
                 elif stateless(seq):
                     early.append((i, len(extra_seqs), k))
                     extra_seqs += [seq] * k
@@ -229,10 +229,10 @@ class ModelRunner:
             for i, at, k in early:
                 result.draft_samples[i] = (sampled.token_ids[base + at:base + at + k],
                                            sampled.logprobs[base + at:base + at + k])
-            if plain:
-                picked = argmax_rows(torch.cat(plain_logits)).tolist()
+            if by_argmax:
+                picked = argmax_rows(torch.cat(argmax_logits)).tolist()
                 at = 0
-                for i, k in plain:
+                for i, k in by_argmax:
                     result.draft_samples[i] = (picked[at:at + k], [None] * k)
                     at += k
         else:

@@ -213,11 +213,6 @@ class NgramIndex:
                 return best, best_len
         return None, 0
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the best earlier match of the list's last tokens ([] when none)."""
-        start, _ = self.lookup(tokens)
-        return [] if start is None else tokens[start:start + k]
-
 
 class PredictionDraft:
     """A Predicted Output's token ids and where the output is in them.

@@ -185,13 +185,19 @@ def test_rejection_sampling_leaves_the_output_distribution_that_of_plain_samplin
         assert len(on) > 2 and tv < 0.1, (tv, on, off)
 
 
+def lookup_draft(index: NgramIndex, tokens: list[int], k: int) -> list[int]:
+    """Up to k tokens that followed the index's best earlier match of the tokens' end ([] when none)."""
+    start, _ = index.lookup(tokens)
+    return [] if start is None else tokens[start:start + k]
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     index = NgramIndex(2, 3)
     tokens = [5, 6, 7, 8, 9, 1, 6, 7]
-    assert index.propose(tokens, 3) == [8, 9, 1]
-    assert index.propose(tokens + [4], 3) == []  # [7, 4] never occurred
+    assert lookup_draft(index, tokens, 3) == [8, 9, 1]
+    assert lookup_draft(index, tokens + [4], 3) == []  # [7, 4] never occurred
     index = NgramIndex(2, 3)
-    assert index.propose([1, 2, 1, 2], 4) == [1, 2]  # the suffix itself is no match; the earlier one is
+    assert lookup_draft(index, [1, 2, 1, 2], 4) == [1, 2]  # the suffix itself is no match; the earlier one is
 
 
 def test_prompt_lookup_takes_the_occurrence_whose_context_matches_longest():
@@ -199,7 +205,7 @@ def test_prompt_lookup_takes_the_occurrence_whose_context_matches_longest():
     tokens = [1, 2, 7, 8, 5, 3, 4, 7, 8, 6, 0, 1, 2, 7, 8]
     index = NgramIndex(2, 2)
     assert index.lookup(tokens) == (4, 4)  # [1, 2, 7, 8] matched, continuing with 5
-    assert index.propose(tokens, 2) == [5, 3]
+    assert lookup_draft(index, tokens, 2) == [5, 3]
     tied = [3, 4, 7, 8, 1, 3, 4, 7, 8, 2, 3, 4, 7, 8]
     assert NgramIndex(2, 2).lookup(tied) == (9, 4)  # both match 4 tokens: the latest
     assert NgramIndex(2, 2).lookup([1, 2, 3]) == (None, 0)

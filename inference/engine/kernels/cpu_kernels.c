@@ -308,7 +308,7 @@ static inline __m512 reduce16(const __m512 *c) {
 
 /* P·V for HB query heads that read the same KV head, dims [s, s + 64): four zmm
  * accumulators per head stay in registers while the tokens stream by in order (so each
- * output element is the same sequential sum over t as in attend_avx512's other loop).
+ * output element is the same sequential sum over t as pv_block's).
  * Head h's probabilities: scores + h * ldsc. hoff: the head's byte offset in a token's row
  * of tbytes bytes. */
 static inline __attribute__((always_inline)) void pv_heads(const float *scores, long ldsc, long len, const void *v_cache,
@@ -388,14 +388,15 @@ static long avx512_scratch_floats(int R, int nq, long max_len, int head_dim) {
 }
 
 /* The AVX-512 path of the decode attention (head_dim a multiple of 64) for R query rows that
- * read one block table (2 <= R <= GROUP_ROWS: a sequence's verify rows or prompt rows) and query heads [j0, j1), all of one KV head (j / group). Row r: query q + r *
- * q_stride, lens[r] keys, output out + r * o_stride. Scores 16 keys at a time (a block past
+ * read one block table (2 <= R <= GROUP_ROWS: a sequence's verify rows or prompt rows) and
+ * query heads [j0, j1), all of one KV head (j / group). Row r: query q + r * q_stride,
+ * lens[r] keys, output out + r * o_stride. Scores 16 keys at a time (a block past
  * the longest row's keys repeats its first key, so a key's score never depends on where it
  * falls, and a decode row scores a key exactly as a prompt row does); each block's K rows are
  * widened to float32 once for every row and head; softmax with exp16, then P·V, each block's V
  * rows widened once. Per (row, head) the operations and their order are the same whatever R,
  * [j0, j1) or the other rows are, and the same as attend_avx512_row's (one row), so the same
- * bits. R >= 2 (one row takes attend_avx512_row). */
+ * bits (one row takes attend_avx512_row). */
 static void attend_avx512(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
                           const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0,
                           int j1, int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
@@ -613,8 +614,8 @@ static void nan_heads(float *out, long o_stride, long rows, int j0, int j1, int 
  * consecutive rows with the same block table (a sequence's verify or prompt rows) as one
  * group of up to GROUP_ROWS (32), each K/V row fetched once for the group: on AVX-512 a task
  * is a group and all KV heads, or with fewer groups than threads a group's rows (split into
- * parts while there are fewer than twice as many tasks as threads) and one KV head; on AVX2 a group and KV head, or with fewer groups than threads a
- * group and query head. The portable path: with at least as many sequences as threads a task
+ * parts while there are fewer than twice as many tasks as threads) and one KV head; on AVX2
+ * a group and KV head, or with fewer groups than threads a group and query head. The portable path: with at least as many sequences as threads a task
  * is one sequence, otherwise one (sequence, KV head). The result is the same either way.
  * n_heads <= 256.
  */
@@ -628,8 +629,7 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
 #if defined(METRALE_AVX2)
     if (head_dim % 64 == 0) {
         /* Consecutive rows with the same block table (a sequence's verify rows) form a group of
-         * at most GROUP_ROWS, whose K/V rows are fetched once for all of them; a task is one group and
-         * KV head, or with fewer groups than threads one group and query head. */
+         * at most GROUP_ROWS, whose K/V rows are fetched once for all of them. */
         long starts[D + 1];
         long G = 0;
         for (long d = 0; d < D; d++) {
