@@ -150,8 +150,9 @@ def tracker_of(seq) -> ReasoningTracker | None:
 
 
 def force_reasoning_end(logits: torch.Tensor, seqs) -> None:
-    """In place on processed logits [B, V]: rows whose sequence must close its reasoning now
-    keep only the forced token (logit 0, every other -inf). Rows without a budget are untouched."""
+    """In place on logits [B, V] before temperature and truncation (which then keep that one token):
+    rows whose sequence must close its reasoning now keep only the forced token (logit 0, every
+    other -inf). Rows without a budget are untouched."""
     for i, seq in enumerate(seqs):
         spec = seq.params.reasoning
         if spec is None or spec.budget_tokens is None:

@@ -4,10 +4,13 @@ Order (vLLM's, plus llama.cpp's DRY and top-nσ): the grammar mask (grammar_mask
 stop_token_ids masked), repetition penalty (prompt + output), presence and
 frequency penalties (output), DRY, temperature, top_k, top_p, min_p,
 top_n_sigma, then the draw. Greedy rows (temperature 0) take the argmax of the
-processed logits (penalties and biases apply to them too). The draw is the
-exponential race (argmax of p / E with E ~ Exp(1), as gpt-fast does); a request with
-a seed draws its noise from its own torch.Generator, so its tokens do not depend on
-what else is in the batch.
+processed logits (penalties and biases apply to them too). The draw is inverse-CDF
+sampling from one uniform number a row: the first token whose running probability, in
+token-id order, exceeds it. A request with a seed draws its number from its own
+torch.Generator, so its tokens do not depend on what else is in the batch. With the
+compiled kernels the temperature, truncation and draw of a row run in one call
+(kernels/sample.c: no sort of the vocabulary, no random number per token); `process`
+is the same rules in torch (the reference, and the path without the kernels or with top-nσ).
 Logprobs are log-softmax of the final processed distribution (after penalties,
 temperature and truncation), with -inf reported as -9999.0.
 """
@@ -17,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .grammar_mask import apply_grammar_masks
-from .penalties import apply_dry, apply_penalties
+from .penalties import apply_dry, apply_penalties, penalties_on
 from .reasoning import force_reasoning_end
 from .sampling_state import sampling_state
 from .sequence import Sequence
@@ -45,73 +49,142 @@ class Sampler:
         else:
             self.shared_generator.seed()
 
-    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Apply every control but the draw. logits float32 [B, V] -> processed float32 [B, V].
-
-        Greedy rows skip temperature and truncation (they only need the argmax).
-        """
-        logits = logits.float().clone()
-        apply_grammar_masks(logits, seqs)
+    def controls(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The controls before temperature: the grammar mask, logit_bias, min_tokens, the penalties and
+        DRY. logits float32 [B, V] -> float32 [B, V]: a copy when a control applies (the input is
+        never changed), else the input itself."""
         b, v = logits.shape
         device = logits.device
-        params = [s.params for s in seqs]
-
         states = [sampling_state(s, v, self.eos_token_ids, device) for s in seqs]
         biased = [i for i, st in enumerate(states) if st.bias_ids is not None]
+        banned = [i for i, (s, st) in enumerate(zip(seqs, states))
+                  if st.banned_ids and s.num_output_tokens < s.params.min_tokens]
+        if not (biased or banned or any(s.grammar is not None for s in seqs)
+                or any(penalties_on(s.params) or s.params.dry_multiplier > 0 for s in seqs)):
+            return logits.float()
+        logits = logits.float().clone()
+        apply_grammar_masks(logits, seqs)
         if biased:
             sizes = torch.tensor([len(states[i].bias_ids) for i in biased], device=device)
             rows = torch.repeat_interleave(torch.tensor(biased, device=device), sizes)
             logits.index_put_((rows, torch.cat([states[i].bias_ids for i in biased])),
                               torch.cat([states[i].bias_values for i in biased]), accumulate=True)
-
-        for i, (s, st) in enumerate(zip(seqs, states)):
-            if st.banned_ids and s.num_output_tokens < s.params.min_tokens:
-                logits[i, st.banned_ids] = float("-inf")
-
+        for i in banned:
+            logits[i, states[i].banned_ids] = float("-inf")
         apply_penalties(logits, seqs)
         apply_dry(logits, seqs)
-
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if not sampled:
-            return logits
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-        logits = logits / temps.unsqueeze(1)
-        top_k = [p.top_k if (0 < p.top_k < v and not p.greedy) else 0 for p in params]
-        top_p = [p.top_p if not p.greedy else 1.0 for p in params]
-        if any(top_k) or any(x < 1.0 for x in top_p):
-            logits = _truncate_top_k_top_p(logits, top_k, top_p)
-        min_p = [p.min_p if not p.greedy else 0.0 for p in params]
-        if any(x > 0 for x in min_p):
-            probs = logits.softmax(-1)
-            mp = torch.tensor(min_p, device=device).unsqueeze(1)
-            logits = logits.masked_fill(probs < mp * probs.max(-1, keepdim=True).values, float("-inf"))
-        sigma = [p.top_n_sigma if (p.top_n_sigma > 0 and not p.greedy) else 0.0 for p in params]
-        if any(sigma):
-            logits = _top_n_sigma(logits, sigma)
         return logits
 
+    def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Apply every control but the draw, in torch. logits float32 [B, V] -> processed float32 [B, V].
+
+        Greedy rows skip temperature and truncation (they only need the argmax).
+        """
+        return _temperature_and_truncation(self.controls(logits, seqs).clone(), [s.params for s in seqs])
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-        """logits: float32 [B, V], one row per sequence in `seqs`. Returns one token per row."""
-        processed = self.process(logits, seqs)
-        force_reasoning_end(processed, seqs)
-        b, v = processed.shape
+        """logits: float32 [B, V], one row per sequence in `seqs`. Returns one token per row.
+
+        The sampled rows' uniform numbers come from their own generators (seeded requests, one
+        number each, in row order) and the shared one (the others, one call for all)."""
+        pre = self.controls(logits, seqs)
         params = [s.params for s in seqs]
-        greedy = torch.tensor([p.greedy for p in params], device=processed.device)
-        tokens = argmax_rows(processed)
+        if any(p.reasoning is not None and p.reasoning.budget_tokens is not None for p in params):
+            # A row that must close its reasoning keeps one token, whatever temperature and truncation keep.
+            pre = pre.clone() if pre is logits else pre
+            force_reasoning_end(pre, seqs)
+        b = len(seqs)
+        tokens = torch.empty(b, dtype=torch.int64)
+        processed = pre
+        greedy = [i for i, p in enumerate(params) if p.greedy]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if greedy:
+            tokens[greedy] = argmax_rows(pre if len(greedy) == b else pre[greedy])
         if sampled:
-            probs = processed.softmax(-1)
-            noise = torch.empty(b, v)
-            shared = [i for i in sampled if seqs[i].generator is None]
-            if shared:
-                noise[shared] = torch.empty(len(shared), v).exponential_(generator=self.shared_generator)
-            for i in sampled:
-                if seqs[i].generator is not None:
-                    noise[i] = torch.empty(v).exponential_(generator=seqs[i].generator)
-            drawn = argmax_rows(probs / noise.to(probs.device))
-            tokens = torch.where(greedy, tokens, drawn)
+            u = self._uniforms(seqs, sampled)
+            drawn, rows = self._draw(pre if len(sampled) == b else pre[sampled], [params[i] for i in sampled], u)
+            tokens[sampled] = drawn
+            if any(params[i].logprobs is not None for i in sampled):
+                processed = rows if len(sampled) == b else pre.clone().index_copy_(0, torch.tensor(sampled), rows)
         token_list = tokens.tolist()
         return SampleResult(token_list, token_logprobs(processed, token_list, [p.logprobs for p in params]))
+
+    def _uniforms(self, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
+        """float64 [len(rows)]: one number in [0, 1) per sampled row."""
+        u = torch.empty(len(rows), dtype=torch.float64)
+        shared = [j for j, i in enumerate(rows) if seqs[i].generator is None]
+        if shared:
+            u[shared] = torch.rand(len(shared), dtype=torch.float64, generator=self.shared_generator)
+        for j, i in enumerate(rows):
+            if seqs[i].generator is not None:
+                u[j] = torch.rand(1, dtype=torch.float64, generator=seqs[i].generator)
+        return u
+
+    @staticmethod
+    def _draw(pre: torch.Tensor, params: list, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Temperature rows: (tokens int64 [R], processed float32 [R, V]: what logprobs are computed
+        from; only the rows that ask for logprobs when the kernel drew them). pre: the rows after
+        `controls`; u: float64 [R]. Rows with top-nσ, or every row without the kernels, take the
+        torch rules (`process`'s) and `draw_inverse_cdf`."""
+        r = len(params)
+        tokens = torch.empty(r, dtype=torch.int64)
+        rows = torch.empty_like(pre) if any(p.logprobs is not None for p in params) else pre
+        fast = [j for j, p in enumerate(params) if p.top_n_sigma <= 0] if kernels.available() else []
+        if fast:
+            ps = [params[j] for j in fast]
+            v = pre.shape[1]
+            drawn, out = kernels.sample(
+                pre[fast] if len(fast) < r else pre, torch.tensor([p.temperature for p in ps]),
+                torch.tensor([p.top_k if 0 < p.top_k < v else 0 for p in ps], dtype=torch.int32),
+                torch.tensor([p.top_p for p in ps]), torch.tensor([p.min_p for p in ps]), u[fast],
+                [p.logprobs is not None for p in ps])
+            tokens[fast] = drawn
+            if out is not None:
+                rows[fast] = out
+        slow = [j for j in range(r) if j not in set(fast)]
+        if slow:
+            truncated = _temperature_and_truncation(pre[slow].clone(), [params[j] for j in slow])
+            tokens[slow] = draw_inverse_cdf(truncated, u[slow])
+            if rows is not pre:
+                rows[slow] = truncated
+        return tokens, rows
+
+
+def _temperature_and_truncation(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """Temperature, top_k, top_p, min_p and top-nσ on the temperature rows of logits float32 [B, V]
+    (modified; greedy rows untouched). Returns the processed logits."""
+    b, v = logits.shape
+    device = logits.device
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return logits
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    logits = logits / temps.unsqueeze(1)
+    top_k = [p.top_k if (0 < p.top_k < v and not p.greedy) else 0 for p in params]
+    top_p = [p.top_p if not p.greedy else 1.0 for p in params]
+    if any(top_k) or any(x < 1.0 for x in top_p):
+        logits = _truncate_top_k_top_p(logits, top_k, top_p)
+    min_p = [p.min_p if not p.greedy else 0.0 for p in params]
+    if any(x > 0 for x in min_p):
+        probs = logits.softmax(-1)
+        mp = torch.tensor(min_p, device=device).unsqueeze(1)
+        logits = logits.masked_fill(probs < mp * probs.max(-1, keepdim=True).values, float("-inf"))
+    sigma = [p.top_n_sigma if (p.top_n_sigma > 0 and not p.greedy) else 0.0 for p in params]
+    if any(sigma):
+        logits = _top_n_sigma(logits, sigma)
+    return logits
+
+
+def draw_inverse_cdf(processed: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: int64 [R], for each row of processed logits float32 [R, V] the first token
+    whose running probability (in token-id order, float64) exceeds u[r] (float64 [R] in [0, 1)).
+    A row with no distribution (a NaN, +inf, or nothing finite) takes argmax_rows' token."""
+    probs = processed.double().softmax(-1)
+    cdf = probs.cumsum(-1)
+    picked = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    picked = picked.clamp(max=processed.shape[1] - 1)
+    ok = torch.isfinite(cdf[:, -1]) & (processed.max(-1).values < float("inf"))
+    return torch.where(ok, picked, argmax_rows(processed))
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

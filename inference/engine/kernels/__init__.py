@@ -4,7 +4,8 @@
 METRALE_CPU_KERNELS is not "0"); the callers fall back to plain torch otherwise.
 The C sources are cpu_kernels.c (decode attention), int8_gemm.c (int8 linear),
 block_gemm.c (GGUF-block linears and the one weight-linear entry point) and
-decode_layer.c (whole decode layers); build.py compiles and caches them.
+decode_layer.c (whole decode layers), sample.c (the sampler's temperature draw); build.py compiles
+and caches them.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_weight_linear.restype = None
         lib.metrale_block_rows.argtypes = [ctypes.POINTER(KernelWeight.Struct), _L, _P, _L, _P]
         lib.metrale_block_rows.restype = None
+        lib.metrale_sample.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _I]
+        lib.metrale_sample.restype = None
         _lib = lib
         return lib
 
@@ -250,3 +253,36 @@ def block_rows(w: KernelWeight, ids: torch.Tensor) -> torch.Tensor:
     out = torch.empty((ids.shape[0], w.shape[1]), dtype=torch.float32)
     lib.metrale_block_rows(ctypes.byref(w.struct), w.shape[1], ids.data_ptr(), ids.shape[0], out.data_ptr())
     return out
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, u: torch.Tensor, want_processed: list[bool] | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token per row drawn from softmax(logits / T) after top_k, top_p and min_p (sample.c).
+
+    logits: float32 [B, V]; temperature float32 [B] (> 0); top_k int32 [B] (0: off); top_p float32
+    [B] (1: off); min_p float32 [B] (0: off); u float64 [B], uniform in [0, 1), one per row (the
+    token is the first id whose running probability exceeds u). want_processed: rows whose
+    processed logits (x / T, -inf where removed) are returned too. Returns (tokens int64 [B],
+    processed float32 [B, V] or None; rows not wanted there are undefined). Each row's token
+    depends on its own inputs alone. Raises RuntimeError without the kernels or out of memory.
+    """
+    lib = _required()
+    logits = logits.contiguous()
+    b, v = logits.shape
+    tokens = torch.empty(b, dtype=torch.int64)
+    processed = want = None
+    if want_processed is not None and any(want_processed):
+        processed = torch.empty_like(logits)
+        want = torch.tensor(want_processed, dtype=torch.uint8)
+    args = [temperature.float().contiguous(), top_k.to(torch.int32).contiguous(), top_p.float().contiguous(),
+            min_p.float().contiguous(), u.double().contiguous()]
+    lib.metrale_sample(logits.data_ptr(), b, v, *(t.data_ptr() for t in args), _ptr_or_none(processed),
+                       _ptr_or_none(want), tokens.data_ptr(), torch.get_num_threads())
+    if b and int(tokens.min()) < 0:
+        raise RuntimeError("the sampler's scratch memory could not be allocated")
+    return tokens, processed
+
+
+def _ptr_or_none(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

@@ -1,7 +1,31 @@
 /* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, decode_layer.c). */
 #ifndef METRALE_KERNELS_H
 #define METRALE_KERNELS_H
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+/* exp(x) for one float by the steps exp8 and exp16 take per lane (fmaf where they fuse), so the
+ * same value as theirs: a scalar tail or a portable build agrees with the vector paths. */
+static inline float exp1(float x) {
+    x = fminf(x, 88.3762626647949f);
+    x = fmaxf(x, -87.0f);
+    float fx = floorf(fmaf(x, 1.44269504088896341f, 0.5f));
+    x = fmaf(-fx, 0.693359375f, x);
+    x = fmaf(-fx, -2.12194440e-4f, x);
+    const float z = x * x;
+    float y = 1.9875691500E-4f;
+    y = fmaf(y, x, 1.3981999507E-3f);
+    y = fmaf(y, x, 8.3334519073E-3f);
+    y = fmaf(y, x, 4.1665795894E-2f);
+    y = fmaf(y, x, 1.6666665459E-1f);
+    y = fmaf(y, x, 5.0000001201E-1f);
+    y = fmaf(y, z, x + 1.f);
+    const int32_t bits = ((int32_t)fx + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define METRALE_AVX2 1
