@@ -42,6 +42,10 @@
 #define BT 16  /* output channels per tile */
 #define BR 8   /* rows per micro-kernel */
 #define BMC 64 /* rows per cache block: the weights are read once per BMC rows */
+/* Bytes ahead of the codes in use that the micro-kernels prefetch (one page: the hardware
+ * prefetchers stop at page boundaries, and a step streams the weights from the last-level cache
+ * or memory). */
+#define PF_BYTES 4096
 
 /* The packed bytes of one (tile, block): codes and the float16 scales. */
 static long codes_per_tile_block(int format) { return format == METRALE_W_Q8_0 ? 512 : 256; }
@@ -234,6 +238,11 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
     for (long b = 0; b < KB; b++, qs += cb) {
+        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
+        if (!(b & 1)) {
+            _mm_prefetch((const char *)(dh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+            if (mh) _mm_prefetch((const char *)(mh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+        }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dh + b * BT)));
         __m512i s[BR], s1[BR];
         for (int r = 0; r < R; r++) s[r] = s1[r] = _mm512_setzero_si512();
@@ -305,6 +314,11 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
     for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (long b = 0; b < KB; b++, qs += cb) {
+        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
+        if (!(b & 1)) {
+            _mm_prefetch((const char *)(dh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+            if (mh) _mm_prefetch((const char *)(mh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+        }
         __m256i s[BR2][2];
         for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
         const int8_t *ab = a + b * 32;
@@ -438,48 +452,59 @@ static void tile_exact(const metrale_weight *W, long t, long KB, const float *x,
     }
 }
 
+/* Bytes of the scratch block_linear_team needs for M rows of K values: their int8 blocks and each
+ * block's dx, asum and sa (64-byte aligned parts). */
+static long block_scratch_bytes(long M, long K) {
+    const long KB = K / 32;
+    return ((M * K + 63) & ~63L) + 3 * ((4 * M * KB + 63) & ~63L);
+}
+
 /* y = x · wᵀ for x float32 [M, K], W a block-format weight of N output channels (K a multiple
- * of 32), y float32 [M, N]. Tiles are shared among the threads; each is read once per BMC rows. */
-static void block_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads) {
+ * of 32), y float32 [M, N]: the work of every thread of the enclosing OpenMP team (each calls it;
+ * outside a parallel region one thread does it all). scratch: block_scratch_bytes(M, K) bytes
+ * shared by the team (unused on the reference path). Tiles are handed out a few at a time (a
+ * thread that falls behind delays only those); each is read once per BMC rows. */
+static void block_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                              void *scratch) {
     const long KB = K / 32, tiles = (N + BT - 1) / BT;
-    int8_t *a = NULL;
-    float *dx = NULL, *sa = NULL;
-    int32_t *asum = NULL;
+    int8_t *a = (int8_t *)scratch;
+    float *dx = (float *)((char *)scratch + ((M * K + 63) & ~63L));
+    float *sa = (float *)((char *)dx + ((4 * M * KB + 63) & ~63L));
+    int32_t *asum = (int32_t *)((char *)sa + ((4 * M * KB + 63) & ~63L));
     if (!W->exact) {
-        a = (int8_t *)malloc((size_t)(M * K));
-        dx = (float *)malloc(sizeof(float) * (size_t)(M * KB));
-        sa = (float *)malloc(sizeof(float) * (size_t)(M * KB));
-        asum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * KB));
-        if (!a || !dx || !sa || !asum) {
-            free(a); free(dx); free(sa); free(asum);
-            for (long i = 0; i < M * N; i++) y[i] = NAN; /* out of memory: never silently zeros */
-            return;
+#pragma omp for schedule(static)
+        for (long m = 0; m < M; m++) quantize_row_blocks(x + m * K, K, a + m * K, dx + m * KB, asum + m * KB, sa + m * KB);
+    }
+    for (long m0 = 0; m0 < M; m0 += BMC) {
+        const long m1 = m0 + BMC < M ? m0 + BMC : M;
+#pragma omp for schedule(dynamic, 2)
+        for (long t = 0; t < tiles; t++) {
+            if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
+            else tile_fast(W, t, KB, a, dx, asum, sa, m0, m1, y, N);
         }
     }
-#pragma omp parallel num_threads(nthreads)
-    {
-        if (!W->exact) {
-#pragma omp for schedule(static)
-            for (long m = 0; m < M; m++) quantize_row_blocks(x + m * K, K, a + m * K, dx + m * KB, asum + m * KB, sa + m * KB);
-        }
-        for (long m0 = 0; m0 < M; m0 += BMC) {
-            const long m1 = m0 + BMC < M ? m0 + BMC : M;
-#pragma omp for schedule(static)
-            for (long t = 0; t < tiles; t++) {
-                if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
-                else tile_fast(W, t, KB, a, dx, asum, sa, m0, m1, y, N);
-            }
-        }
-    }
-    free(a); free(dx); free(sa); free(asum);
+}
+
+long metrale_weight_scratch_bytes(long M, long K) {
+    const long i8 = metrale_int8_scratch_bytes(M, K), blk = block_scratch_bytes(M, K);
+    return i8 > blk ? i8 : blk;
+}
+
+void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                                void *scratch) {
+    if (W->format == METRALE_W_INT8) metrale_int8_linear_team(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+    else block_linear_team(W, x, y, M, N, K, scratch);
 }
 
 void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads) {
-    if (W->format == METRALE_W_INT8) {
-        metrale_int8_linear(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, nthreads);
+    void *scratch = malloc((size_t)metrale_weight_scratch_bytes(M, K));
+    if (!scratch) {
+        for (long i = 0; i < M * N; i++) y[i] = NAN; /* out of memory: never silently zeros */
         return;
     }
-    block_linear(W, x, y, M, N, K, nthreads);
+#pragma omp parallel num_threads(nthreads)
+    metrale_weight_linear_team(W, x, y, M, N, K, scratch);
+    free(scratch);
 }
 
 /* Rows `ids` of a block-format weight, dequantised to float32 (out [n, K]), e.g. embedding

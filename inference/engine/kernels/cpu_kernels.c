@@ -618,11 +618,16 @@ static void nan_heads(float *out, long o_stride, long rows, int j0, int j1, int 
  * a group and KV head, or with fewer groups than threads a group and query head. The portable path: with at least as many sequences as threads a task
  * is one sequence, otherwise one (sequence, KV head). The result is the same either way.
  * n_heads <= 256.
+ *
+ * The _team form is the work of every thread of the enclosing OpenMP team (each calls it with the
+ * same arguments; outside a parallel region one thread does it all): the tasks are handed out one
+ * at a time, each thread with its own scratch. The _strided form runs it on nthreads threads.
  */
-void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
-                                            const int64_t *block_tables, const int64_t *seq_lens, float *out,
-                                            long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
-                                            float scale, int kv_dtype, int nthreads) {
+void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
+                                         const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
+                                         int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,
+                                         int kv_dtype) {
+    const int nthreads = omp_get_num_threads();
     long max_len = 0;
     for (long d = 0; d < D; d++)
         if (seq_lens[d] > max_len) max_len = seq_lens[d];
@@ -653,7 +658,6 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         const long tasks = G * heads * parts;
         long floats = avx512_scratch_floats((int)most, group, max_len, head_dim);
         floats = floats > (long)n_heads * max_len ? floats : (long)n_heads * max_len;
-#pragma omp parallel num_threads(nthreads)
         {
             float *scratch = (float *)malloc(sizeof(float) * (size_t)floats);
 #pragma omp for schedule(dynamic, 1)
@@ -684,7 +688,6 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         /* A task: one group and KV head, or with fewer groups than threads one group and query head. */
         const int by_query_head = G < nthreads;
         const long tasks = G * (by_query_head ? n_heads : n_kv);
-#pragma omp parallel num_threads(nthreads)
         {
             float *scratch = (float *)malloc(sizeof(float) * (size_t)avx2_scratch_floats((int)most, max_len, head_dim));
 #pragma omp for schedule(dynamic, 1)
@@ -708,7 +711,6 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
 #endif
     const int per_head = D < nthreads;
     const long tasks = per_head ? D * n_kv : D;
-#pragma omp parallel num_threads(nthreads)
     {
         float *scratch = (float *)malloc(sizeof(float) * (size_t)(n_heads * max_len + 2 * n_kv * head_dim +
                                                                   n_heads * head_dim));
@@ -727,6 +729,15 @@ void metrale_paged_decode_attention_strided(const float *q, long q_stride, const
         }
         free(scratch);
     }
+}
+
+void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
+                                            const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                                            long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
+                                            float scale, int kv_dtype, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    metrale_paged_decode_attention_team(q, q_stride, k_cache, v_cache, block_tables, seq_lens, out, D, n_heads, n_kv,
+                                        head_dim, block_size, width, scale, kv_dtype);
 }
 
 void metrale_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,

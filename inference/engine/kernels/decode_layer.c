@@ -1,18 +1,19 @@
-/* One Llama-family decoder layer for decode rows (and short prompts' rows), in a single call:
+/* The Llama-family decoder layers for decode rows (and short prompts' rows), a whole step in one call:
  *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
  *   K/V written at the rows' slots ; attention through the block tables ;
  *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
- * with each linear in its weight format (metrale_weight_linear: per-channel int8 or GGUF
- * blocks, block_gemm.c) and float32 activations between the GEMMs (each GEMM quantises its
- * input rows itself). One call per
- * layer replaces the ~40 small torch ops a layer costs at batch sizes where each
- * takes longer to dispatch than to compute. Every row is computed independently of
- * the others (batch invariance). Rules: transformers' modeling_llama.py (RMSNorm
- * statistics in float32, rotate-half RoPE, SwiGLU), Qwen2 qkv bias, Qwen3 q/k norm.
+ * for every layer, with each linear in its weight format (metrale_weight_linear_team: per-channel
+ * int8 or GGUF blocks, block_gemm.c) and float32 activations between the GEMMs (each GEMM
+ * quantises its input rows itself). One call replaces the ~40 small torch ops a layer costs at
+ * batch sizes where each takes longer to dispatch than to compute, and one parallel region the
+ * ~6 a layer's kernels would open each. Every row is computed independently of the others (batch
+ * invariance). Rules: transformers' modeling_llama.py (RMSNorm statistics in float32,
+ * rotate-half RoPE, SwiGLU), Qwen2 qkv bias, Qwen3 q/k norm.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <omp.h>
 #include "kernels.h"
 #include "lora.h"
 
@@ -37,9 +38,20 @@ typedef struct {
     const int64_t *lora_slots;                  /* [M] each row's adapter slot (-1: none), or NULL */
 } metrale_step;
 
-long metrale_decode_scratch_floats(const metrale_step *S) {
+/* The activations' floats of a step's rows (h, qkv, attn, gu, act, proj below). */
+static long activation_floats(const metrale_step *S) {
     const long qkv = (long)(S->n_heads + 2 * S->n_kv) * S->head_dim;
     return S->M * (S->hidden + qkv + (long)S->n_heads * S->head_dim + 3L * S->inter + S->hidden);
+}
+
+/* The widest input of the layer's linears (hidden, the attention's output, or the MLP's). */
+static long widest_input(const metrale_step *S) {
+    long k = S->hidden > S->inter ? S->hidden : S->inter;
+    return (long)S->n_heads * S->head_dim > k ? (long)S->n_heads * S->head_dim : k;
+}
+
+long metrale_decode_scratch_floats(const metrale_step *S) {
+    return activation_floats(S) + (metrale_weight_scratch_bytes(S->M, widest_input(S)) + 3) / 4 + 16;
 }
 
 /* y = weight * x / sqrt(mean(x^2) + eps), statistics in float32 (transformers' LlamaRMSNorm). */
@@ -115,15 +127,15 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
 
 /* The rows' adapter updates after a GEMM (lora.c). */
 #define LORA_ADD(which, in, out) \
-    if (L->lora && S->lora_slots) metrale_lora_add(L->lora, which, S->lora_slots, in, out, M, S->nthreads)
+    if (L->lora && S->lora_slots) metrale_lora_add_team(L->lora, which, S->lora_slots, in, out, M)
 
-/* Row-wise steps run on all threads once there are enough rows to share (prefill rows). */
-#define ROWS_PARALLEL _Pragma("omp parallel for schedule(static) num_threads(S->nthreads) if (M >= 16)")
-
-/* Runs the layer for S->M rows; x: float32 [M, hidden], updated in place. Each row's
- * K/V is written before any row attends, so prompt rows of one sequence (each with
- * its own seq_len, position + 1) see each other causally. */
-void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *x) {
+/* One layer for S->M rows, the work of every thread of the step's team; x: float32 [M, hidden],
+ * updated in place. Row-wise steps are shared by rows (a lone row: one thread, while the others
+ * wait at the loop's end), the GEMMs by tiles and the attention by its tasks; each loop ends at a
+ * barrier, so every step reads what the one before it wrote. Each row's K/V is written before
+ * any row attends, so prompt rows of one sequence (each with its own seq_len, position + 1) see
+ * each other causally. */
+static void decode_layer_team(const metrale_layer *L, const metrale_step *S, float *x) {
     const long M = S->M, H = S->hidden, I = S->inter;
     const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
     const long qs = (long)nh * hd, kvs = (long)nkv * hd, qkvs = qs + 2 * kvs;
@@ -133,12 +145,13 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
     float *gu = attn + M * qs;      /* [M, 2I] */
     float *act = gu + M * 2 * I;    /* [M, I] */
     float *proj = act + M * I;      /* [M, H] */
+    void *gemm = (void *)(((uintptr_t)(S->scratch + activation_floats(S)) + 63) & ~(uintptr_t)63);
 
-    ROWS_PARALLEL
+#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
-    metrale_weight_linear(&L->qkv, h, qkv, M, qkvs, H, S->nthreads);
+    metrale_weight_linear_team(&L->qkv, h, qkv, M, qkvs, H, gemm);
     LORA_ADD(METRALE_LORA_QKV, h, qkv);
-    ROWS_PARALLEL
+#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) {
         float *row = qkv + m * qkvs;
         if (L->qkv_bias)
@@ -157,21 +170,30 @@ void metrale_decode_layer(const metrale_layer *L, const metrale_step *S, float *
         write_kv(L->k_cache, S->slots[m], row + qs, nkv, hd, S->kv_dtype);
         write_kv(L->v_cache, S->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
     }
-    metrale_paged_decode_attention_strided(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M,
-                                           nh, nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype, S->nthreads);
-    metrale_weight_linear(&L->o, attn, proj, M, H, qs, S->nthreads);
+    metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M, nh,
+                                        nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype);
+    metrale_weight_linear_team(&L->o, attn, proj, M, H, qs, gemm);
     LORA_ADD(METRALE_LORA_O, attn, proj);
-    ROWS_PARALLEL
+#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) {
         for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
-    metrale_weight_linear(&L->gate_up, h, gu, M, 2 * I, H, S->nthreads);
+    metrale_weight_linear_team(&L->gate_up, h, gu, M, 2 * I, H, gemm);
     LORA_ADD(METRALE_LORA_GATE_UP, h, gu);
-    ROWS_PARALLEL
+#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
-    metrale_weight_linear(&L->down, act, proj, M, H, I, S->nthreads);
+    metrale_weight_linear_team(&L->down, act, proj, M, H, I, gemm);
     LORA_ADD(METRALE_LORA_DOWN, act, proj);
-    ROWS_PARALLEL
-    for (long i = 0; i < M * H; i++) x[i] += proj[i];
+#pragma omp for schedule(static)
+    for (long m = 0; m < M; m++)
+        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+}
+
+/* Runs S->M rows through n_layers layers (L: [n_layers]) in one parallel region of S->nthreads
+ * threads; x: float32 [M, hidden], updated in place. One region for the whole step: the threads
+ * meet at the barriers of its loops instead of a new team for every GEMM and attention. */
+void metrale_decode_layers(const metrale_layer *L, long n_layers, const metrale_step *S, float *x) {
+#pragma omp parallel num_threads(S->nthreads)
+    for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
 }

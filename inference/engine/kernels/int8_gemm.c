@@ -300,41 +300,52 @@ static void tile_sums(const int16_t *x, long ldx, long K2, const int8_t *wt, int
 #endif
 }
 
+/* Bytes of the scratch metrale_int8_linear_team needs for M rows of K values: their int16
+ * activations and their scales. */
+long metrale_int8_scratch_bytes(long M, long K) {
+    return (long)sizeof(int16_t) * M * 2 * metrale_int8_pair_k(K) + (long)sizeof(float) * M;
+}
+
 /* y[m, n] = scale[n] * sum_k x[m, k] * w[n, k], x: float32 [M, K], packed: metrale_int8_pack
- * of w (int8 [N, K]), scale: float32 [N], y: float32 [M, N]. The weights are read once per
- * block of MC rows; tiles are shared among the threads. */
-void metrale_int8_linear(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N, long K,
-                         int nthreads) {
+ * of w (int8 [N, K]), scale: float32 [N], y: float32 [M, N]: the work of every thread of the
+ * enclosing OpenMP team (each calls it; outside a parallel region one thread does it all).
+ * scratch: metrale_int8_scratch_bytes(M, K) bytes shared by the team. The weights are read once
+ * per block of MC rows; the tiles are handed out a few at a time (a thread that falls behind,
+ * descheduled by another process, delays only its few tiles). */
+void metrale_int8_linear_team(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N,
+                              long K, void *scratch) {
     const long K2 = metrale_int8_pair_k(K), kp = 2 * K2, tiles = (N + QT - 1) / QT;
     const int32_t A = act_limit(K);
-    int16_t *xq = (int16_t *)malloc(sizeof(int16_t) * (size_t)(M * kp));
-    float *sx = (float *)malloc(sizeof(float) * (size_t)M);
-    if (!xq || !sx) {
-        free(xq);
-        free(sx);
+    int16_t *xq = (int16_t *)scratch;
+    float *sx = (float *)(xq + M * kp);
+#pragma omp for schedule(static)
+    for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
+    for (long m0 = 0; m0 < M; m0 += MC) {
+        const long m1 = m0 + MC < M ? m0 + MC : M;
+#pragma omp for schedule(dynamic, 2)
+        for (long t = 0; t < tiles; t++) {
+            const int8_t *wt = packed + t * K2 * 2 * QT;
+            const long n0 = t * QT;
+            const int nc = (int)(N - n0 < QT ? N - n0 : QT);
+            int32_t acc[MR * QT];
+            for (long m = m0; m < m1; m += MR) {
+                const int rows = (int)(m1 - m < MR ? m1 - m : MR);
+                tile_sums(xq + m * kp, kp, K2, wt, rows, acc);
+                finish(acc, rows, sx + m, scale + n0, nc, y + m * N + n0, N);
+            }
+        }
+    }
+}
+
+/* metrale_int8_linear_team in a parallel region of nthreads threads, with its own scratch. */
+void metrale_int8_linear(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N, long K,
+                         int nthreads) {
+    void *scratch = malloc((size_t)metrale_int8_scratch_bytes(M, K));
+    if (!scratch) {
         for (long i = 0; i < M * N; i++) y[i] = NAN; /* out of memory: never silently zeros */
         return;
     }
 #pragma omp parallel num_threads(nthreads)
-    {
-#pragma omp for schedule(static)
-        for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
-        for (long m0 = 0; m0 < M; m0 += MC) {
-            const long m1 = m0 + MC < M ? m0 + MC : M;
-#pragma omp for schedule(static)
-            for (long t = 0; t < tiles; t++) {
-                const int8_t *wt = packed + t * K2 * 2 * QT;
-                const long n0 = t * QT;
-                const int nc = (int)(N - n0 < QT ? N - n0 : QT);
-                int32_t acc[MR * QT];
-                for (long m = m0; m < m1; m += MR) {
-                    const int rows = (int)(m1 - m < MR ? m1 - m : MR);
-                    tile_sums(xq + m * kp, kp, K2, wt, rows, acc);
-                    finish(acc, rows, sx + m, scale + n0, nc, y + m * N + n0, N);
-                }
-            }
-        }
-    }
-    free(xq);
-    free(sx);
+    metrale_int8_linear_team(x, packed, scale, y, M, N, K, scratch);
+    free(scratch);
 }

@@ -98,4 +98,20 @@ typedef struct {
 } metrale_weight;
 
 void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads);
+
+/* The team forms of the linears and the decode attention: every thread of the enclosing OpenMP
+ * team calls one (outside a parallel region, one thread does all its work); the work is shared
+ * by orphaned worksharing loops, so a caller runs many of them in one parallel region (a
+ * decode step) instead of opening one each. scratch: metrale_weight_scratch_bytes(M, K) bytes
+ * shared by the team (the activations' quantised rows). */
+long metrale_int8_scratch_bytes(long M, long K);
+void metrale_int8_linear_team(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N,
+                              long K, void *scratch);
+long metrale_weight_scratch_bytes(long M, long K);
+void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                                void *scratch);
+void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
+                                         const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
+                                         int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,
+                                         int kv_dtype);
 #endif

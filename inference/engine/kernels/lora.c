@@ -27,13 +27,15 @@ static void lora_row(const metrale_lora_part *P, int64_t s, const float *x, floa
     }
 }
 
-/* x: float32 [M, K] (K of the linear's parts), y: float32 [M, y_stride]; slots: int64 [M]. */
-void metrale_lora_add(const metrale_lora_layer *L, int linear, const int64_t *slots, const float *x, float *y,
-                      long M, int nthreads) {
+/* x: float32 [M, K] (K of the linear's parts), y: float32 [M, y_stride]; slots: int64 [M]. The
+ * work of every thread of the enclosing OpenMP team (each calls it; outside a parallel region one
+ * thread does it all). */
+void metrale_lora_add_team(const metrale_lora_layer *L, int linear, const int64_t *slots, const float *x, float *y,
+                           long M) {
     const int np = L->num_parts[linear];
     const metrale_lora_part *parts = L->part[linear];
     if (np == 0) return;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (M >= 2)
+#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) {
         const int64_t s = slots[m];
         if (s < 0) continue;

@@ -19,6 +19,6 @@ typedef struct {
     metrale_lora_part part[METRALE_LORA_LINEARS][3];
 } metrale_lora_layer;
 
-void metrale_lora_add(const metrale_lora_layer *L, int linear, const int64_t *slots, const float *x, float *y,
-                      long M, int nthreads);
+void metrale_lora_add_team(const metrale_lora_layer *L, int linear, const int64_t *slots, const float *x, float *y,
+                           long M);
 #endif

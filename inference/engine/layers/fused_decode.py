@@ -58,9 +58,9 @@ class FusedDecoder:
         lib = kernels.library()
         if lib is None:
             raise RuntimeError("CPU kernels are unavailable")
-        self._run_layer = lib.metrale_decode_layer
-        self._run_layer.argtypes = [ctypes.POINTER(_Layer), ctypes.POINTER(_Step), _P]
-        self._run_layer.restype = None
+        self._run_layers = lib.metrale_decode_layers
+        self._run_layers.argtypes = [ctypes.POINTER(_Layer), ctypes.c_long, ctypes.POINTER(_Step), _P]
+        self._run_layers.restype = None
         self._scratch_floats = lib.metrale_decode_scratch_floats
         self._scratch_floats.argtypes = [ctypes.POINTER(_Step)]
         self._scratch_floats.restype = ctypes.c_long
@@ -68,7 +68,7 @@ class FusedDecoder:
         self.cfg = cfg
         self.rotary = model.rotary
         self._keep = []  # tensors the structs point into
-        self.layers = []
+        layers = []
         compact = model.compact_decode
         for layer, (k_cache, v_cache) in zip(model.model.layers, kv_caches):
             attn, mlp = layer.self_attn, layer.mlp
@@ -82,7 +82,9 @@ class FusedDecoder:
             weights = {name: decode_weight(lin, compact).struct for name, lin in (
                 ("qkv", attn.qkv), ("o", attn.out), ("gate_up", mlp.gate_up), ("down", mlp.down))}
             self._keep.append(tensors)
-            self.layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights))
+            layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights))
+        # One array for the one call a step makes; layers/lora.LoraSlots writes its elements' `lora`.
+        self.layers = (_Layer * len(layers))(*layers)
         self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
         # layers/lora.LoraSlots points each layer's `lora` at its adapters and sets this per step:
         # int64 [D] the rows' adapter slots (-1: none), or None when no row has an adapter.
@@ -124,7 +126,4 @@ class FusedDecoder:
                      seq_lens=lens.data_ptr(), lora_slots=_ptr(self.lora_slots))
         scratch = torch.empty(self._scratch_floats(ctypes.byref(step)), dtype=torch.float32)
         step.scratch = scratch.data_ptr()
-        xp = x.data_ptr()
-        ref = ctypes.byref(step)
-        for layer in self.layers:
-            self._run_layer(ctypes.byref(layer), ref, xp)
+        self._run_layers(self.layers, len(self.layers), ctypes.byref(step), x.data_ptr())
