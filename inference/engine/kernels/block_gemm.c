@@ -462,8 +462,9 @@ static long block_scratch_bytes(long M, long K) {
 /* y = x · wᵀ for x float32 [M, K], W a block-format weight of N output channels (K a multiple
  * of 32), y float32 [M, N]: the work of every thread of the enclosing OpenMP team (each calls it;
  * outside a parallel region one thread does it all). scratch: block_scratch_bytes(M, K) bytes
- * shared by the team (unused on the reference path). Tiles are handed out a few at a time (a
- * thread that falls behind delays only those); each is read once per BMC rows. */
+ * shared by the team (unused on the reference path). Tiles are handed out in shrinking contiguous
+ * runs (guided: each thread streams long runs of the weights, and one that falls behind, descheduled
+ * by another process, holds up only its last run); each is read once per BMC rows. */
 static void block_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                               void *scratch) {
     const long KB = K / 32, tiles = (N + BT - 1) / BT;
@@ -477,7 +478,7 @@ static void block_linear_team(const metrale_weight *W, const float *x, float *y,
     }
     for (long m0 = 0; m0 < M; m0 += BMC) {
         const long m1 = m0 + BMC < M ? m0 + BMC : M;
-#pragma omp for schedule(dynamic, 2)
+#pragma omp for schedule(guided)
         for (long t = 0; t < tiles; t++) {
             if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
             else tile_fast(W, t, KB, a, dx, asum, sa, m0, m1, y, N);

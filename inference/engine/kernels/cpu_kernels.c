@@ -74,6 +74,12 @@ static inline const float *load_heads(const void *base, long slot, int n_kv, int
  * real keys the same way a full one does. tbytes, hb: cache bytes per token, per head. */
 static inline void key_rows(const char **krows, int n, long t0, long len, const int64_t *table, int block_size,
                             const void *k_cache, long tbytes, int h0, long hb) {
+    if (block_size % 16 == 0 && t0 % 16 == 0 && t0 + n <= len) { /* one block holds the n <= 16 tokens */
+        const char *base = (const char *)k_cache + (table[t0 / block_size] * block_size + t0 % block_size) * tbytes +
+                           (long)h0 * hb;
+        for (int u = 0; u < n; u++) krows[u] = base + u * tbytes;
+        return;
+    }
     for (int u = 0; u < n; u++) {
         const long t = t0 + u < len ? t0 + u : t0;
         const long slot = table[t / block_size] * block_size + t % block_size;
@@ -82,6 +88,21 @@ static inline void key_rows(const char **krows, int n, long t0, long len, const 
 }
 
 #define GROUP_ROWS 32 /* rows of one block table the vector attentions serve together */
+
+/* Prefetches the bytes [off, off + n) of the cache rows of tokens [t0, t0 + 16) (those below len):
+ * the vector attentions ask for the block after the one they read, which sits elsewhere in the
+ * pool (a block table's blocks are not adjacent), so the hardware prefetchers do not find it. */
+static inline void prefetch_rows(const void *cache, const int64_t *table, int block_size, long tbytes, long t0,
+                                 long len, long off, long n) {
+#if defined(METRALE_AVX2)
+    for (long t = t0; t < t0 + 16 && t < len; t++) {
+        const char *row = (const char *)cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
+        for (long b = 0; b < n; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    }
+#else
+    (void)cache, (void)table, (void)block_size, (void)tbytes, (void)t0, (void)len, (void)off, (void)n;
+#endif
+}
 
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512) /* the AVX2 attention (the AVX-512 one is below) */
 /* 8 K/V values as float32 from a float32 (kv_dtype 0) or bfloat16 (1) cache row; int8 (2):
@@ -318,9 +339,12 @@ static inline __attribute__((always_inline)) void pv_heads(const float *scores, 
     __m512 acc[4][4];
     for (int h = 0; h < HB; h++)
         for (int c = 0; c < 4; c++) acc[h][c] = _mm512_setzero_ps();
-    for (long t = 0; t < len; t++) {
-        const long slot = table[t / block_size] * block_size + t % block_size;
-        const char *v = (const char *)v_cache + slot * tbytes + hoff;
+    const char *v = NULL;
+    for (long t = 0; t < len; t++, v += tbytes) {
+        if (t % block_size == 0) { /* the block's first row; the next ones follow it */
+            v = (const char *)v_cache + table[t / block_size] * block_size * tbytes + hoff;
+            if (s == 0) prefetch_rows(v_cache, table, block_size, tbytes, t + block_size, len, hoff, head_bytes(kv_dtype, head_dim));
+        }
         const float vs = kv_dtype == 2 ? int8_scale(v, head_dim) : 1.f;
         const __m512 v0 = load16(v, s, kv_dtype), v1 = load16(v, s + 16, kv_dtype);
         const __m512 v2 = load16(v, s + 32, kv_dtype), v3 = load16(v, s + 48, kv_dtype);
@@ -412,6 +436,7 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
     const __m512 vscale = _mm512_set1_ps(scale);
     for (long t0 = 0; t0 < max_len; t0 += 16) {
         const char *krows[16];
+        prefetch_rows(k_cache, table, block_size, tbytes, t0 + 16, max_len, off, hb);
         key_rows(krows, 16, t0, max_len, table, block_size, k_cache, tbytes, 0, hb);
         for (int u = 0; u < 16; u++) krows[u] += off;
         float ks[16];
@@ -453,6 +478,7 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
         const int n = max_len - t0 < 16 ? (int)(max_len - t0) : 16;
         const char *vrows[16];
         float vs[16];
+        prefetch_rows(v_cache, table, block_size, tbytes, t0 + 16, max_len, off, hb);
         for (int u = 0; u < n; u++) {
             const long t = t0 + u;
             vrows[u] = (const char *)v_cache + (table[t / block_size] * block_size + t % block_size) * tbytes + off;
@@ -486,7 +512,8 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
 /* attend_avx512's work for one row and KV heads [h0, h1) in one pass over the keys (each
  * token's K and V rows of those heads read together; q: the row's query, all heads; out:
  * its output): per (row, head) the same operations in the same order, so the same bits.
- * scores: (h1 - h0) * group * len floats. */
+ * scores: (h1 - h0) * group * len floats, then 16 * head_dim + 16 for a block of K rows widened
+ * once per KV head. */
 static void attend_avx512_row(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
                           float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
                           int kv_dtype, float *scores) {
@@ -496,18 +523,24 @@ static void attend_avx512_row(const float *q, const void *k_cache, const void *v
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
     const __m512 vscale = _mm512_set1_ps(scale);
+    float *kf = (float *)(((uintptr_t)(scores + (long)nh * len) + 63) & ~(uintptr_t)63); /* 16 K rows, float32 */
     for (long t0 = 0; t0 < len; t0 += 16) {
         const int cnt = len - t0 < 16 ? (int)(len - t0) : 16;
         const char *krows[16];
+        prefetch_rows(k_cache, table, block_size, tbytes, t0 + 16, len, (long)h0 * hb, (long)(h1 - h0) * hb);
         key_rows(krows, 16, t0, len, table, block_size, k_cache, tbytes, h0, hb);
         for (int j = 0; j < nh; j++) {
             const float *qj = qh + (long)j * head_dim;
             const long off = (long)(j / group) * hb;
+            if (j % group == 0) /* a new KV head: its rows widened once for the group's query heads */
+                for (int u = 0; u < 16; u++)
+                    for (int i = 0; i < head_dim; i += 16)
+                        _mm512_store_ps(kf + u * head_dim + i, load16(krows[u] + off, i, kv_dtype));
             __m512 c[16];
             for (int u = 0; u < 16; u++) c[u] = _mm512_setzero_ps();
             for (int i = 0; i < head_dim; i += 16) {
                 const __m512 qv = _mm512_loadu_ps(qj + i);
-                for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, load16(krows[u] + off, i, kv_dtype), c[u]);
+                for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(qv, _mm512_load_ps(kf + u * head_dim + i), c[u]);
             }
             __m512 dots = reduce16(c);
             if (kv_dtype == 2) {
@@ -657,7 +690,8 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
         const long heads = whole ? 1 : n_kv;
         const long tasks = G * heads * parts;
         long floats = avx512_scratch_floats((int)most, group, max_len, head_dim);
-        floats = floats > (long)n_heads * max_len ? floats : (long)n_heads * max_len;
+        const long row_floats = (long)n_heads * max_len + 16L * head_dim + 16; /* attend_avx512_row's */
+        floats = floats > row_floats ? floats : row_floats;
         {
             float *scratch = (float *)malloc(sizeof(float) * (size_t)floats);
 #pragma omp for schedule(dynamic, 1)

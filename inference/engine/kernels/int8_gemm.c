@@ -310,8 +310,9 @@ long metrale_int8_scratch_bytes(long M, long K) {
  * of w (int8 [N, K]), scale: float32 [N], y: float32 [M, N]: the work of every thread of the
  * enclosing OpenMP team (each calls it; outside a parallel region one thread does it all).
  * scratch: metrale_int8_scratch_bytes(M, K) bytes shared by the team. The weights are read once
- * per block of MC rows; the tiles are handed out a few at a time (a thread that falls behind,
- * descheduled by another process, delays only its few tiles). */
+ * per block of MC rows; the tiles are handed out in shrinking contiguous runs (guided: long
+ * streams of the weights, and a thread that falls behind, descheduled by another process, holds
+ * up only its last run). */
 void metrale_int8_linear_team(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N,
                               long K, void *scratch) {
     const long K2 = metrale_int8_pair_k(K), kp = 2 * K2, tiles = (N + QT - 1) / QT;
@@ -322,7 +323,7 @@ void metrale_int8_linear_team(const float *x, const int8_t *packed, const float 
     for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
     for (long m0 = 0; m0 < M; m0 += MC) {
         const long m1 = m0 + MC < M ? m0 + MC : M;
-#pragma omp for schedule(dynamic, 2)
+#pragma omp for schedule(guided)
         for (long t = 0; t < tiles; t++) {
             const int8_t *wt = packed + t * K2 * 2 * QT;
             const long n0 = t * QT;
