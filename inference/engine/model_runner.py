@@ -186,18 +186,25 @@ class ModelRunner:
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         t1 = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
+        items = [i for i, s in enumerate(batch.samples) if s]
+        # Decode rows, then the drafts' verify rows (decode rows too: the compact head), then prefill rows.
+        nd = sum(1 for i in items if i < batch.num_decodes)
+        drafted = [i for i in items if i in self.draft_rows]
+        verify_rows = [r for i in drafted for r in self.draft_rows[i]]
+        rows = sample_rows[:nd] + verify_rows + sample_rows[nd:]
+        compact = self.model.compact_rows(nd + len(verify_rows), len(rows))
+        logits = None
+        if self.fused is not None and meta.num_decodes == len(input_ids) and (
+                not rows or compact == slice(0, len(rows))):
+            # Every row runs through the compiled layers and samples with the compact head: one call.
+            hidden, logits = self.model.decode_logits(input_ids, positions, meta, self.fused, rows)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, self.fused)
         n = len(batch.items)
         result = RunResult([None] * n, [None] * n, self._prompt_logprobs(batch, hidden))
         if sample_rows:
-            items = [i for i, s in enumerate(batch.samples) if s]
-            # Decode rows, then the drafts' verify rows (decode rows too: the compact head), then prefill rows.
-            nd = sum(1 for i in items if i < batch.num_decodes)
-            drafted = [i for i in items if i in self.draft_rows]
-            verify_rows = [r for i in drafted for r in self.draft_rows[i]]
-            rows = sample_rows[:nd] + verify_rows + sample_rows[nd:]
-            compact = self.model.compact_rows(nd + len(verify_rows), len(rows))
-            logits = self.model.compute_logits(hidden[rows], compact)
+            if logits is None:
+                logits = self.model.compute_logits(hidden[rows], compact)
             t2 = time.perf_counter()
             main = torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
             seqs = [batch.items[i][0] for i in items]

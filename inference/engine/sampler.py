@@ -94,57 +94,62 @@ class Sampler:
             pre = pre.clone() if pre is logits else pre
             force_reasoning_end(pre, seqs)
         b = len(seqs)
-        tokens = torch.empty(b, dtype=torch.int64)
+        tokens = [0] * b
         processed = pre
         greedy = [i for i, p in enumerate(params) if p.greedy]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
-            tokens[greedy] = argmax_rows(pre if len(greedy) == b else pre[greedy])
+            for i, t in zip(greedy, argmax_rows(pre if len(greedy) == b else pre[greedy]).tolist()):
+                tokens[i] = t
         if sampled:
             u = self._uniforms(seqs, sampled)
             drawn, rows = self._draw(pre if len(sampled) == b else pre[sampled], [params[i] for i in sampled], u)
-            tokens[sampled] = drawn
+            for i, t in zip(sampled, drawn):
+                tokens[i] = t
             if any(params[i].logprobs is not None for i in sampled):
                 processed = rows if len(sampled) == b else pre.clone().index_copy_(0, torch.tensor(sampled), rows)
-        token_list = tokens.tolist()
-        return SampleResult(token_list, token_logprobs(processed, token_list, [p.logprobs for p in params]))
+        return SampleResult(tokens, token_logprobs(processed, tokens, [p.logprobs for p in params]))
 
-    def _uniforms(self, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
-        """float64 [len(rows)]: one number in [0, 1) per sampled row."""
-        u = torch.empty(len(rows), dtype=torch.float64)
+    def _uniforms(self, seqs: list[Sequence], rows: list[int]) -> list[float]:
+        """One number in [0, 1) per sampled row (float64 draws)."""
+        u = [0.0] * len(rows)
         shared = [j for j, i in enumerate(rows) if seqs[i].generator is None]
         if shared:
-            u[shared] = torch.rand(len(shared), dtype=torch.float64, generator=self.shared_generator)
+            for j, x in zip(shared, torch.rand(len(shared), dtype=torch.float64,
+                                               generator=self.shared_generator).tolist()):
+                u[j] = x
         for j, i in enumerate(rows):
             if seqs[i].generator is not None:
-                u[j] = torch.rand(1, dtype=torch.float64, generator=seqs[i].generator)
+                u[j] = torch.rand(1, dtype=torch.float64, generator=seqs[i].generator).item()
         return u
 
     @staticmethod
-    def _draw(pre: torch.Tensor, params: list, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Temperature rows: (tokens int64 [R], processed float32 [R, V]: what logprobs are computed
-        from; only the rows that ask for logprobs when the kernel drew them). pre: the rows after
-        `controls`; u: float64 [R]. Rows with top-nσ, or every row without the kernels, take the
+    def _draw(pre: torch.Tensor, params: list, u: list[float]) -> tuple[list[int], torch.Tensor]:
+        """Temperature rows: (tokens, processed float32 [R, V]: what logprobs are computed from; only
+        the rows that ask for logprobs when the kernel drew them). pre: the rows after `controls`;
+        u: one uniform number a row. Rows with top-nσ, or every row without the kernels, take the
         torch rules (`process`'s) and `draw_inverse_cdf`."""
         r = len(params)
-        tokens = torch.empty(r, dtype=torch.int64)
+        tokens = [0] * r
         rows = torch.empty_like(pre) if any(p.logprobs is not None for p in params) else pre
         fast = [j for j, p in enumerate(params) if p.top_n_sigma <= 0] if kernels.available() else []
         if fast:
             ps = [params[j] for j in fast]
             v = pre.shape[1]
             drawn, out = kernels.sample(
-                pre[fast] if len(fast) < r else pre, torch.tensor([p.temperature for p in ps]),
-                torch.tensor([p.top_k if 0 < p.top_k < v else 0 for p in ps], dtype=torch.int32),
-                torch.tensor([p.top_p for p in ps]), torch.tensor([p.min_p for p in ps]), u[fast],
-                [p.logprobs is not None for p in ps])
-            tokens[fast] = drawn
+                pre[fast] if len(fast) < r else pre, [p.temperature for p in ps],
+                [p.top_k if 0 < p.top_k < v else 0 for p in ps], [p.top_p for p in ps], [p.min_p for p in ps],
+                [u[j] for j in fast], [p.logprobs is not None for p in ps])
+            for j, t in zip(fast, drawn):
+                tokens[j] = t
             if out is not None:
                 rows[fast] = out
         slow = [j for j in range(r) if j not in set(fast)]
         if slow:
             truncated = _temperature_and_truncation(pre[slow].clone(), [params[j] for j in slow])
-            tokens[slow] = draw_inverse_cdf(truncated, u[slow])
+            for j, t in zip(slow, draw_inverse_cdf(truncated, torch.tensor([u[j] for j in slow],
+                                                                            dtype=torch.float64)).tolist()):
+                tokens[j] = t
             if rows is not pre:
                 rows[slow] = truncated
         return tokens, rows

@@ -26,11 +26,13 @@ def params_of(rng: random.Random) -> SamplingParams:
 
 
 def kernel_draw(logits: torch.Tensor, params: list[SamplingParams], u: torch.Tensor):
+    """(tokens int64 [B], processed logits [B, V]) of kernels.sample for these rows' params."""
     v = logits.shape[1]
-    return kernels.sample(logits, torch.tensor([p.temperature for p in params]),
-                          torch.tensor([p.top_k if 0 < p.top_k < v else 0 for p in params], dtype=torch.int32),
-                          torch.tensor([p.top_p for p in params]), torch.tensor([p.min_p for p in params]), u,
-                          [True] * len(params))
+    tokens, processed = kernels.sample(logits, [p.temperature for p in params],
+                                       [p.top_k if 0 < p.top_k < v else 0 for p in params],
+                                       [p.top_p for p in params], [p.min_p for p in params], u.tolist(),
+                                       [True] * len(params))
+    return torch.tensor(tokens), processed
 
 
 def cdf_steps(processed_row: torch.Tensor) -> torch.Tensor:
@@ -93,8 +95,8 @@ def test_drawn_frequencies_follow_the_distribution():
     p = SamplingParams(temperature=0.7, top_p=0.9)
     n = 20000
     u = torch.rand(n, dtype=torch.float64, generator=g)
-    tokens, _ = kernels.sample(logits.expand(n, 40).contiguous(), torch.full((n,), 0.7), torch.zeros(n, dtype=torch.int32),
-                               torch.full((n,), 0.9), torch.zeros(n), u)
+    tokens, _ = kernels.sample(logits.expand(n, 40).contiguous(), [0.7] * n, [0] * n, [0.9] * n, [0.0] * n, u.tolist())
+    tokens = torch.tensor(tokens)
     probs = _temperature_and_truncation(logits.clone(), [p])[0].softmax(-1)
     counts = torch.bincount(tokens, minlength=40).double() / n
     assert float(counts[probs == 0].sum()) == 0.0

@@ -255,33 +255,34 @@ def block_rows(w: KernelWeight, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, u: torch.Tensor, want_processed: list[bool] | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sample(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+           min_p: list[float], u: list[float], want_processed: list[bool] | None = None
+           ) -> tuple[list[int], torch.Tensor | None]:
     """One token per row drawn from softmax(logits / T) after top_k, top_p and min_p (sample.c).
 
-    logits: float32 [B, V]; temperature float32 [B] (> 0); top_k int32 [B] (0: off); top_p float32
-    [B] (1: off); min_p float32 [B] (0: off); u float64 [B], uniform in [0, 1), one per row (the
-    token is the first id whose running probability exceeds u). want_processed: rows whose
-    processed logits (x / T, -inf where removed) are returned too. Returns (tokens int64 [B],
-    processed float32 [B, V] or None; rows not wanted there are undefined). Each row's token
-    depends on its own inputs alone. Raises RuntimeError without the kernels or out of memory.
+    logits: float32 [B, V]; per row: temperature (> 0), top_k (0: off), top_p (1: off), min_p (0:
+    off) and u, a uniform number in [0, 1) (the token is the first id whose running probability
+    exceeds it). want_processed: rows whose processed logits (x / T, -inf where removed) are
+    returned too. Returns (B token ids, processed float32 [B, V] or None; rows not wanted there are
+    undefined). Each row's token depends on its own inputs alone. Raises RuntimeError without the
+    kernels or out of memory.
     """
     lib = _required()
     logits = logits.contiguous()
     b, v = logits.shape
-    tokens = torch.empty(b, dtype=torch.int64)
+    tokens = (ctypes.c_int64 * b)()
     processed = want = None
     if want_processed is not None and any(want_processed):
         processed = torch.empty_like(logits)
-        want = torch.tensor(want_processed, dtype=torch.uint8)
-    args = [temperature.float().contiguous(), top_k.to(torch.int32).contiguous(), top_p.float().contiguous(),
-            min_p.float().contiguous(), u.double().contiguous()]
-    lib.metrale_sample(logits.data_ptr(), b, v, *(t.data_ptr() for t in args), _ptr_or_none(processed),
-                       _ptr_or_none(want), tokens.data_ptr(), torch.get_num_threads())
-    if b and int(tokens.min()) < 0:
+        want = (ctypes.c_uint8 * b)(*want_processed)
+    floats, ints = ctypes.c_float * b, ctypes.c_int32 * b
+    lib.metrale_sample(logits.data_ptr(), b, v, floats(*temperature), ints(*top_k), floats(*top_p),
+                       floats(*min_p), (ctypes.c_double * b)(*u), _ptr_or_none(processed), want, tokens,
+                       torch.get_num_threads())
+    out = list(tokens)
+    if b and min(out) < 0:
         raise RuntimeError("the sampler's scratch memory could not be allocated")
-    return tokens, processed
+    return out, processed
 
 
 def _ptr_or_none(t: torch.Tensor | None) -> int | None:

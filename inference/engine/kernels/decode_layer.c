@@ -30,12 +30,20 @@ typedef struct {
     long M, width;
     int hidden, n_heads, n_kv, head_dim, inter, block_size, kv_dtype, nthreads;
     float eps, scale;
-    const float *cos, *sin;                     /* [M, head_dim] for the rows' positions */
+    const float *cos, *sin;                     /* [max_positions, head_dim]: RoPE's tables */
+    const int64_t *positions;                   /* [M] each row's position (its row of cos and sin) */
     const int64_t *slots;                       /* [M] flat KV slot of each row's new token */
     const int64_t *block_tables;                /* [M, width] */
     const int64_t *seq_lens;                    /* [M] */
     float *scratch;                             /* metrale_decode_scratch_floats(S) floats */
     const int64_t *lora_slots;                  /* [M] each row's adapter slot (-1: none), or NULL */
+    /* After the layers: x <- final_norm(x) when final_norm is not NULL, then, when head is not NULL,
+     * logits [R, vocab] = x[logit_rows] head^T for the R = n_logit_rows rows listed. */
+    const float *final_norm;                    /* [hidden] or NULL */
+    const metrale_weight *head;                 /* [vocab, hidden] or NULL */
+    const int64_t *logit_rows;                  /* [R] */
+    long n_logit_rows, vocab;
+    float *logits;                              /* [R, vocab] */
 } metrale_step;
 
 /* The activations' floats of a step's rows (h, qkv, attn, gu, act, proj below). */
@@ -53,6 +61,9 @@ static long widest_input(const metrale_step *S) {
 long metrale_decode_scratch_floats(const metrale_step *S) {
     return activation_floats(S) + (metrale_weight_scratch_bytes(S->M, widest_input(S)) + 3) / 4 + 16;
 }
+
+/* The rows the LM head reads: after the layers' scratch (its activations are no longer needed). */
+static float *head_input(const metrale_step *S) { return S->scratch; }
 
 /* y = weight * x / sqrt(mean(x^2) + eps), statistics in float32 (transformers' LlamaRMSNorm). */
 static void rms_norm(const float *x, const float *w, float *y, long n, float eps) {
@@ -156,7 +167,7 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
         float *row = qkv + m * qkvs;
         if (L->qkv_bias)
             for (long i = 0; i < qkvs; i++) row[i] += L->qkv_bias[i];
-        const float *c = S->cos + m * hd, *s = S->sin + m * hd;
+        const float *c = S->cos + S->positions[m] * hd, *s = S->sin + S->positions[m] * hd;
         for (int j = 0; j < nh; j++) {
             float *qh = row + (long)j * hd;
             if (L->q_norm) rms_norm(qh, L->q_norm, qh, hd, S->eps);
@@ -191,9 +202,24 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
 }
 
 /* Runs S->M rows through n_layers layers (L: [n_layers]) in one parallel region of S->nthreads
- * threads; x: float32 [M, hidden], updated in place. One region for the whole step: the threads
+ * threads; x: float32 [M, hidden], updated in place; then the final norm and the LM head's logits
+ * of the rows that sample (S->final_norm, S->head). One region for the whole step: the threads
  * meet at the barriers of its loops instead of a new team for every GEMM and attention. */
 void metrale_decode_layers(const metrale_layer *L, long n_layers, const metrale_step *S, float *x) {
+    const long M = S->M, H = S->hidden, R = S->n_logit_rows;
 #pragma omp parallel num_threads(S->nthreads)
-    for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
+    {
+        for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
+        if (S->final_norm) {
+#pragma omp for schedule(static)
+            for (long m = 0; m < M; m++) rms_norm(x + m * H, S->final_norm, x + m * H, H, S->eps);
+        }
+        if (S->head && R > 0) {
+            float *rows = head_input(S);
+            void *gemm = (void *)(((uintptr_t)(S->scratch + R * H) + 63) & ~(uintptr_t)63);
+#pragma omp for schedule(static)
+            for (long r = 0; r < R; r++) memcpy(rows + r * H, x + S->logit_rows[r] * H, sizeof(float) * (size_t)H);
+            metrale_weight_linear_team(S->head, rows, S->logits, R, S->vocab, H, gemm);
+        }
+    }
 }

@@ -39,7 +39,9 @@ class _Step(ctypes.Structure):
         (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
                                           "kv_dtype", "nthreads")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
-        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "scratch", "lora_slots")]
+        (name, _P) for name in ("cos", "sin", "positions", "slots", "block_tables", "seq_lens", "scratch",
+                                "lora_slots", "final_norm", "head", "logit_rows")] + [
+        ("n_logit_rows", ctypes.c_long), ("vocab", ctypes.c_long), ("logits", _P)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -86,6 +88,9 @@ class FusedDecoder:
         # One array for the one call a step makes; layers/lora.LoraSlots writes its elements' `lora`.
         self.layers = (_Layer * len(layers))(*layers)
         self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
+        self.final_norm = model.model.norm.weight.detach().contiguous()
+        self.head = decode_weight(model.head, compact)
+        self.cos, self.sin = self.rotary.cos.float().contiguous(), self.rotary.sin.float().contiguous()
         # layers/lora.LoraSlots points each layer's `lora` at its adapters and sets this per step:
         # int64 [D] the rows' adapter slots (-1: none), or None when no row has an adapter.
         self.lora_slots: torch.Tensor | None = None
@@ -104,17 +109,20 @@ class FusedDecoder:
         return all(lin is not None and decode_weight(lin, compact) is not None for layer in layers
                    for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down))
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, meta) -> None:
-        """Run the decode rows through every layer, in place.
+    def run(self, x: torch.Tensor, positions: torch.Tensor, meta, logit_rows: list[int] | None = None
+            ) -> torch.Tensor | None:
+        """Run the decode rows through every layer and the final norm, in place; with `logit_rows`,
+        also the LM head (its decode weight) on those rows.
 
-        x: float32 [D, hidden], contiguous (the embedded decode rows); positions: int64 [D];
-        meta: the step's AttentionMetadata (its first D slots, decode block tables and
-        decode_lens are read). K/V of the new tokens are written into the layers' caches.
+        x: float32 [D, hidden], contiguous (the embedded decode rows), normalised on return;
+        positions: int64 [D]; meta: the step's AttentionMetadata (its first D slots, decode block
+        tables and decode_lens are read). K/V of the new tokens are written into the layers'
+        caches. logit_rows: indices into x's rows. Returns float32 [len(logit_rows), vocab], or None
+        without logit_rows.
         """
         cfg = self.cfg
         d = x.shape[0]
-        cos = self.rotary.cos[positions].contiguous()
-        sin = self.rotary.sin[positions].contiguous()
+        positions = positions.contiguous()
         tables = meta.decode_block_tables.contiguous()
         lens = meta.decode_lens.contiguous()
         slots = meta.slot_mapping[:d].contiguous()
@@ -122,8 +130,17 @@ class FusedDecoder:
                      n_kv=cfg.num_key_value_heads, head_dim=cfg.head_dim, inter=cfg.intermediate_size,
                      block_size=self._keep[0]["k_cache"].shape[1], kv_dtype=self.kv_dtype,
                      nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
-                     cos=cos.data_ptr(), sin=sin.data_ptr(), slots=slots.data_ptr(), block_tables=tables.data_ptr(),
-                     seq_lens=lens.data_ptr(), lora_slots=_ptr(self.lora_slots))
+                     cos=self.cos.data_ptr(), sin=self.sin.data_ptr(), positions=positions.data_ptr(),
+                     slots=slots.data_ptr(), block_tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
+                     lora_slots=_ptr(self.lora_slots), final_norm=self.final_norm.data_ptr())
+        logits = rows = None
+        if logit_rows:
+            rows = torch.tensor(logit_rows, dtype=torch.int64)
+            logits = torch.empty((len(logit_rows), self.head.shape[0]), dtype=torch.float32)
+            step.head = ctypes.addressof(self.head.struct)
+            step.logit_rows, step.n_logit_rows = rows.data_ptr(), len(logit_rows)
+            step.vocab, step.logits = self.head.shape[0], logits.data_ptr()
         scratch = torch.empty(self._scratch_floats(ctypes.byref(step)), dtype=torch.float32)
         step.scratch = scratch.data_ptr()
         self._run_layers(self.layers, len(self.layers), ctypes.byref(step), x.data_ptr())
+        return logits

@@ -259,19 +259,27 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, fused=None) -> torch.Tensor:
         """fused: a layers.fused_decode.FusedDecoder; when given, the decode rows run through it
-        and only the prefill rows take the torch layers."""
+        (its final norm too) and only the prefill rows take the torch layers."""
         d = meta.num_decodes
         if fused is not None and d:
             x = self.model.embed_tokens(input_ids)
             decodes = x[:d].contiguous()
             fused.run(decodes, positions[:d], meta)
             if d == x.shape[0]:
-                return self.model.norm(decodes)
+                return decodes
             prefill = self._layers(x[d:], positions[d:], kv_caches, meta.prefill_part(),
                                    slice(None) if self.compact_prefill else None)
-            return self.model.norm(torch.cat([decodes, prefill]))
+            return torch.cat([decodes, self.model.norm(prefill)])
         return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions, kv_caches, meta,
                                             self.compact_rows(d, input_ids.shape[0])))
+
+    def decode_logits(self, input_ids, positions, meta: AttentionMetadata, fused, logit_rows: list[int]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step whose rows all run through `fused` (a FusedDecoder), the LM head of the rows
+        `logit_rows` in the same compiled call: (hidden [T, hidden_size] after the final norm,
+        logits float32 [len(logit_rows), vocab_size]), what forward and compute_logits give."""
+        x = self.model.embed_tokens(input_ids).contiguous()
+        return x, fused.run(x, positions, meta, logit_rows)
 
     def _layers(self, x, positions, kv_caches, meta: AttentionMetadata, compact: slice | None) -> torch.Tensor:
         rope = self.rotary.tables(positions, x.dtype)  # once per step, shared by every layer
