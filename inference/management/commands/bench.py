@@ -1,14 +1,20 @@
 """`manage.py bench` (`make bench`): throughput, latency and the ratios the engine is held to.
 
-In one run, on the same prompts (ShareGPT-like mixed lengths, fixed seed): our
-engine offline and through HTTP at concurrency 1, 8 and 32 (output tokens/s, TTFT
-and TPOT p50/p99); transformers `generate` on the same weights and dtype; the
-memory-bandwidth floor of batch-1 decode; and the prefix cache's TTFT on a shared
-1,000-token system prompt. A script, not a test: figures depend on the machine.
+First the decode side by side (bench/decode.py), the figures users compare: streamed chat with
+short prompts, TPOT and tok/s after each stream's first token, greedy and temperature 0.8 with
+and without a seed, our server with speculation off and `auto`, against llama.cpp's llama-server
+(`--llama-cpp-url`) in interleaved rounds, with a prompt-processing probe and resident memory
+at the same KV capacity. Then, in one run, on the same prompts (ShareGPT-like mixed lengths,
+fixed seed), the end-to-end figures that include prefill: our engine offline and through HTTP
+at concurrency 1, 8 and 32 (output tokens/s, TTFT and TPOT p50/p99); transformers `generate`
+on the same weights and dtype; the memory-bandwidth floor of batch-1 decode; and the prefix
+cache's TTFT on a shared 1,000-token system prompt. A script, not a test: figures depend on
+the machine.
 """
 import json
 import statistics
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +25,7 @@ from inference.bench.http_streams import run_http
 from inference.bench.live_server import LiveServer
 from inference.bench.offline import run_offline
 from inference.bench.own_thread import in_own_thread
-from inference.bench.peer import compare, rss_bytes
+from inference.bench.peer import compare, prompt_tok_s, rss_bytes
 from inference.bench.prefix import prefix_ttft
 from inference.bench.offline import chat_prompt_ids
 from inference.bench.references import copy_bandwidth_gb_s, hf_generate_tok_s, hf_same_prompts, weight_bytes
@@ -57,9 +63,24 @@ class Command(BaseCommand):
                             help="the llama-server's process id, to print its resident memory beside ours")
         parser.add_argument("--peer-rounds", type=int, default=3, help="interleaved rounds against --llama-cpp-url")
         parser.add_argument("--skip-offline", action="store_true", help="skip the in-process (offline) runs")
+        parser.add_argument("--decode-only", action="store_true",
+                            help="run only the decode side by side (bench/decode.py: streamed chat, TPOT after the "
+                                 "first token, greedy and temperature 0.8 with and without a seed, speculation off "
+                                 "and auto, against --llama-cpp-url when given), its prefill probe and memory")
+        parser.add_argument("--skip-decode", action="store_true", help="skip the decode side by side")
+        parser.add_argument("--decode-concurrency", default="1,8,32")
+        parser.add_argument("--decode-tokens", type=int, default=128, help="tokens each decode stream generates")
+        parser.add_argument("--decode-rounds", type=int, default=2, help="interleaved rounds of the decode side by side")
+        parser.add_argument("--probe-tokens", type=int, default=400,
+                            help="the prompt-processing probe's prompt length (llama-server -np 32 -c 16384 gives each "
+                                 "slot 512 tokens of context)")
+        parser.add_argument("--kv-tokens", type=int, default=16384,
+                            help="our servers' KV cache capacity in tokens for the decode side by side (llama-server's "
+                                 "-c), so that resident memory compares like with like")
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, llama_cpp_pid,
                peer_rounds, skip_offline, lora_only, lora_rank, lora_targets, lora_rounds, lora_tokens,
+               decode_only, skip_decode, decode_concurrency, decode_tokens, decode_rounds, kv_tokens, probe_tokens,
                **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
@@ -78,6 +99,12 @@ class Command(BaseCommand):
         out(f"model {Path(model).name}; weights {base.weights}; prefill weights "
             f"{base.prefill_weights}; KV cache {base.kv_cache_dtype}; copy bandwidth {bandwidth:.1f} GB/s; torch threads "
             f"{torch.get_num_threads()}; CPU {cpuinfo_field('model name') or 'unknown'}; kernels {kernels.instruction_set()}")
+        if not (lora_only or skip_decode):
+            self._decode(base, tokenizer, llama_cpp_url.rstrip("/"), llama_cpp_pid,
+                         [int(c) for c in decode_concurrency.split(",")], decode_tokens, decode_rounds, kv_tokens,
+                         probe_tokens)
+        if decode_only:
+            return
         for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
             workloads = {c: sharegpt_like(tokenizer, max(3, c * requests_per_stream) if c == 1 else c * requests_per_stream,
@@ -147,6 +174,63 @@ class Command(BaseCommand):
                                  lambda *r: (out(round_line(*r)), self.stdout.flush()))
             ae.stop()
         out(median_line(rows))
+
+    def _decode(self, base, tokenizer, peer_url: str, peer_pid: int, levels: list[int], tokens: int, rounds: int,
+                kv_tokens: int, probe_tokens: int) -> None:
+        """The decode side by side (bench/decode.py): our server with speculation off and with it on
+        `auto`, llama-server at peer_url when given, each KV cache holding kv_tokens tokens; then a
+        prompt-processing probe and resident memory at idle and after the runs."""
+        import random
+
+        from inference.bench.decode import SAMPLINGS, compare_decode, decode_table
+        from inference.bench.workload import BenchRequest, make_text
+        from inference.engine.config import ModelConfig
+        from inference.engine.model_runner import ModelRunner
+
+        out = self.stdout.write
+        cfg = ModelConfig.from_folder(base.model_path)
+        kv_dtype = getattr(torch, base.kv_cache_dtype) if base.kv_cache_dtype != "auto" else torch.float32
+        kv_bytes = ModelRunner.kv_bytes_per_block(cfg, base.block_size, kv_dtype) * -(-kv_tokens // base.block_size)
+        env = {"METRALE_MODEL": base.model_path, "METRALE_MAX_NUM_SEQS": str(max(levels)),
+               "METRALE_KV_CACHE_BYTES": str(kv_bytes)}
+        cpu = cpuinfo_field("model name") or "unknown"
+        with tempfile.TemporaryDirectory() as tmp, \
+                LiveServer({**env, "METRALE_SPECULATIVE": "off"}, Path(tmp) / "off") as off, \
+                LiveServer({**env, "METRALE_SPECULATIVE": "auto"}, Path(tmp) / "auto") as auto:
+            servers = {"ours (spec off)": off.url, "ours (spec auto)": auto.url}
+            if peer_url:
+                servers["llama-server"] = peer_url
+            run_http(off.url, [BenchRequest("Hello", 1, 4)], 1)  # the first request's one-off costs
+            run_http(auto.url, [BenchRequest("Hello", 1, 4)], 1)
+            rss = {"ours": rss_bytes(off.proc.pid), "llama-server": rss_bytes(peer_pid)}
+            out(f"\n== decode side by side: streamed chat, short prompts, {tokens} tokens a stream (ignore_eos), "
+                f"medians of {rounds} interleaved rounds; CPU {cpu}; kernels {kernels.instruction_set()}; our KV cache "
+                f"{kv_tokens} tokens ({kv_bytes / 2**20:.0f} MiB {base.kv_cache_dtype}), weights {base.weights} ==")
+            cmp = compare_decode(servers, levels, SAMPLINGS, rounds, tokens, log=out)
+            out("\ndecode tok/s (after each stream's first token) and TPOT p50 (after the first token):")
+            for line in decode_table(cmp, ["ours (spec off)", "ours (spec auto)"], "llama-server" if peer_url else None,
+                                     levels):
+                out(line)
+            probe_rng = random.Random(time.time_ns())
+            rates: dict[str, list[float]] = {}
+            for _ in range(rounds):  # prefill: a fresh prompt, one output token (prompt tokens / TTFT)
+                probe = BenchRequest(make_text(tokenizer, probe_tokens, probe_rng), probe_tokens, 1)
+                for name, url in servers.items():
+                    if name != "ours (spec auto)":
+                        rates.setdefault(name, []).append(prompt_tok_s(url, probe, None))
+            line = f"prompt processing ({probe_tokens} tokens, prompt tokens / TTFT): " + ", ".join(
+                f"{name} {statistics.median(r):.0f} tok/s" for name, r in rates.items())
+            if peer_url:
+                line += f" ({statistics.median(rates['ours (spec off)']) / statistics.median(rates['llama-server']):.2f}x)"
+            out(line)
+            after = {"ours": rss_bytes(off.proc.pid), "llama-server": rss_bytes(peer_pid)}
+            for label, figures in (("at idle", rss), ("after the runs", after)):
+                if figures["ours"]:
+                    text = f"resident memory {label}: ours {figures['ours'] / 2**20:.0f} MiB"
+                    if figures["llama-server"]:
+                        text += (f", llama-server {figures['llama-server'] / 2**20:.0f} MiB "
+                                 f"({figures['ours'] / figures['llama-server']:.2f}x)")
+                    out(text)
 
     def _peer(self, server, url: str, pid: int, workloads, tokenizer, rounds: int) -> None:
         """Interleaved rounds against the llama-server at `url` (bench/peer.py), then the ratio table."""
