@@ -54,6 +54,7 @@ LLAMA_CPP_PID ?= 0
 bench: migrate model
 	$(PY) manage.py bench $(if $(LLAMA_CPP_URL),--llama-cpp-url $(LLAMA_CPP_URL) --llama-cpp-pid $(LLAMA_CPP_PID))
 	$(PY) manage.py bench_speculative
+	$(PY) manage.py bench_perplexity
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model
