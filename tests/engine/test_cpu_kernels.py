@@ -275,3 +275,35 @@ def test_without_the_kernels_the_torch_paths_still_match_transformers(tmp_path, 
     both = run_ours(folder, prompt, decode, weights="int8")
     assert not runners[2].model.compact_prefill and not runners[2].fused_prefill
     assert torch.equal(both[:len(prompt)], ours[:len(prompt)])
+
+
+@pytest.mark.parametrize("weights", ["auto", "int8"])
+def test_a_few_rows_give_bitwise_what_they_give_among_many(smollm2_blocks_dir, weights):
+    """Steps of up to 4 rows take the compiled step's few-rows form (each thread keeps its own copy
+    of the rows, six barriers a layer); larger steps the shared form. Each row's logits must be
+    bitwise the same either way (decode_layer.c LEAN_ROWS): 1 and 3 of 8 decoding sequences alone
+    against all 8, on SmolLM2's blocks and on per-channel int8."""
+    from inference.engine.config import EngineConfig
+    from inference.engine.llm_engine import LLMEngine
+    from inference.engine.request import EngineRequest
+    from inference.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model_path=str(smollm2_blocks_dir), weights=weights, speculative="off",
+                                    max_num_seqs=8, kv_cache_bytes=32 << 20, enable_prefix_caching=False))
+    g = torch.Generator().manual_seed(5)
+    for i in range(8):
+        prompt = torch.randint(3, 40000, (20 + 7 * i,), generator=g).tolist()
+        engine.add_request(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=20)), request_id=f"r{i}")
+    for _ in range(4):
+        engine.step()
+    batch = engine.scheduler.schedule()
+    assert batch.num_decodes == len(batch.items) == 8
+    runner = engine.runner
+    assert runner.fused is not None
+    together = runner.execute(batch)
+    for rows in ([5], [0, 3, 7]):
+        alone = runner.execute(batch.subset(rows))
+        assert alone.token_ids == [together.token_ids[i] for i in rows]
+    many = runner.forward_logits(batch)
+    for rows in ([2], [1, 4, 6], [0, 2, 5, 7]):
+        assert torch.equal(runner.forward_logits(batch.subset(rows)), many[rows]), rows

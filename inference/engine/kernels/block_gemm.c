@@ -452,36 +452,47 @@ static void tile_exact(const metrale_weight *W, long t, long KB, const float *x,
     }
 }
 
-/* Bytes of the scratch block_linear_team needs for M rows of K values: their int8 blocks and each
+/* Bytes of a block linear's scratch for M rows of K values (block_parts): their int8 blocks and each
  * block's dx, asum and sa (64-byte aligned parts). */
 static long block_scratch_bytes(long M, long K) {
     const long KB = K / 32;
     return ((M * K + 63) & ~63L) + 3 * ((4 * M * KB + 63) & ~63L);
 }
 
-/* y = x · wᵀ for x float32 [M, K], W a block-format weight of N output channels (K a multiple
- * of 32), y float32 [M, N]: the work of every thread of the enclosing OpenMP team (each calls it;
- * outside a parallel region one thread does it all). scratch: block_scratch_bytes(M, K) bytes
- * shared by the team (unused on the reference path). Tiles are handed out in shrinking contiguous
- * runs (guided: each thread streams long runs of the weights, and one that falls behind, descheduled
- * by another process, holds up only its last run); each is read once per BMC rows. */
-static void block_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
-                              void *scratch) {
+/* The parts of a block linear's scratch (block_scratch_bytes): x's int8 blocks and each block's
+ * dx, sa and asum. */
+typedef struct {
+    int8_t *a;
+    float *dx, *sa;
+    int32_t *asum;
+} block_rows;
+
+static block_rows block_parts(void *scratch, long M, long K) {
+    const long KB = K / 32;
+    block_rows r;
+    r.a = (int8_t *)scratch;
+    r.dx = (float *)((char *)scratch + ((M * K + 63) & ~63L));
+    r.sa = (float *)((char *)r.dx + ((4 * M * KB + 63) & ~63L));
+    r.asum = (int32_t *)((char *)r.sa + ((4 * M * KB + 63) & ~63L));
+    return r;
+}
+
+/* The tiles of y = x · wᵀ (W a block-format weight of N output channels, K a multiple of 32, y
+ * float32 [M, N]) from x's rows as scratch holds them (block_parts; x itself on the reference
+ * path), shared by the threads of the enclosing team. Tiles are handed out in shrinking
+ * contiguous runs (guided: each thread streams long runs of the weights, and one that falls
+ * behind, descheduled by another process, holds up only its last run); each is read once per
+ * BMC rows. */
+static void block_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                             void *scratch) {
     const long KB = K / 32, tiles = (N + BT - 1) / BT;
-    int8_t *a = (int8_t *)scratch;
-    float *dx = (float *)((char *)scratch + ((M * K + 63) & ~63L));
-    float *sa = (float *)((char *)dx + ((4 * M * KB + 63) & ~63L));
-    int32_t *asum = (int32_t *)((char *)sa + ((4 * M * KB + 63) & ~63L));
-    if (!W->exact) {
-#pragma omp for schedule(static)
-        for (long m = 0; m < M; m++) quantize_row_blocks(x + m * K, K, a + m * K, dx + m * KB, asum + m * KB, sa + m * KB);
-    }
+    const block_rows r = block_parts(scratch, M, K);
     for (long m0 = 0; m0 < M; m0 += BMC) {
         const long m1 = m0 + BMC < M ? m0 + BMC : M;
 #pragma omp for schedule(guided)
         for (long t = 0; t < tiles; t++) {
             if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
-            else tile_fast(W, t, KB, a, dx, asum, sa, m0, m1, y, N);
+            else tile_fast(W, t, KB, r.a, r.dx, r.asum, r.sa, m0, m1, y, N);
         }
     }
 }
@@ -491,10 +502,37 @@ long metrale_weight_scratch_bytes(long M, long K) {
     return i8 > blk ? i8 : blk;
 }
 
+void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, long K, void *scratch) {
+    if (W->format == METRALE_W_INT8) {
+        metrale_int8_quantize(x, M, K, scratch);
+    } else if (!W->exact) {
+        const block_rows r = block_parts(scratch, M, K);
+        const long KB = K / 32;
+        for (long m = 0; m < M; m++)
+            quantize_row_blocks(x + m * K, K, r.a + m * K, r.dx + m * KB, r.asum + m * KB, r.sa + m * KB);
+    }
+}
+
+void metrale_weight_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                               void *scratch) {
+    if (W->format == METRALE_W_INT8) metrale_int8_tiles_team((const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+    else block_tiles_team(W, x, y, M, N, K, scratch);
+}
+
 void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                                 void *scratch) {
-    if (W->format == METRALE_W_INT8) metrale_int8_linear_team(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
-    else block_linear_team(W, x, y, M, N, K, scratch);
+    if (W->format == METRALE_W_INT8) {
+        metrale_int8_linear_team(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+        return;
+    }
+    if (!W->exact) {
+        const block_rows r = block_parts(scratch, M, K);
+        const long KB = K / 32;
+#pragma omp for schedule(static)
+        for (long m = 0; m < M; m++)
+            quantize_row_blocks(x + m * K, K, r.a + m * K, r.dx + m * KB, r.asum + m * KB, r.sa + m * KB);
+    }
+    block_tiles_team(W, x, y, M, N, K, scratch);
 }
 
 void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads) {

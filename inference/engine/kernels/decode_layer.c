@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 #include "kernels.h"
@@ -140,6 +141,28 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
 #define LORA_ADD(which, in, out) \
     if (L->lora && S->lora_slots) metrale_lora_add_team(L->lora, which, S->lora_slots, in, out, M)
 
+/* Row m's qkv (the linear's output, in place): the bias, q/k norms and RoPE, then its K and V
+ * written at its slot. */
+static void rope_and_write(const metrale_layer *L, const metrale_step *S, float *row, long m) {
+    const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
+    const long qs = (long)nh * hd, kvs = (long)nkv * hd, qkvs = qs + 2 * kvs;
+    if (L->qkv_bias)
+        for (long i = 0; i < qkvs; i++) row[i] += L->qkv_bias[i];
+    const float *c = S->cos + S->positions[m] * hd, *s = S->sin + S->positions[m] * hd;
+    for (int j = 0; j < nh; j++) {
+        float *qh = row + (long)j * hd;
+        if (L->q_norm) rms_norm(qh, L->q_norm, qh, hd, S->eps);
+        rope(qh, c, s, hd);
+    }
+    for (int j = 0; j < nkv; j++) {
+        float *kh = row + qs + (long)j * hd;
+        if (L->k_norm) rms_norm(kh, L->k_norm, kh, hd, S->eps);
+        rope(kh, c, s, hd);
+    }
+    write_kv(L->k_cache, S->slots[m], row + qs, nkv, hd, S->kv_dtype);
+    write_kv(L->v_cache, S->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
+}
+
 /* One layer for S->M rows, the work of every thread of the step's team; x: float32 [M, hidden],
  * updated in place. Row-wise steps are shared by rows (a lone row: one thread, while the others
  * wait at the loop's end), the GEMMs by tiles and the attention by its tasks; each loop ends at a
@@ -163,24 +186,7 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
     metrale_weight_linear_team(&L->qkv, h, qkv, M, qkvs, H, gemm);
     LORA_ADD(METRALE_LORA_QKV, h, qkv);
 #pragma omp for schedule(static)
-    for (long m = 0; m < M; m++) {
-        float *row = qkv + m * qkvs;
-        if (L->qkv_bias)
-            for (long i = 0; i < qkvs; i++) row[i] += L->qkv_bias[i];
-        const float *c = S->cos + S->positions[m] * hd, *s = S->sin + S->positions[m] * hd;
-        for (int j = 0; j < nh; j++) {
-            float *qh = row + (long)j * hd;
-            if (L->q_norm) rms_norm(qh, L->q_norm, qh, hd, S->eps);
-            rope(qh, c, s, hd);
-        }
-        for (int j = 0; j < nkv; j++) {
-            float *kh = row + qs + (long)j * hd;
-            if (L->k_norm) rms_norm(kh, L->k_norm, kh, hd, S->eps);
-            rope(kh, c, s, hd);
-        }
-        write_kv(L->k_cache, S->slots[m], row + qs, nkv, hd, S->kv_dtype);
-        write_kv(L->v_cache, S->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
-    }
+    for (long m = 0; m < M; m++) rope_and_write(L, S, qkv + m * qkvs, m);
     metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M, nh,
                                         nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype);
     metrale_weight_linear_team(&L->o, attn, proj, M, H, qs, gemm);
@@ -201,20 +207,99 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
         for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
 }
 
+/* Steps of at most LEAN_ROWS rows without adapters take decode_layer_lean. */
+#define LEAN_ROWS 4
+
+/* A thread's own copies in the lean form: the rows (x), the norms' output (h), the MLP's activation
+ * (act), and the GEMM inputs' quantised rows (q: metrale_weight_scratch_bytes of M rows). */
+typedef struct {
+    float *x, *h, *act;
+    void *q;
+} lean_rows;
+
+static long lean_floats(const metrale_step *S) {
+    return S->M * (2L * S->hidden + widest_input(S)) + (metrale_weight_scratch_bytes(S->M, widest_input(S)) + 3) / 4 + 32;
+}
+
+/* decode_layer_team's layer for a few rows (M <= LEAN_ROWS) with six barriers instead of thirteen:
+ * every thread keeps its own copy of the rows and computes the row-wise steps (norms, residuals,
+ * SwiGLU, each GEMM input's quantisation) itself, the same operations on the same values as
+ * decode_layer_team's one thread does, so every copy and every result is the same; the team
+ * shares only the GEMM tiles and the attention tasks, and one thread applies RoPE and writes
+ * the K/V. Fewer meetings of the threads: a thread that another process delays holds the others
+ * up fewer times a step. */
+static void decode_layer_lean(const metrale_layer *L, const metrale_step *S, lean_rows *own) {
+    const long M = S->M, H = S->hidden, I = S->inter;
+    const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
+    const long qs = (long)nh * hd, kvs = (long)nkv * hd, qkvs = qs + 2 * kvs;
+    float *qkv = S->scratch + M * H; /* decode_layer_team's layout: the team's shared outputs */
+    float *attn = qkv + M * qkvs;
+    float *gu = attn + M * qs;
+    float *proj = gu + M * 2 * I + M * I;
+    float *x = own->x, *h = own->h, *act = own->act;
+
+    for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
+    metrale_weight_quantize(&L->qkv, h, M, H, own->q);
+    metrale_weight_tiles_team(&L->qkv, h, qkv, M, qkvs, H, own->q);
+#pragma omp single
+    for (long m = 0; m < M; m++) rope_and_write(L, S, qkv + m * qkvs, m);
+    metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M, nh,
+                                        nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype);
+    metrale_weight_quantize(&L->o, attn, M, qs, own->q);
+    metrale_weight_tiles_team(&L->o, attn, proj, M, H, qs, own->q);
+    for (long m = 0; m < M; m++) {
+        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+        rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
+    }
+    metrale_weight_quantize(&L->gate_up, h, M, H, own->q);
+    metrale_weight_tiles_team(&L->gate_up, h, gu, M, 2 * I, H, own->q);
+    for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
+    metrale_weight_quantize(&L->down, act, M, I, own->q);
+    metrale_weight_tiles_team(&L->down, act, proj, M, H, I, own->q);
+    for (long m = 0; m < M; m++)
+        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+}
+
 /* Runs S->M rows through n_layers layers (L: [n_layers]) in one parallel region of S->nthreads
  * threads; x: float32 [M, hidden], updated in place; then the final norm and the LM head's logits
  * of the rows that sample (S->final_norm, S->head). One region for the whole step: the threads
  * meet at the barriers of its loops instead of a new team for every GEMM and attention. */
 void metrale_decode_layers(const metrale_layer *L, long n_layers, const metrale_step *S, float *x) {
     const long M = S->M, H = S->hidden, R = S->n_logit_rows;
+    const int lean = M <= LEAN_ROWS && !S->lora_slots;
+    int short_of_memory = 0; /* threads whose copy could not be allocated: then decode_layer_team for all */
 #pragma omp parallel num_threads(S->nthreads)
     {
-        for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
-        if (S->final_norm) {
-#pragma omp for schedule(static)
-            for (long m = 0; m < M; m++) rms_norm(x + m * H, S->final_norm, x + m * H, H, S->eps);
+        float *mine = lean ? (float *)malloc(sizeof(float) * (size_t)lean_floats(S)) : NULL;
+        if (lean && !mine) {
+#pragma omp atomic update
+            short_of_memory++;
         }
-        if (S->head && R > 0) {
+#pragma omp barrier
+        if (lean && !short_of_memory) {
+            lean_rows own = {mine, mine + M * H, mine + 2 * M * H, NULL};
+            own.q = (void *)(((uintptr_t)(own.act + M * widest_input(S)) + 63) & ~(uintptr_t)63);
+            memcpy(own.x, x, sizeof(float) * (size_t)(M * H));
+            for (long l = 0; l < n_layers; l++) decode_layer_lean(L + l, S, &own);
+            if (S->final_norm)
+                for (long m = 0; m < M; m++) rms_norm(own.x + m * H, S->final_norm, own.x + m * H, H, S->eps);
+#pragma omp master
+            memcpy(x, own.x, sizeof(float) * (size_t)(M * H));
+            if (S->head && R > 0) {
+                for (long r = 0; r < R; r++)
+                    memcpy(own.h + r * H, own.x + S->logit_rows[r] * H, sizeof(float) * (size_t)H);
+                metrale_weight_quantize(S->head, own.h, R, H, own.q);
+                metrale_weight_tiles_team(S->head, own.h, S->logits, R, S->vocab, H, own.q);
+            }
+        } else {
+            for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
+            if (S->final_norm) {
+#pragma omp for schedule(static)
+                for (long m = 0; m < M; m++) rms_norm(x + m * H, S->final_norm, x + m * H, H, S->eps);
+            }
+        }
+        free(mine);
+        if (!(lean && !short_of_memory) && S->head && R > 0) {
             float *rows = head_input(S);
             void *gemm = (void *)(((uintptr_t)(S->scratch + R * H) + 63) & ~(uintptr_t)63);
 #pragma omp for schedule(static)

@@ -306,21 +306,26 @@ long metrale_int8_scratch_bytes(long M, long K) {
     return (long)sizeof(int16_t) * M * 2 * metrale_int8_pair_k(K) + (long)sizeof(float) * M;
 }
 
-/* y[m, n] = scale[n] * sum_k x[m, k] * w[n, k], x: float32 [M, K], packed: metrale_int8_pack
- * of w (int8 [N, K]), scale: float32 [N], y: float32 [M, N]: the work of every thread of the
- * enclosing OpenMP team (each calls it; outside a parallel region one thread does it all).
- * scratch: metrale_int8_scratch_bytes(M, K) bytes shared by the team. The weights are read once
- * per block of MC rows; the tiles are handed out in shrinking contiguous runs (guided: long
- * streams of the weights, and a thread that falls behind, descheduled by another process, holds
- * up only its last run). */
-void metrale_int8_linear_team(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N,
-                              long K, void *scratch) {
-    const long K2 = metrale_int8_pair_k(K), kp = 2 * K2, tiles = (N + QT - 1) / QT;
+/* Quantises M rows of x (float32 [M, K]) into scratch (metrale_int8_scratch_bytes(M, K) bytes), by
+ * the calling thread alone: what metrale_int8_tiles_team reads. */
+void metrale_int8_quantize(const float *x, long M, long K, void *scratch) {
+    const long kp = 2 * metrale_int8_pair_k(K);
     const int32_t A = act_limit(K);
     int16_t *xq = (int16_t *)scratch;
     float *sx = (float *)(xq + M * kp);
-#pragma omp for schedule(static)
     for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
+}
+
+/* The tiles of y[m, n] = scale[n] * sum_k x[m, k] * w[n, k] from x's rows quantised in scratch
+ * (metrale_int8_quantize's layout), shared by the threads of the enclosing team: the weights are
+ * read once per block of MC rows; the tiles are handed out in shrinking contiguous runs (guided:
+ * long streams of the weights, and a thread that falls behind, descheduled by another process,
+ * holds up only its last run). */
+void metrale_int8_tiles_team(const int8_t *packed, const float *scale, float *y, long M, long N, long K,
+                             const void *scratch) {
+    const long K2 = metrale_int8_pair_k(K), kp = 2 * K2, tiles = (N + QT - 1) / QT;
+    const int16_t *xq = (const int16_t *)scratch;
+    const float *sx = (const float *)(xq + M * kp);
     for (long m0 = 0; m0 < M; m0 += MC) {
         const long m1 = m0 + MC < M ? m0 + MC : M;
 #pragma omp for schedule(guided)
@@ -336,6 +341,22 @@ void metrale_int8_linear_team(const float *x, const int8_t *packed, const float 
             }
         }
     }
+}
+
+/* y[m, n] = scale[n] * sum_k x[m, k] * w[n, k], x: float32 [M, K], packed: metrale_int8_pack
+ * of w (int8 [N, K]), scale: float32 [N], y: float32 [M, N]: the work of every thread of the
+ * enclosing OpenMP team (each calls it; outside a parallel region one thread does it all): the
+ * rows quantised among the threads, then metrale_int8_tiles_team. scratch:
+ * metrale_int8_scratch_bytes(M, K) bytes shared by the team. */
+void metrale_int8_linear_team(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N,
+                              long K, void *scratch) {
+    const long kp = 2 * metrale_int8_pair_k(K);
+    const int32_t A = act_limit(K);
+    int16_t *xq = (int16_t *)scratch;
+    float *sx = (float *)(xq + M * kp);
+#pragma omp for schedule(static)
+    for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
+    metrale_int8_tiles_team(packed, scale, y, M, N, K, scratch);
 }
 
 /* metrale_int8_linear_team in a parallel region of nthreads threads, with its own scratch. */

@@ -110,6 +110,16 @@ void metrale_int8_linear_team(const float *x, const int8_t *packed, const float 
 long metrale_weight_scratch_bytes(long M, long K);
 void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                                 void *scratch);
+/* The two halves of metrale_weight_linear_team, for a team whose every thread holds the input rows
+ * itself: metrale_weight_quantize by one thread into its own scratch (nothing on the reference
+ * path), then metrale_weight_tiles_team shares the tiles, each thread reading its own copy (the
+ * copies equal, so the tiles are the same whichever thread computes them). */
+void metrale_int8_quantize(const float *x, long M, long K, void *scratch);
+void metrale_int8_tiles_team(const int8_t *packed, const float *scale, float *y, long M, long N, long K,
+                             const void *scratch);
+void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, long K, void *scratch);
+void metrale_weight_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
+                               void *scratch);
 void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
                                          const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
                                          int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,
