@@ -11,9 +11,10 @@ import torch
 from inference.engine import kernels
 from inference.engine.checkpoints import import_gguf
 from inference.engine.config import ModelConfig
-from inference.engine.kernels.build import build, cpu_flags_text
+from inference.engine.kernels.build import build
 from inference.engine.layers.blocks import BlockWeight, block_formats
 from inference.engine.models.loader import load_model
+from .isa_builds import narrower_builds as _narrower_builds
 
 from .test_model_parity import reference_logits, run_ours
 from .tiny_models import make_tiny_model
@@ -102,14 +103,6 @@ def test_block_linear_keeps_zero_blocks_zero_and_does_not_hide_inf_or_nan():
     assert torch.equal(y[0], kernels.weight_linear(x[:1], kw)[0])
 
 
-def _narrower_builds():
-    flags = set(cpu_flags_text().split())
-    out = []
-    if "avx512_vnni" in flags:
-        out.append(("-mno-avx512f",))
-    if "avx2" in flags:
-        out.append(("-mno-avx2",))
-    return out
 
 
 @needs_kernels

@@ -5,9 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
-from inference.engine.kernels.build import build, cpu_flags_text
+from inference.engine.kernels.build import build
 from inference.engine.layers import kv_quant
 from inference.engine.layers.linear import quantize_int8
+from .isa_builds import narrower_builds as _narrower_builds
 
 from .test_model_parity import reference_logits, run_ours
 from .tiny_models import make_tiny_model
@@ -46,16 +47,6 @@ def test_int8_linear_follows_its_rule_bitwise_and_each_row_is_batch_independent(
             assert torch.equal(kernels.int8_linear(x[row:row + 1], packed, scale)[0], y[row])
 
 
-def _narrower_builds():
-    """This machine's kernel library rebuilt without AVX-512 (the AVX2 path) and without AVX2 (the
-    scalar path), for the paths this CPU can run."""
-    flags = set(cpu_flags_text().split())
-    out = []
-    if "avx512_vnni" in flags:
-        out.append(("-mno-avx512f",))
-    if "avx2" in flags:
-        out.append(("-mno-avx2",))
-    return out
 
 
 @pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(

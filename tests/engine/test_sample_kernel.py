@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from inference.engine import kernels
-from inference.engine.kernels.build import build, cpu_flags_text
+from inference.engine.kernels.build import build
 from inference.engine.sampler import Sampler, _temperature_and_truncation, draw_inverse_cdf
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from .isa_builds import narrower_builds as _narrower_builds
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the compiled CPU kernels are unavailable")
 
@@ -135,14 +136,6 @@ def test_a_row_draws_the_same_token_alone_and_in_any_batch():
         assert int(alone[0]) == int(together[i])
 
 
-def _narrower_builds():
-    flags = set(cpu_flags_text().split())
-    out = []
-    if "avx512f" in flags:
-        out.append(("-mno-avx512f",))
-    if "avx2" in flags:
-        out.append(("-mno-avx2",))
-    return out
 
 
 @pytest.mark.parametrize("extra", _narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
