@@ -144,7 +144,8 @@ class Sampler:
                 tokens[j] = t
             if out is not None:
                 rows[fast] = out
-        slow = [j for j in range(r) if j not in set(fast)]
+        drawn_here = set(fast)
+        slow = [j for j in range(r) if j not in drawn_here]
         if slow:
             truncated = _temperature_and_truncation(pre[slow].clone(), [params[j] for j in slow])
             for j, t in zip(slow, draw_inverse_cdf(truncated, torch.tensor([u[j] for j in slow],
