@@ -15,9 +15,13 @@ from inference.bench.live_server import ROOT, LiveServer
 
 @pytest.fixture(scope="session")
 def metrale_server(smollm2_dir, tmp_path_factory):
-    """A daphne server serving SmolLM2 in float32 with the step log on."""
+    """A daphne server serving SmolLM2 in float32 with the step log on and the request log written to
+    `server.request_log` (a JSON-lines file)."""
+    workdir = tmp_path_factory.mktemp("live")
     server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_STEP_LOG": "1",
-                         "METRALE_KV_CACHE_BYTES": str(256 << 20)}, tmp_path_factory.mktemp("live"))
+                         "METRALE_KV_CACHE_BYTES": str(256 << 20),
+                         "METRALE_REQUEST_LOG": str(workdir / "requests.jsonl")}, workdir)
+    server.request_log = workdir / "requests.jsonl"
     server.wait_ready()
     yield server
     server.stop()

@@ -19,11 +19,13 @@ def peak_rss_kb(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
 
 
-@pytest.fixture
-def bare_server(tmp_path):
-    """A daphne server that loads no model (the Files API needs none), files in tmp_path/files."""
-    server = LiveServer({"METRALE_LOAD_ON_START": "0", "METRALE_FILES_DIR": str(tmp_path / "files"),
-                         "METRALE_MAX_FILE_BYTES": str(SIZE)}, tmp_path / "srv")
+@pytest.fixture(scope="module")
+def bare_server(tmp_path_factory):
+    """A daphne server that loads no model (the Files API needs none), files in its workdir's files/;
+    one for the module (the large upload runs first, so its peak RSS is the upload's)."""
+    tmp = tmp_path_factory.mktemp("uploads")
+    server = LiveServer({"METRALE_LOAD_ON_START": "0", "METRALE_FILES_DIR": str(tmp / "files"),
+                         "METRALE_MAX_FILE_BYTES": str(SIZE)}, tmp / "srv")
     wait_for(lambda: _alive(server.url), 60, "the server to answer")
     yield server
     server.stop()
