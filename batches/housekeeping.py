@@ -5,7 +5,7 @@ import logging
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 from django.utils import timezone
 
 from inference import heartbeat
@@ -27,8 +27,6 @@ def on_runtime_starting(**_kwargs) -> None:
         execution.hand_on_orphans()
     except DatabaseError as exc:
         log.warning("could not look for unfinished batches: %s", exc)
-    finally:
-        close_old_connections()
 
 
 def on_process_beat(**_kwargs) -> None:
