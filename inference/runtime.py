@@ -200,6 +200,20 @@ def _load_guarded() -> None:
     _runtime = rt
 
 
+class ModelStateFilter(logging.Filter):
+    """Drops django.request's record of a 503 answered while the model loads or a swap drains it
+    (status() "idle", "loading" or "swapping"): Django logs every 5xx at ERROR, but such an
+    answer (/health's poll, a request before the model is up) reports a state, not a fault; the
+    access log still has the line, and a load that fails is logged once, here.
+    Installed on the django.request logger (settings.LOGGING); its records carry `status_code`
+    (Django's "django.request" logger documentation)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) != 503:
+            return True
+        return status()[0] not in ("idle", "loading", "swapping")
+
+
 def start_loading() -> None:
     """Begin loading in a background thread (idempotent)."""
     global _thread

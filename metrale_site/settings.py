@@ -364,10 +364,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"},
+                "model_state": {"()": "inference.runtime.ModelStateFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    # A 503 while the model loads or swaps is its state, not an error: ModelStateFilter drops it.
+    "loggers": {"django.request": {"level": "ERROR", "filters": ["model_state"]}},
 }
