@@ -336,7 +336,10 @@ CORS_ALLOW_HEADERS = ("accept", "authorization", "content-type", "user-agent", "
                       "x-stainless-timeout", "x-stainless-async", "x-stainless-helper-method")
 CORS_EXPOSE_HEADERS = ("x-request-id", "request-id", "openai-processing-ms", "retry-after", "x-ratelimit-limit-requests",
                        "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
-                       "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+                       "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
+                       "anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
+                       "anthropic-ratelimit-requests-reset", "anthropic-ratelimit-tokens-limit",
+                       "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset")
 CORS_PREFLIGHT_MAX_AGE = 600
 
 # Batch tasks (batches/tasks.py) are acknowledged when they end, and a task whose worker died is
