@@ -197,6 +197,9 @@ METRALE = {
     "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),
     # Request bodies larger than this many bytes are answered 413.
     "MAX_REQUEST_BYTES": envint("METRALE_MAX_REQUEST_BYTES", 32 << 20),
+    # A JSON schema in a request (response_format, structured_outputs, a tool's parameters) larger
+    # than this many bytes as compact JSON is a 400 naming its field (inference/serving/schema_size.py).
+    "MAX_SCHEMA_BYTES": envint("METRALE_MAX_SCHEMA_BYTES", 64 << 10),
     # The engine's settings: each unset one (None) takes inference.engine.config.EngineConfig's
     # default, the only place it is written (runtime.engine_config maps these names onto it).
     # float32, bfloat16 or float16; EngineConfig's "auto" picks float32 on CPU, bfloat16 on CUDA.
