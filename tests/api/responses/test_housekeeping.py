@@ -272,6 +272,7 @@ def test_the_loading_thread_closes_the_connections_its_receivers_opened():
     import threading
 
     from django.db import connections
+    from django.dispatch import Signal
 
     from inference import runtime
 
@@ -281,13 +282,11 @@ def test_the_loading_thread_closes_the_connections_its_receivers_opened():
         connections["default"].cursor().execute("select 1")
         used.append(connections["default"])
 
-    runtime.runtime_starting.connect(receiver, dispatch_uid="test-loading-thread")
-    try:
-        thread = threading.Thread(target=runtime._send_from_this_thread, args=(runtime.runtime_starting,))
-        thread.start()
-        thread.join(30)
-    finally:
-        runtime.runtime_starting.disconnect(dispatch_uid="test-loading-thread")
+    signal = Signal()  # runtime_starting's own receivers would start this process's heartbeat for good
+    signal.connect(receiver, weak=False)
+    thread = threading.Thread(target=runtime._send_from_this_thread, args=(signal,))
+    thread.start()
+    thread.join(30)
     assert used and used[0] is not connections["default"]  # the loading thread's own connection ...
     # ... closed once the receivers returned (Django ignores a close of SQLite's in-memory test database)
     assert used[0].connection is None or used[0].is_in_memory_db()
