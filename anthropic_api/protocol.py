@@ -24,6 +24,7 @@ from inference.serving.errors import bad_request
 from inference.serving.fields import (BooleanField, IntegerField, NumberField, StrictField, StringField,
                                       StringListField)
 from inference.serving.protocol import SamplingExtensions, opt, parse_json_body, validate
+from inference.serving.schema_size import check_schema_size
 from inference.serving.tool_grammar import check_forced_tools
 
 from . import signatures
@@ -178,6 +179,7 @@ def validate_tools(data) -> list[dict]:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise bad_request(f"{p}.input_schema must be a JSON Schema object.", f"{p}.input_schema")
+        check_schema_size(schema, f"{p}.input_schema")
         fn = {"name": name}
         if tool.get("description") is not None:
             fn["description"] = _str(tool, "description", p)
@@ -261,6 +263,7 @@ class OutputConfigField(StrictField):
         if not isinstance(fmt["schema"], dict):
             raise bad_request("'output_config.format.schema' must be a JSON Schema object.",
                               "output_config.format.schema")
+        check_schema_size(fmt["schema"], "output_config.format.schema")
         return {"schema": fmt["schema"]}
 
 

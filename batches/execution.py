@@ -7,7 +7,9 @@ replicas never both run one. Without CELERY_BROKER_URL (the embedded default) th
 process runs its batches on a background thread, one at a time, on its engine; with a broker
 the API server only stores and reports, and `manage.py batch_worker` processes (Celery, one
 engine each) run batches.tasks.run_batch. After every heartbeat a process hands orphaned
-batches on: to its own runner thread (embedded), or back to the queue (broker).
+batches on: to its own runner thread (embedded), or back to the queue (broker). With a broker a
+batch is sent once its row is committed; if the broker cannot be reached then, the batch keeps
+`queued_at` empty and is sent by the next process start or heartbeat that reaches it (enqueue).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import threading
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
+from django.utils import timezone
 
 from inference import heartbeat, runtime
 
@@ -120,33 +123,52 @@ embedded = EmbeddedRunner()
 
 
 def dispatch(batch_id: str) -> None:
-    """Start the new batch once its row is committed: on a Celery worker with a broker, else on
-    this process's runner thread."""
+    """Start the new batch once its row is committed: on a Celery worker with a broker (enqueue),
+    else on this process's runner thread."""
     if settings.CELERY_BROKER_URL:
-        from .tasks import run_batch
-
-        transaction.on_commit(lambda: run_batch.delay(batch_id))
+        transaction.on_commit(lambda: enqueue(batch_id))
     else:
         transaction.on_commit(lambda: embedded.submit(batch_id))
 
 
+def enqueue(batch_id: str) -> bool:
+    """Send an unfinished batch that nobody owns and that is not queued (`queued_at` empty) to the
+    broker's queue (batches.tasks.run_batch); whether it was sent. The row is marked queued before
+    the send, so of several processes only one sends it; a broker that cannot be reached (kombu's
+    OperationalError once Celery's publish retries are spent, or any error sending) is logged, the
+    mark taken back, and the batch left to the next hand_on_orphans. Never raises for the broker."""
+    from .tasks import run_batch
+
+    if not Batch.objects.filter(pk=batch_id, status__in=ACTIVE, worker=None, queued_at=None).update(
+            queued_at=timezone.now()):
+        return False
+    try:
+        run_batch.delay(batch_id)
+    except Exception as exc:  # noqa: BLE001  (the broker is away: sent again after a later heartbeat)
+        log.warning("batch %s: not queued, the broker is unreachable (%s); it is sent again later", batch_id, exc)
+        Batch.objects.filter(pk=batch_id).update(queued_at=None)
+        return False
+    return True
+
+
 def hand_on_orphans() -> int:
     """Unfinished batches whose owner is gone: run here (embedded) or sent to the queue again
-    (broker; the owner is cleared first, so it is sent once). Embedded, a batch nobody owns yet
-    is taken too (the replica that made it may have died before claiming it). How many."""
+    (broker; the owner and `queued_at` are cleared first, so it is sent once; a batch never queued,
+    its broker unreachable when it was made, is sent too). Embedded, a batch nobody owns yet is
+    taken too (the replica that made it may have died before claiming it). How many were handed on."""
     live = heartbeat.live_process_ids()
-    rows = Batch.objects.filter(status__in=ACTIVE).values_list("id", "worker")
-    orphans = [(pk, worker) for pk, worker in rows if worker not in live
-               and (worker is not None or not settings.CELERY_BROKER_URL)]
+    broker = bool(settings.CELERY_BROKER_URL)
+    rows = Batch.objects.filter(status__in=ACTIVE).values_list("id", "worker", "queued_at")
     handed = 0
-    for pk, worker in orphans:
-        if settings.CELERY_BROKER_URL:
-            if Batch.objects.filter(pk=pk, worker=worker).update(worker=None):
-                from .tasks import run_batch
-
-                run_batch.delay(pk)
-                handed += 1
-        else:
+    for pk, worker, queued_at in rows:
+        if worker in live:
+            continue
+        if not broker:
             embedded.submit(pk)
             handed += 1
+        elif worker is not None:
+            if Batch.objects.filter(pk=pk, worker=worker).update(worker=None, queued_at=None):
+                handed += enqueue(pk)
+        elif queued_at is None:
+            handed += enqueue(pk)
     return handed

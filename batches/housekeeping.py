@@ -5,7 +5,7 @@ import logging
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 from django.utils import timezone
 
 from inference import heartbeat
@@ -19,16 +19,14 @@ _last_purge = 0.0
 
 
 def on_runtime_starting(**_kwargs) -> None:
-    """Receiver of inference.runtime.runtime_starting: start this process's heartbeat, then (the
-    embedded default) run here the batches a process that is gone left unfinished."""
+    """Receiver of inference.runtime.runtime_starting: start this process's heartbeat, then hand on
+    the batches a process that is gone left unfinished (embedded: run here; with a broker: queued
+    again, with those never queued)."""
     try:
         heartbeat.start()
-        if not settings.CELERY_BROKER_URL:
-            execution.hand_on_orphans()
+        execution.hand_on_orphans()
     except DatabaseError as exc:
         log.warning("could not look for unfinished batches: %s", exc)
-    finally:
-        close_old_connections()
 
 
 def on_process_beat(**_kwargs) -> None:

@@ -84,7 +84,9 @@ ENTERED_AT = {Status.IN_PROGRESS: "in_progress_at", Status.FINALIZING: "finalizi
 class Batch(StoredObject):
     """One batch: its input file, endpoint, status (with the time it entered each), counts,
     summed usage, output and error files, and the process that runs it (`worker`, a
-    heartbeat.ServerProcess id; another process takes it over only once that one is gone).
+    heartbeat.ServerProcess id; another process takes it over only once that one is gone), and with
+    a broker when it was sent to the queue (`queued_at`; None while it was not: the broker was
+    unreachable, so batches/execution.hand_on_orphans sends it again).
     `deadline_at` is the Batch object's `expires_at` (created + the 24 h completion window);
     StoredObject.expires_at is when the stored row is purged."""
 
@@ -116,6 +118,9 @@ class Batch(StoredObject):
     cancelled_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, null=True, blank=True,
                               help_text="The server or worker process running it.")
+    queued_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="When it was last sent to the broker's queue (with a broker; "
+                                               "empty: not sent yet, the next heartbeat sends it).")
 
     class Meta:
         ordering = ["-created_at", "-id"]

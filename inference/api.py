@@ -2,7 +2,8 @@
 
 It authenticates (request.principal), admits the request through the rate limiter, turns any
 ApiError into the route's error JSON (`error_shape`: OpenAI's by default, Anthropic's for the
-Messages routes; serving/errors.ErrorShape), adds the x-ratelimit-* headers, and exempts the view from
+Messages routes; serving/errors.ErrorShape), adds the x-ratelimit-* headers (and on Anthropic's routes
+the anthropic-ratelimit-* ones beside them, named by the shape), and exempts the view from
 CSRF (callers authenticate with a bearer key, not a cookie).
 
 Non-generating views get one request debited before they run. Generating views
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from django.http import JsonResponse, StreamingHttpResponse
 
 from .auth import authenticate, authenticate_operator
-from .ratelimit import Lease, acquire, current_headers, debit_request
+from .ratelimit import Lease, RateLimited, acquire, current_headers, debit_request
 from .request_context import note_tenant
 from .serving.errors import OPENAI, ApiError, ErrorShape
 
@@ -106,6 +107,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
         request.principal = None
         request.ratelimit_lease = None
         request.generation_lease = None
+        refused = None
         try:
             request.principal = await authenticate(request)
             note_tenant(request.principal.tenant.name)
@@ -113,18 +115,19 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
                 request.ratelimit_lease = await debit_request(request.principal)
             response = await view(request, *args, **kwargs)
         except ApiError as error:
+            refused = error if isinstance(error, RateLimited) else None
             response = error_response(error, error_shape, getattr(request, "request_id", None))
         except BaseException:
             await _settle(request)
             raise
         lease = request.ratelimit_lease
         principal = request.principal
-        if "x-ratelimit-limit-requests" in response.headers:  # a 429 carries its own
-            headers = {}
+        if refused is not None:  # a 429: the budget it was refused at
+            headers = refused.provider_headers(error_shape.name)
         elif lease is not None:
-            headers = lease.headers()
+            headers = lease.headers(error_shape.name)
         elif principal is not None:  # answered before `admit` (e.g. a 400)
-            headers = await current_headers(principal)
+            headers = await current_headers(principal, error_shape.name)
         else:  # no identity (401): no budget to describe
             headers = {}
         for name, value in headers.items():

@@ -14,6 +14,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
 
+from .cors import cors_headers
 from .error_shapes import shape_for_path
 from .serving.errors import ApiError
 
@@ -137,7 +138,7 @@ class ApiAsgiGuard:
     - On API paths (is_api_path) every error answer is JSON in the route's error shape
       (error_shapes.shape_for_path): one the stack made in another format (Django's HTML
       400/403/404/500) is replaced by the same status as JSON. The guard's own answers (413, 400,
-      500) take the route's shape too.
+      500) take the route's shape too, and the CORS headers of every answer of their path.
     - Every response ends: an exception from the application before its answer is a 500 in the
       route's shape; after the headers (a stream's frames), the body is closed (the client sees
       the stream end) instead of leaving the connection open. Either is logged.
@@ -149,7 +150,7 @@ class ApiAsgiGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        reply = _Reply(send, scope["path"], request_id_from(_header(scope, b"x-request-id")))
+        reply = _Reply(send, scope, request_id_from(_header(scope, b"x-request-id")))
         limit = body_limit_bytes(scope["path"])
         try:
             declared = _content_length(scope)
@@ -200,10 +201,11 @@ class _CountedBody:
 class _Reply:
     """The response side of one request: what has been sent, and answers the guard makes itself."""
 
-    def __init__(self, send, path: str, request_id: str):
+    def __init__(self, send, scope, request_id: str):
         self._send = send
-        self.path = path
-        self.api = is_api_path(path)
+        self.scope = scope
+        self.path = scope["path"]
+        self.api = is_api_path(self.path)
         self.request_id = request_id
         self.started = False
         self.ended = False
@@ -233,13 +235,16 @@ class _Reply:
                          code="request_too_large")
 
     async def error(self, status: int, message: str, *, code: str | None = None, headers=()):
-        """Answer `status` with the route's error body (on any path: the guard's own answers are JSON)."""
+        """Answer `status` with the route's error body (on any path: the guard's own answers are JSON),
+        with the request id and the CORS headers every answer of its path carries (cors.cors_headers)."""
         shape = shape_for_path(self.path)
         body = json.dumps(shape.body(status, message, code=code, request_id=self.request_id)).encode()
         own = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        for name in (b"x-request-id", b"request-id"):
+        ids = [(b"x-request-id", self.request_id.encode()), (b"request-id", self.request_id.encode())]
+        cors = cors_headers(self.scope.get("method", "GET"), self.path, self.scope.get("headers", ()))
+        for name, value in (*ids, *cors):
             if not any(k.lower() == name for k, _ in headers):
-                own.append((name, self.request_id.encode()))
+                own.append((name, value))
         self.started = self.ended = True
         await self._send({"type": "http.response.start", "status": shape.status(status),
                           "headers": [*own, *headers]})

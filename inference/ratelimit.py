@@ -20,7 +20,7 @@ from .metrics import RATE_LIMITED
 from .models import RateLimitContext
 from .ratelimiting import clock
 from .ratelimiting.buckets import Snapshot
-from .ratelimiting.headers import ratelimit_headers, retry_after_s
+from .ratelimiting.headers import provider_ratelimit_headers, ratelimit_headers, retry_after_s
 from .ratelimiting.limits import Limits
 from .ratelimiting.store import get_store
 from .serving.errors import ApiError
@@ -41,10 +41,11 @@ class Lease:
     lease_id: str | None = None
     released: bool = field(default=False)
 
-    def headers(self) -> dict[str, str]:
-        """The x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers for the response,
-        as of the moment the request was admitted."""
-        return ratelimit_headers(self.limits, self.snapshot)
+    def headers(self, provider: str = "openai") -> dict[str, str]:
+        """The x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers for the response (and
+        on an Anthropic route, `provider` "anthropic", its anthropic-ratelimit-* ones), as of the
+        moment the request was admitted."""
+        return provider_ratelimit_headers(self.limits, self.snapshot, provider)
 
     async def release(self, used_tokens: int) -> None:
         """End the lease: charge `used_tokens` (prompt + completion tokens actually processed),
@@ -114,13 +115,14 @@ async def debit_request(principal) -> Lease:
     return Lease(scope, limits, decision.snapshot)
 
 
-async def current_headers(principal) -> dict[str, str]:
-    """The x-ratelimit-* headers of `principal`'s budget as it stands, debiting nothing: for a
-    /v1 response that ends before its request was admitted (e.g. a 400 from validation)."""
+async def current_headers(principal, provider: str = "openai") -> dict[str, str]:
+    """The x-ratelimit-* headers (and anthropic-ratelimit-* for `provider` "anthropic") of
+    `principal`'s budget as it stands, debiting nothing: for a /v1 response that ends before its
+    request was admitted (e.g. a 400 from validation)."""
     scope, limits = await _scope_and_limits(principal)
     store = get_store()
     usage = await _call(store, store.peek, scope, limits, now=clock.now(), count_denials=False)
-    return ratelimit_headers(limits, usage.snapshot)
+    return provider_ratelimit_headers(limits, usage.snapshot, provider)
 
 
 async def _scope_and_limits(principal) -> tuple[str, Limits]:
@@ -150,8 +152,22 @@ def _denial(limits: Limits, decision, reserve_tokens: int) -> ApiError:
     else:
         message = f"Rate limit exceeded for {axis}. Retry after {retry_s}s."
     headers = {"Retry-After": str(retry_s), **ratelimit_headers(limits, decision.snapshot)}
-    return ApiError(429, message, type="rate_limit_exceeded", param=axis,
-                    code="rate_limit_exceeded", headers=headers)
+    return RateLimited(429, message, type="rate_limit_exceeded", param=axis,
+                       code="rate_limit_exceeded", headers=headers, limits=limits, snapshot=decision.snapshot)
+
+
+class RateLimited(ApiError):
+    """A 429 from an axis that refused, with the budget's state it was refused at (`limits`,
+    `snapshot`) for the provider's own rate-limit headers (Lease.headers)."""
+
+    def __init__(self, *args, limits: Limits, snapshot: Snapshot, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.snapshot = snapshot
+
+    def provider_headers(self, provider: str) -> dict[str, str]:
+        """The refusal's rate-limit headers for a route of `provider` (see Lease.headers)."""
+        return provider_ratelimit_headers(self.limits, self.snapshot, provider)
 
 
 async def _call(store, method, *args, **kwargs):

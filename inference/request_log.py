@@ -236,6 +236,7 @@ class RequestLogWriter:
                     batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
+            close_old_connections()  # this thread's own connection: dropped when it went bad or stale
             self.write(batch)
 
     def write(self, batch: list[dict]) -> None:
@@ -249,7 +250,6 @@ class RequestLogWriter:
                 log.exception("writing the request log to %s failed; %d records lost", self.path, len(batch))
         if self.to_db:
             try:
-                close_old_connections()
                 RequestLogEntry.objects.bulk_create([_entry(line) for line in batch])
                 self._prune()
             except DatabaseError:

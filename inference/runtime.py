@@ -175,17 +175,43 @@ def _engine_died(exc: BaseException) -> None:
     os._exit(ENGINE_DIED_EXIT_STATUS)
 
 
+def _send_from_this_thread(signal: Signal, **kwargs) -> None:
+    """Send `signal` to its receivers, then close the database connections they opened on this
+    thread (the loading thread owns them; a receiver never closes a connection it was handed, which
+    may be a caller's inside its transaction)."""
+    from django.db import connections
+
+    try:
+        signal.send_robust(sender=None, **kwargs)
+    finally:
+        connections.close_all()
+
+
 def _load_guarded() -> None:
     global _runtime, _error
-    runtime_starting.send_robust(sender=None)
+    _send_from_this_thread(runtime_starting)
     try:
         rt = _load()
     except Exception as exc:  # reported by /health and every request
         log.exception("loading the model failed")
         _error = f"{type(exc).__name__}: {exc}"
         return
-    runtime_ready.send_robust(sender=None, runtime=rt)
+    _send_from_this_thread(runtime_ready, runtime=rt)
     _runtime = rt
+
+
+class ModelStateFilter(logging.Filter):
+    """Drops django.request's record of a 503 answered while the model loads or a swap drains it
+    (status() "idle", "loading" or "swapping"): Django logs every 5xx at ERROR, but such an
+    answer (/health's poll, a request before the model is up) reports a state, not a fault; the
+    access log still has the line, and a load that fails is logged once, here.
+    Installed on the django.request logger (settings.LOGGING); its records carry `status_code`
+    (Django's "django.request" logger documentation)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) != 503:
+            return True
+        return status()[0] not in ("idle", "loading", "swapping")
 
 
 def start_loading() -> None:

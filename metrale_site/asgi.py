@@ -29,6 +29,7 @@ from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inference import runtime  # noqa: E402
+from inference.cors import cors_headers  # noqa: E402
 from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
 from inference.error_shapes import shape_for_path  # noqa: E402
 
@@ -43,6 +44,7 @@ class LimitedRequest(http_protocol.WebRequest):
     cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
     the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
+    (with the CORS headers of every answer of its path: inference.cors)
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
     connection closes. A body twisted spooled to a file reaches the application as it reads it
     (spooled_body.py), not queued whole. And twisted parses multipart and urlencoded POST bodies itself,
@@ -102,9 +104,14 @@ class LimitedRequest(http_protocol.WebRequest):
         body = json.dumps(shape_for_path(path.split(b"?")[0].decode("latin-1")).body(
             413, f"The request body is more than {limit} bytes; this server accepts at most {limit} bytes.",
             code="request_too_large", request_id=request_id)).encode()
+        cors = cors_headers(getattr(self.channel, "_command", b"POST").decode("latin-1"),
+                            path.split(b"?")[0].decode("latin-1"),
+                            [(name, value) for name, values in self.requestHeaders.getAllRawHeaders()
+                             for value in values])
         head = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nx-request-id: %s\r\nrequest-id: %s\r\nConnection: close\r\n\r\n"
-                % (len(body), request_id.encode(), request_id.encode()))
+                b"Content-Length: %d\r\nx-request-id: %s\r\nrequest-id: %s\r\n%sConnection: close\r\n\r\n"
+                % (len(body), request_id.encode(), request_id.encode(),
+                   b"".join(b"%s: %s\r\n" % header for header in cors)))
         self.channel.transport.write(head + body)
         self.channel.loseConnection()
 

@@ -75,6 +75,7 @@ def gate(app):
 
 
 async def _refuse(scope, send) -> None:
+    from inference.cors import cors_headers
     from inference.error_shapes import shape_for_path
 
     status = 503
@@ -88,7 +89,8 @@ async def _refuse(scope, send) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-        (b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close")]})
+        (b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close"),
+        *cors_headers(scope.get("method", "GET"), scope["path"], scope.get("headers", ()))]})
     await send({"type": "http.response.body", "body": data})
 
 

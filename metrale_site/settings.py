@@ -197,6 +197,9 @@ METRALE = {
     "SAMPLING_DEFAULTS": envjson("METRALE_SAMPLING_DEFAULTS", {}),
     # Request bodies larger than this many bytes are answered 413.
     "MAX_REQUEST_BYTES": envint("METRALE_MAX_REQUEST_BYTES", 32 << 20),
+    # A JSON schema in a request (response_format, structured_outputs, a tool's parameters) larger
+    # than this many bytes as compact JSON is a 400 naming its field (inference/serving/schema_size.py).
+    "MAX_SCHEMA_BYTES": envint("METRALE_MAX_SCHEMA_BYTES", 64 << 10),
     # The engine's settings: each unset one (None) takes inference.engine.config.EngineConfig's
     # default, the only place it is written (runtime.engine_config maps these names onto it).
     # float32, bfloat16 or float16; EngineConfig's "auto" picks float32 on CPU, bfloat16 on CUDA.
@@ -336,7 +339,10 @@ CORS_ALLOW_HEADERS = ("accept", "authorization", "content-type", "user-agent", "
                       "x-stainless-timeout", "x-stainless-async", "x-stainless-helper-method")
 CORS_EXPOSE_HEADERS = ("x-request-id", "request-id", "openai-processing-ms", "retry-after", "x-ratelimit-limit-requests",
                        "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
-                       "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+                       "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
+                       "anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
+                       "anthropic-ratelimit-requests-reset", "anthropic-ratelimit-tokens-limit",
+                       "anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset")
 CORS_PREFLIGHT_MAX_AGE = 600
 
 # Batch tasks (batches/tasks.py) are acknowledged when they end, and a task whose worker died is
@@ -364,10 +370,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"},
+                "model_state": {"()": "inference.runtime.ModelStateFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    # A 503 while the model loads or swaps is its state, not an error: ModelStateFilter drops it.
+    "loggers": {"django.request": {"level": "ERROR", "filters": ["model_state"]}},
 }

@@ -35,8 +35,6 @@ def on_runtime_starting(**_kwargs) -> None:
         store.fail_unfinished()
     except DatabaseError as exc:
         log.warning("could not check for unfinished responses: %s", exc)
-    finally:
-        close_old_connections()
     if not settings.CELERY_BROKER_URL:
         start_purge_thread()
 

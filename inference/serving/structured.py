@@ -29,6 +29,7 @@ import logging
 from inference.engine.grammar import GrammarError, GrammarSpec, compiler_for
 
 from .errors import bad_request
+from .schema_size import check_schema_size
 from .tool_grammar import ToolGrammarError, forced_tool_names, tool_call_grammar
 
 log = logging.getLogger("metrale.api")
@@ -45,6 +46,7 @@ def _schema_of(value, param: str) -> dict | bool:
             raise bad_request(f"'{param}' is not valid JSON: {exc}", param) from exc
     if not isinstance(value, (dict, bool)):
         raise bad_request(f"'{param}' must be a JSON schema (an object).", param)
+    check_schema_size(value, param)
     return value
 
 

@@ -14,6 +14,7 @@ import re
 
 from .errors import bad_request
 from .fields import StrictField
+from .schema_size import check_schema_size
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOOL_CHOICES = ("none", "auto", "required")
@@ -43,6 +44,8 @@ def _function(fn: dict, p: str) -> dict:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise bad_request(f"'{p}.parameters' must be a JSON Schema object.", f"{p}.parameters")
+    if params is not None:
+        check_schema_size(params, f"{p}.parameters")
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
         raise bad_request(f"'{p}.description' must be a string.", f"{p}.description")

@@ -1,12 +1,17 @@
 """A hand-driven ASGI request against Django's handler inside the API's ASGI guard (as metrale_site/asgi.py
 serves it): read a stream chunk by chunk, and
-disconnect in the middle, as a client that goes away does."""
+disconnect in the middle, as a client that goes away does; `serve` runs such requests inside the test's
+database transaction, as Django's test client runs its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from urllib.parse import urlsplit
 
+from asgiref.sync import async_to_sync
+from django.core import signals
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections
 
 from inference.middleware import ApiAsgiGuard
 
@@ -66,3 +71,35 @@ class AsgiRequest:
         """Go away mid-response and wait until the server has finished with the request."""
         await self.inbox.put({"type": "http.disconnect"})
         await asyncio.wait_for(self.task, timeout_s)
+
+
+_holds = 0
+
+
+@contextlib.contextmanager
+def request_signals_keep_the_connection():
+    """Hold off close_old_connections on request_started / request_finished (as Django's test client
+    does around each request): it would close the test's connection, inside its transaction. Nests."""
+    global _holds
+    if _holds == 0:
+        signals.request_started.disconnect(close_old_connections)
+        signals.request_finished.disconnect(close_old_connections)
+    _holds += 1
+    try:
+        yield
+    finally:
+        _holds -= 1
+        if _holds == 0:
+            signals.request_started.connect(close_old_connections)
+            signals.request_finished.connect(close_old_connections)
+
+
+def serve(scenario, *args, **kwargs):
+    """Run the async function `scenario` (raw ASGI requests, websocket communicators) from this thread
+    through async_to_sync, as Django's test client runs a request: Django's thread-sensitive work
+    (sync_to_async: the ORM of middleware and views) then runs on this thread, in the test's own
+    connection and transaction, so what the requests write is rolled back with the test (under
+    asyncio.run it ran on asgiref's executor thread, on a connection of its own, committed and left
+    for the tests after). Returns what `scenario` returns."""
+    with request_signals_keep_the_connection():
+        return async_to_sync(scenario)(*args, **kwargs)

@@ -8,8 +8,6 @@ import time
 import uuid
 
 import pytest
-from django.core import signals
-from django.db import close_old_connections
 
 from inference import runtime
 from inference.engine.tokenizer import Tokenizer
@@ -17,6 +15,7 @@ from inference.models import ApiKey, RateLimitContext, Tenant
 from inference.ratelimiting import clock
 from inference.runtime import Runtime
 
+from .asgi_client import request_signals_keep_the_connection
 from .fake_engine import FakeEngine, reply
 from .tenant_client import TenantClient
 
@@ -139,13 +138,10 @@ def make_key(db):
 
 @pytest.fixture
 def raw_asgi_requests():
-    """Let raw ASGI requests run inside a test's transaction, as Django's test client does:
-    the request signals must not close the test's database connection."""
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
+    """For a test that drives raw ASGI requests with async_to_sync itself (asgi_client.serve does
+    both): the request signals keep the test's database connection for the whole test."""
+    with request_signals_keep_the_connection():
+        yield
 
 
 @pytest.fixture

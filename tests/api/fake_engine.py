@@ -12,7 +12,7 @@ from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.tokenizer import Tokenizer
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 
 
 @dataclass
@@ -134,4 +134,4 @@ def call(method: str, path: str, body=None, headers: dict | None = None, raw: by
     async def run():
         req = await AsgiRequest(method, path, hdrs, data).start()
         return Answer(req.status, req.headers, await req.read_all())
-    return asyncio.run(run())
+    return serve(run)

@@ -2,7 +2,6 @@
 /metrics read back as samples."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 from django.core.handlers.asgi import ASGIHandler
@@ -11,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.middleware import ApiAsgiGuard
 from inference.observe import ObservedRequests
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .fake_engine import Answer
 
 
@@ -32,7 +31,7 @@ def call(method: str, path: str, body=None, headers: dict | None = None) -> Answ
     async def run():
         req = await request(method, path, body, headers).start()
         return Answer(req.status, req.headers, await req.read_all())
-    return asyncio.run(run())
+    return serve(run)
 
 
 def samples(text: str) -> dict[tuple, float]:

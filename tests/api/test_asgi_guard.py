@@ -8,7 +8,7 @@ from django.core.handlers.asgi import ASGIHandler
 
 from inference.middleware import ApiAsgiGuard
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .fake_engine import call
 
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -35,7 +35,7 @@ class Driver:
         self.sent.append(message)
 
     def run(self, app=None):
-        asyncio.run(asyncio.wait_for((app or ApiAsgiGuard(ASGIHandler()))(self.scope, self.receive, self.send), 10))
+        serve(asyncio.wait_for, (app or ApiAsgiGuard(ASGIHandler()))(self.scope, self.receive, self.send), 10)
         start = self.sent[0]
         body = b"".join(m.get("body", b"") for m in self.sent[1:])
         assert self.sent[-1]["type"] == "http.response.body" and not self.sent[-1].get("more_body")

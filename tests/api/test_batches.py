@@ -335,3 +335,85 @@ def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant
     handed = []
     monkeypatch.setattr(execution.embedded, "submit", handed.append)
     assert execution.hand_on_orphans() == 1 and handed == [batch["id"]]
+
+
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.fixture
+def celery_broker(settings, monkeypatch):
+    """celery_broker(url, queue): batches go to the broker at `url` (a queue of the test's own), as
+    with CELERY_BROKER_URL set; the Celery app's connections are made afresh for the test."""
+    from metrale_site.celery import app
+
+    def use(url: str, queue: str) -> None:
+        settings.CELERY_BROKER_URL = url
+        monkeypatch.setitem(app.conf, "broker_url", url)
+        monkeypatch.setitem(app.conf, "task_always_eager", False)
+        monkeypatch.setitem(app.conf, "task_routes", {"batches.tasks.*": {"queue": queue}})
+        monkeypatch.setattr(app.amqp, "_rtable", None)
+        monkeypatch.setattr(app.amqp, "router", app.amqp.Router())
+        monkeypatch.setattr(app, "_pool", None)
+        monkeypatch.setattr(app.amqp, "_producer_pool", None)
+    return use
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port just bound and released: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_batch_made_while_the_broker_is_unreachable_is_queued_once_it_is_back(fake_rt, as_tenant,
+                                                                                 celery_broker, caplog):
+    import secrets
+    import socket
+
+    from kombu import Connection, Queue
+
+    from batches import execution
+
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
+    queue = f"batches-test-{secrets.token_hex(4)}"
+    celery_broker(f"amqp://guest:guest@127.0.0.1:{closed_port()}//", queue)
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))  # a 200, not a 500: the row is kept and sent later
+    assert batch["status"] == "validating"
+    assert Batch.objects.get(pk=batch["id"]).queued_at is None
+    assert "broker is unreachable" in caplog.text
+    assert execution.hand_on_orphans() == 0  # a heartbeat while the broker is still away
+    assert Batch.objects.get(pk=batch["id"]).queued_at is None
+    celery_broker(RABBITMQ, queue)
+    try:
+        assert execution.hand_on_orphans() == 1  # the next heartbeat reaches it
+        assert Batch.objects.get(pk=batch["id"]).queued_at is not None
+        assert execution.hand_on_orphans() == 0  # sent once
+        with Connection(RABBITMQ) as con:
+            sent = Queue(queue, channel=con.default_channel).get(no_ack=True)
+            assert sent is not None and sent.headers["task"] == "batches.tasks.run_batch"
+            assert sent.decode()[0] == [batch["id"]]
+            assert Queue(queue, channel=con.default_channel).get(no_ack=True) is None
+    finally:
+        with Connection(RABBITMQ) as con:
+            Queue(queue, channel=con.default_channel).delete()
+
+
+def test_the_orphan_of_a_gone_worker_is_queued_again_and_a_queued_batch_is_left(fake_rt, as_tenant, celery_broker,
+                                                                                 monkeypatch):
+    from batches import execution, tasks
+
+    sent = []
+    celery_broker("memory://", "batches-test")
+    monkeypatch.setattr(tasks.run_batch, "delay", sent.append)
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))
+    assert sent == [batch["id"]] and Batch.objects.get(pk=batch["id"]).queued_at is not None
+    assert execution.hand_on_orphans() == 0  # queued, nobody has taken it yet: left in the queue
+    Batch.objects.filter(pk=batch["id"]).update(worker="gone:1:abcd")  # a worker that never beat
+    assert execution.hand_on_orphans() == 1 and sent == [batch["id"]] * 2
+    assert Batch.objects.get(pk=batch["id"]).worker is None

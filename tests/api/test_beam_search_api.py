@@ -1,11 +1,10 @@
 """Beam search on chat and completions through the real SmolLM2 engine (in-process ASGI): n best beams as
 n choices, blocking only."""
-import asyncio
 import json
 
 import pytest
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .fake_engine import Answer
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +20,7 @@ def post(path: str, body: dict) -> Answer:
         req = await AsgiRequest("POST", path, {"content-type": "application/json",
                                                "content-length": str(len(data))}, data).start(timeout_s=300)
         return Answer(req.status, req.headers, await req.read_all(timeout_s=300))
-    return asyncio.run(run())
+    return serve(run)
 
 
 def test_chat_beam_search_returns_n_distinct_choices(real_rt):

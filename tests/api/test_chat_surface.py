@@ -3,6 +3,7 @@ import pytest
 
 from inference.engine.outputs import Finished, TokenEvent
 
+from .asgi_client import serve
 from .fake_engine import call, reply
 
 USER = [{"role": "user", "content": "hi"}]
@@ -299,7 +300,7 @@ def test_a_client_that_leaves_mid_stream_aborts_every_choice(fake_rt):
         await req.chunk()
         await req.chunk()
         await req.disconnect()
-    asyncio.run(run())
+    serve(run)
     assert [s.handle.aborted for s in fake_rt.engine.submissions] == ["cancelled", "cancelled"]
 
 

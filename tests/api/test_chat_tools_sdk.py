@@ -1,13 +1,13 @@
 """The official openai SDK (in-process over httpx's ASGI transport, against the scripted SmolLM2 token ids):
 the stream helper accumulates a streamed tool call into the blocking response's tool_calls, and a tool round
 trip renders through the real chat template."""
-import asyncio
 import json
 
 import httpx
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 
+from .asgi_client import serve
 from .fake_engine import reply
 
 openai = pytest.importorskip("openai")
@@ -29,7 +29,7 @@ def run_with_client(fn):
             client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http,
                                         max_retries=0)
             return await fn(client)
-    return asyncio.run(main())
+    return serve(main)
 
 
 def calls_of(message) -> list[tuple[str, dict]]:

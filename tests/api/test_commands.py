@@ -101,3 +101,20 @@ def test_serve_hands_parser_flags_to_a_fresh_process_as_settings_not_by_mutating
     assert (env["METRALE_TOOL_CALL_PARSER"], env["METRALE_REASONING_PARSER"]) == ("hermes", "none")
     assert argv[-5:] == ["serve", "--host", "127.0.0.1", "--port", "8123"] and "--tool-call-parser" not in argv
     assert settings.METRALE == before
+
+
+def test_bench_skip_lora_leaves_the_lora_section_out(monkeypatch, settings, smollm2_dir):
+    from inference.management.commands import bench
+
+    settings.METRALE = {**settings.METRALE, "MODEL": str(smollm2_dir), "KV_CACHE_BYTES": 16 << 20}
+    ran = []
+    monkeypatch.setattr(bench.Command, "_lora", lambda self, *args: ran.append("lora"))
+    monkeypatch.setattr(bench.Command, "_report", lambda self, *args: ran.append("report"))
+    monkeypatch.setattr(bench, "copy_bandwidth_gb_s", lambda: 1.0)  # not what this test measures
+    quick = ["--dtypes", "float32", "--skip-decode", "--skip-offline", "--skip-http", "--skip-hf"]
+    call_command("bench", *quick, "--skip-lora", stdout=StringIO())
+    assert ran == ["report"]
+    call_command("bench", *quick, stdout=StringIO())
+    assert ran == ["report", "report", "lora"]
+    with pytest.raises(CommandError, match="nothing to run"):
+        call_command("bench", "--lora-only", "--skip-lora", stdout=StringIO())

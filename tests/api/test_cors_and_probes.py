@@ -93,3 +93,53 @@ def test_it_is_live_while_draining(monkeypatch):
     asyncio.run(gated({"type": "http", "path": "/health/live"}, None, send))
     asyncio.run(gated({"type": "http", "path": "/health"}, None, send))
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200, 503]
+
+
+ORIGIN = {"origin": "https://app.example.com"}
+
+
+def cors_of(headers: dict) -> dict:
+    return {k: v for k, v in headers.items() if k.startswith("access-control-") or k == "vary"}
+
+
+def test_the_guards_own_answers_carry_the_same_cors_headers_as_djangos(client, fake_rt, settings):
+    from .fake_engine import call
+
+    settings.METRALE = {**settings.METRALE, "MAX_REQUEST_BYTES": 1000}
+    too_large = call("POST", "/v1/chat/completions", raw=b" " * 1001, headers=ORIGIN)
+    assert too_large.status == 413  # the guard's answer: Django never saw the request
+    django_made = client.get("/v1/models", HTTP_ORIGIN=ORIGIN["origin"])
+    expected = cors_of({k.lower(): v for k, v in django_made.headers.items()})
+    assert expected["access-control-allow-origin"] == "*" and "x-request-id" in expected["access-control-expose-headers"]
+    assert cors_of(too_large.headers) == expected
+    unreadable = call("POST", "/v1/messages", raw=b"{}", headers={**ORIGIN, "content-length": "12x"})
+    assert unreadable.status == 400 and cors_of(unreadable.headers) == expected
+    settings.CORS_ALLOW_ALL_ORIGINS, settings.CORS_ALLOWED_ORIGINS = False, ["https://app.example.com"]
+    narrowed = call("POST", "/v1/chat/completions", raw=b" " * 1001, headers=ORIGIN)
+    assert narrowed.headers["access-control-allow-origin"] == "https://app.example.com"
+    evil = call("POST", "/v1/chat/completions", raw=b" " * 1001, headers={"origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in evil.headers
+
+
+def test_the_drain_503_carries_the_cors_headers_of_its_path(monkeypatch):
+    import asyncio
+
+    from metrale_site import drain
+
+    async def app(scope, receive, send):
+        raise AssertionError("a draining server runs nothing")
+
+    monkeypatch.setattr(drain, "draining", lambda: True)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    gated = drain.gate(app)
+    for path in ("/v1/chat/completions", "/admin/"):
+        asyncio.run(gated({"type": "http", "method": "POST", "path": path,
+                           "headers": [(b"origin", b"https://app.example.com")]}, None, send))
+    api, page = [dict((k.decode(), v.decode()) for k, v in m["headers"]) for m in sent
+                 if m["type"] == "http.response.start"]
+    assert api["access-control-allow-origin"] == "*" and "retry-after" in api["access-control-expose-headers"]
+    assert "access-control-allow-origin" not in page  # the pages are never cross-origin

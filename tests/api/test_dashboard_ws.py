@@ -15,6 +15,7 @@ from inference import replica
 from inference.dashboard import CLOSE_NOT_STAFF
 from inference.routing import websocket_urlpatterns
 
+from .asgi_client import serve
 from .observed import request
 
 URL = "/ws/admin/dashboard/"
@@ -69,7 +70,7 @@ def test_only_staff_get_in(user, db):
             task.cancel()
         return connected, code
 
-    assert asyncio.run(scenario()) == (False, CLOSE_NOT_STAFF)
+    assert serve(scenario) == (False, CLOSE_NOT_STAFF)
 
 
 def test_a_staff_user_gets_snapshots_of_a_running_request_and_cancels_it(real_rt):
@@ -92,7 +93,7 @@ def test_a_staff_user_gets_snapshots_of_a_running_request_and_cancels_it(real_rt
         await stop(communicator, tasks)
         return first, running, later, rate_gap, result, body, after
 
-    first, running, later, rate_gap, result, body, after = asyncio.run(scenario())
+    first, running, later, rate_gap, result, body, after = serve(scenario)
     assert first["replica"] == replica.replica_id() and first["replicas"][0] == first["replica"]
     assert first["model"]["state"] == "ready" and first["model"]["id"] == "smollm2-135m-instruct"
     assert set(first["kv"]) == {"blocks_total", "blocks_used", "blocks_cached", "blocks_free", "block_size", "usage"}
@@ -125,7 +126,7 @@ def test_bad_messages_get_an_error_and_the_socket_stays_open(real_rt):
         await stop(communicator, tasks)
         return answers, result
 
-    answers, result = asyncio.run(scenario())
+    answers, result = serve(scenario)
     assert len(answers) == 5 and all(a["message"] for a in answers)
     assert result["cancelled"] == 0
 
@@ -154,7 +155,7 @@ def test_the_replica_selector_watches_another_replica_and_cancels_there(real_rt,
         await stop(communicator, tasks)
         return picked, result
 
-    picked, result = asyncio.run(scenario())
+    picked, result = serve(scenario)
     assert picked["replicas"] == [replica.replica_id(), other]
     assert result["replica"] == other
 

@@ -5,11 +5,11 @@ import asyncio
 import json
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 
 from inference.models import RateLimitContext
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .fake_engine import FakeHandle
 
 pytestmark = pytest.mark.django_db
@@ -70,4 +70,4 @@ def test_32_at_once_against_a_limit_of_5_admit_exactly_5(fake_rt, cache_backend,
             assert (await r.read_all()).endswith(b"data: [DONE]\n\n")
         assert await sync_to_async(in_flight)(tenant) == 0
 
-    async_to_sync(scenario)()
+    serve(scenario)

@@ -1,6 +1,5 @@
 """GET /metrics: vLLM's names, labels and buckets read from the real engine's counters, Metrale's own
 series, METRALE_METRICS_AUTH, and scrapes kept out of the access log."""
-import asyncio
 import io
 import time
 
@@ -9,6 +8,7 @@ import pytest
 from inference.engine.stats import ITL_BUCKETS_S, REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
 from inference.observe import QuietScrapesAccessLog
 
+from .asgi_client import serve
 from .fake_engine import reply
 from .observed import call, request, scrape, value
 
@@ -99,7 +99,7 @@ def test_a_client_that_disconnects_is_an_abort_and_running_is_zero_at_once(real_
         await req.chunk()
         await req.disconnect()
 
-    asyncio.run(go_away())
+    serve(go_away)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         table = scrape()

@@ -7,6 +7,7 @@ import pytest
 
 from inference import replica
 
+from .asgi_client import serve
 from .observed import call, request, scrape, value
 
 MODEL = {"model_name": "smollm2-135m-instruct", "engine": "0"}
@@ -41,8 +42,8 @@ async def stream_then_cancel(path: str, body: dict, request_id: str, chunks_firs
 
 def test_a_cancelled_chat_stream_ends_with_an_error_frame_then_done(real_rt):
     aborts = value(scrape(), "vllm:request_success_total", finished_reason="abort", **MODEL)
-    body = asyncio.run(stream_then_cancel("/v1/chat/completions", {
-        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True}, "req_cancel_chat"))
+    body = serve(stream_then_cancel, "/v1/chat/completions", {
+        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True, "ignore_eos": True}, "req_cancel_chat")
     events = frames(body)
     assert events[-1] == (None, "[DONE]")
     _, error = events[-2]
@@ -55,25 +56,25 @@ def test_a_cancelled_chat_stream_ends_with_an_error_frame_then_done(real_rt):
 
 
 def test_a_cancelled_completion_stream_ends_with_an_error_frame_then_done(real_rt):
-    body = asyncio.run(stream_then_cancel("/v1/completions", {
+    body = serve(stream_then_cancel, "/v1/completions", {
         "model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True},
-        "req_cancel_completion"))
+        "req_cancel_completion")
     events = frames(body)
     assert events[-1] == (None, "[DONE]") and events[-2][1]["error"]["code"] == "cancelled"
 
 
 def test_a_cancelled_response_stream_ends_with_status_cancelled(real_rt):
-    body = asyncio.run(stream_then_cancel("/v1/responses", {
+    body = serve(stream_then_cancel, "/v1/responses", {
         "model": "smollm2-135m-instruct", "input": "Tell me a very long story.", "max_output_tokens": 400, "stream": True},
-        "req_cancel_response", chunks_first=4))
+        "req_cancel_response", chunks_first=4)
     name, last = frames(body)[-1]
     assert name == last["type"] == "response.incomplete"
     assert last["response"]["status"] == "cancelled"
 
 
 def test_a_cancelled_messages_stream_ends_with_an_error_event(real_rt):
-    body = asyncio.run(stream_then_cancel("/v1/messages", {
-        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4))
+    body = serve(stream_then_cancel, "/v1/messages", {
+        "model": "smollm2-135m-instruct", "messages": STORY, "max_tokens": 400, "stream": True}, "req_cancel_messages", chunks_first=4)
     name, last = frames(body)[-1]
     assert name == "error" and last["type"] == "error"
     assert not any(event == "message_stop" for event, _ in frames(body))
@@ -93,7 +94,7 @@ def test_a_cancelled_blocking_chat_is_a_500_not_to_be_retried(real_rt):
         await task
         return req, json.loads(await req.read_all())
 
-    req, body = asyncio.run(scenario())
+    req, body = serve(scenario)
     assert req.status == 500 and body["error"]["code"] == "cancelled"
     assert req.headers["x-should-retry"] == "false"
 

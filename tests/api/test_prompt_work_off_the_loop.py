@@ -9,7 +9,7 @@ import pytest
 
 from inference.serving.prepare import chars_per_token_bound
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .fake_engine import call, reply
 
 
@@ -69,7 +69,7 @@ def test_a_slow_prompt_does_not_stall_another_clients_stream(fake_rt, monkeypatc
         await slow_answer.read_all()
         return arrivals, slow_answer.status
 
-    arrivals, slow_status = asyncio.run(scenario())
+    arrivals, slow_status = serve(scenario)
     assert slow_status == 200
     assert loop_threads and all(name.startswith("metrale-prepare") for name in loop_threads)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]

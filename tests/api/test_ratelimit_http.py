@@ -4,11 +4,11 @@ import asyncio
 import json
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 
 from inference.models import RateLimitContext
 
-from .asgi_client import AsgiRequest
+from .asgi_client import AsgiRequest, serve
 from .stream_views import gates
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +93,7 @@ def test_a_stream_is_charged_its_real_usage_when_it_ends(cache_backend, frozen_c
         assert await sync_to_async(tokens_left)(tenant) == 1000 - (10 + 5)  # after: real usage
         assert await sync_to_async(in_flight)(tenant) == 0
 
-    async_to_sync(scenario)()
+    serve(scenario)
 
 
 def test_a_cancelled_stream_is_charged_only_what_it_generated(cache_backend, frozen_clock,
@@ -111,7 +111,7 @@ def test_a_cancelled_stream_is_charged_only_what_it_generated(cache_backend, fro
         assert await sync_to_async(tokens_left)(tenant) == 1000 - (10 + 3)
         assert await sync_to_async(in_flight)(tenant) == 0
 
-    async_to_sync(scenario)()
+    serve(scenario)
 
 
 def test_a_slow_client_gone_is_charged_only_what_was_generated(cache_backend, frozen_clock,
@@ -132,7 +132,7 @@ def test_a_slow_client_gone_is_charged_only_what_was_generated(cache_backend, fr
         assert await sync_to_async(tokens_left)(tenant) == 1000 - (10 + 2)
         assert await sync_to_async(in_flight)(tenant) == 0
 
-    async_to_sync(scenario)()
+    serve(scenario)
 
 
 def test_concurrency_2_refuses_a_third_stream_until_one_ends(cache_backend, frozen_clock,
@@ -163,7 +163,7 @@ def test_concurrency_2_refuses_a_third_stream_until_one_ends(cache_backend, froz
         await second.read_all()
         await fourth.read_all()
 
-    async_to_sync(scenario)()
+    serve(scenario)
 
 
 def test_a_generating_view_that_answers_before_admission_still_sends_the_headers(
@@ -201,4 +201,4 @@ def test_a_streams_lease_is_settled_when_its_body_ends(frozen_clock, stream_site
         assert await sync_to_async(tokens_left)(tenant) == 800
         assert await sync_to_async(in_flight)(tenant) == 0
 
-    async_to_sync(scenario)()
+    serve(scenario)

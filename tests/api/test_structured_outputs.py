@@ -133,3 +133,48 @@ def test_the_reasoning_gate_follows_the_prompt(smollm2_tokenizer):
     assert reasoning_spec(tok, "think", "assistant\n", Thinking()).output_may_open
     assert gate("assistant\n") == "on"
     assert gate("<think>\n", parser=None) is None
+
+
+HUGE_SCHEMA = {"type": "object", "properties": {"x": {"const": "y" * (1 << 20)}}}  # a 1 MB const
+MODEL = "smollm2-135m-instruct"
+HUGE_CASES = [
+    ("/v1/chat/completions", {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": HUGE_SCHEMA}}}, "response_format.json_schema.schema"),
+    ("/v1/chat/completions", {"messages": USER, "structured_outputs": {"json": HUGE_SCHEMA}}, "structured_outputs.json"),
+    ("/v1/chat/completions", {"messages": USER, "tools": [
+        TOOLS[0], {"type": "function", "function": {"name": "big", "parameters": HUGE_SCHEMA}}]},
+     "tools[1].function.parameters"),
+    ("/v1/completions", {"prompt": "Hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": HUGE_SCHEMA}}}, "response_format.json_schema.schema"),
+    ("/v1/responses", {"input": "Hi", "text": {"format": {"type": "json_schema", "name": "s", "schema": HUGE_SCHEMA}}},
+     "text.format.schema"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "function", "name": "big", "parameters": HUGE_SCHEMA}]},
+     "tools[0].parameters"),
+    ("/v1/messages", {"max_tokens": 8, "messages": USER, "tools": [{"name": "big", "input_schema": HUGE_SCHEMA}]},
+     "tools[0].input_schema"),
+    ("/v1/messages", {"max_tokens": 8, "messages": USER, "output_config": {
+        "format": {"type": "json_schema", "schema": HUGE_SCHEMA}}}, "output_config.format.schema"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), HUGE_CASES, ids=[c[2] for c in HUGE_CASES])
+def test_a_schema_over_the_size_limit_is_a_400_naming_its_field_in_the_routes_shape(fake_rt, path, body, param):
+    r = call("POST", path, {"model": MODEL, **body})
+    assert r.status == 400, r.body[:300]
+    if path == "/v1/messages":
+        err = r.json()["error"]
+        assert r.json()["type"] == "error" and err["type"] == "invalid_request_error"
+    else:
+        err = r.json()["error"]
+        assert err["param"] == param and err["code"] == "schema_too_large"
+    assert f"'{param}'" in err["message"] and "65536 bytes" in err["message"]
+    assert not fake_rt.engine.submissions  # nothing compiled, nothing ran
+
+
+def test_the_schema_size_limit_is_a_setting(fake_rt, settings):
+    schema = {"type": "object", "properties": {"x": {"const": "y" * 200}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    fake_rt.engine.script = reply(fake_rt.tokenizer, '{"x": "' + "y" * 200 + '"}')
+    assert chat(response_format=fmt).status == 200
+    settings.METRALE = {**settings.METRALE, "MAX_SCHEMA_BYTES": 100}
+    assert chat(response_format=fmt).json()["error"]["code"] == "schema_too_large"

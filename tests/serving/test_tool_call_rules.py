@@ -222,3 +222,17 @@ def test_without_tools_a_speculative_format_detects_nothing():
 def test_it_chooses_a_default_parser_from_the_template_then_the_model_type(
         model_type, template, expected):
     assert choose_tool_parser(model_type, template) == expected
+
+
+HUGE = "9" * 5000  # past Python's 4,300-digit limit on int(str)
+HUGE_CASES = [(c[0], c[1], c[2].replace("3", HUGE)) for c in ALL_CASES if c[1] in ("one_call", "schema_coercion")]
+
+
+@pytest.mark.parametrize(("parser", "case", "text"), HUGE_CASES, ids=[f"{c[0]}-{c[1]}" for c in HUGE_CASES])
+def test_an_integer_past_the_digit_limit_never_raises(parser, case, text):
+    pipeline = make_pipeline(tool_parser=parser)
+    deltas = pipeline.feed(text) + pipeline.finish()  # no ValueError out of int()
+    for call in pipeline.tool_calls:  # delivered with the digits as the model wrote them, or rejected
+        days = json.loads(call["function"]["arguments"] if "function" in call else call["arguments"])["days"]
+        assert days == HUGE
+    assert pipeline.tool_calls or pipeline.rejected_tool_calls or deltas

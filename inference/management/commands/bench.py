@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from inference.bench.http_streams import run_http
 from inference.bench.live_server import LiveServer
@@ -49,6 +49,7 @@ class Command(BaseCommand):
         parser.add_argument("--skip-http", action="store_true")
         parser.add_argument("--lora-only", action="store_true",
                             help="run only the LoRA comparison (8 streams on 4 adapters vs 8 on the base)")
+        parser.add_argument("--skip-lora", action="store_true", help="skip the LoRA adapters against the base")
         parser.add_argument("--lora-rank", type=int, default=16)
         parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
                             help="the projections the bench's adapters target (comma-separated)")
@@ -79,13 +80,15 @@ class Command(BaseCommand):
                                  "-c), so that resident memory compares like with like")
 
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, llama_cpp_pid,
-               peer_rounds, skip_offline, lora_only, lora_rank, lora_targets, lora_rounds, lora_tokens,
+               peer_rounds, skip_offline, lora_only, skip_lora, lora_rank, lora_targets, lora_rounds, lora_tokens,
                decode_only, skip_decode, decode_concurrency, decode_tokens, decode_rounds, kv_tokens, probe_tokens,
                **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.runtime import engine_config
 
+        if lora_only and skip_lora:
+            raise CommandError("--lora-only and --skip-lora leave nothing to run.")
         base = engine_config()
         model = base.model_path
         tokenizer = Tokenizer.from_folder(model)
@@ -153,7 +156,8 @@ class Command(BaseCommand):
                     out(f"{dtype:<9} transformers generate, the workload's first {b} request(s) as one padded batch: "
                         + ", ".join(f"{k} {v:.1f}" for k, v in same[b].items()))
             self._report(dtype, rows, hf, prefix, wbytes, bandwidth, same)
-        self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds, lora_tokens)
+        if not skip_lora:
+            self._lora(base, tokenizer, lora_rank, lora_targets.split(","), lora_rounds, lora_tokens)
 
     def _lora(self, base, tokenizer, rank: int, targets: list[str], rounds: int, output_tokens: int) -> None:
         """8 streams on 4 adapters against 8 on the base model, interleaved (bench/lora.py)."""

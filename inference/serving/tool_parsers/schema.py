@@ -145,13 +145,22 @@ def _json_or_no(text: str) -> Any:
         return _NO
 
 
+def _int_or_no(s: str) -> Any:
+    # Past sys.get_int_max_str_digits() (4,300 by default) int() raises ValueError (CPython's guard
+    # against quadratic conversion, CVE-2020-10735): such digits stay the text the model wrote.
+    try:
+        return int(s)
+    except ValueError:
+        return _NO
+
+
 def _from_string(text: str, t: str) -> Any:
     s = text.strip()
     if t == "integer" and _INTEGER.fullmatch(s):
-        return int(s)
+        return _int_or_no(s)
     if t == "number" and _NUMBER.fullmatch(s):
         if _INTEGER.fullmatch(s):
-            return int(s)
+            return _int_or_no(s)
         f = float(s)
         return f if math.isfinite(f) else _NO
     if t == "boolean":

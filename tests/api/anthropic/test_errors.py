@@ -91,6 +91,44 @@ def test_a_rate_limited_request_is_a_rate_limit_error_with_retry_after(client, f
     assert int(denied.headers["retry-after"]) >= 1
 
 
+def test_messages_answers_carry_anthropics_ratelimit_headers_beside_openais(client, fake_rt, require_auth,
+                                                                             make_tenant, make_key, frozen_clock):
+    from datetime import datetime, timezone
+
+    tenant = make_tenant("limited", requests_per_minute=2, tokens_per_minute=6000)
+    _, key = make_key(tenant)
+    headers = {"x-api-key": key}
+    now = frozen_clock.now
+
+    def reset_in_s(answer, axis: str) -> float:
+        moment = answer.headers[f"anthropic-ratelimit-{axis}-reset"]
+        assert moment.endswith("Z") and "T" in moment  # RFC 3339, UTC
+        return datetime.strptime(moment, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() - now
+
+    ok = post(client, "/v1/messages", BODY, headers)
+    assert ok.status_code == 200
+    assert ok.headers["anthropic-ratelimit-requests-limit"] == ok.headers["x-ratelimit-limit-requests"] == "2"
+    assert ok.headers["anthropic-ratelimit-requests-remaining"] == ok.headers["x-ratelimit-remaining-requests"] == "1"
+    assert 0 < reset_in_s(ok, "requests") <= 31  # half the bucket back at 2 a minute
+    assert ok.headers["anthropic-ratelimit-tokens-limit"] == "6000"
+    assert ok.headers["anthropic-ratelimit-tokens-remaining"] == ok.headers["x-ratelimit-remaining-tokens"]
+    assert int(ok.headers["anthropic-ratelimit-tokens-remaining"]) < 6000  # the reservation was debited
+    assert 0 < reset_in_s(ok, "tokens") <= 60
+    bad = post(client, "/v1/messages", {**BODY, "max_tokens": -1}, headers)  # answered before admission
+    assert bad.status_code == 400 and bad.headers["anthropic-ratelimit-requests-remaining"] == "1"
+    post(client, "/v1/messages/count_tokens", {"model": BODY["model"], "messages": USER}, headers)
+    denied = post(client, "/v1/messages", BODY, headers)
+    assert denied.status_code == 429 and denied.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert reset_in_s(denied, "requests") == pytest.approx(60, abs=1)
+    assert reset_in_s(denied, "requests") >= int(denied.headers["retry-after"])
+    # The OpenAI routes keep OpenAI's headers only; an axis not enforced has no Anthropic header.
+    assert not any(h.startswith("anthropic-") for h in client.get("/v1/models", headers=headers).headers)
+    _, free = make_key(make_tenant("free"))
+    unlimited = post(client, "/v1/messages", BODY, {"x-api-key": free})
+    assert unlimited.headers["x-ratelimit-limit-requests"] == "unlimited"
+    assert not any(h.startswith("anthropic-ratelimit") for h in unlimited.headers)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_full_waiting_queue_is_overloaded_error_529(fake_rt, monkeypatch, stream):
     def overloaded(request):

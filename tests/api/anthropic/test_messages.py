@@ -9,6 +9,7 @@ from anthropic_api import signatures
 from anthropic_api.encoder import fold
 from tests.api.test_chat_reasoning import THINKING_TEMPLATE
 
+from ..asgi_client import serve
 from ..fake_engine import call, reply
 from .support import USER, check_event_order, messages, sse_frames
 
@@ -269,7 +270,7 @@ def test_a_client_that_leaves_mid_stream_aborts_the_engine_request(fake_rt, sett
         await req.chunk()
         await req.chunk()
         await req.disconnect()
-    asyncio.run(run())
+    serve(run)
     assert fake_rt.engine.submissions[-1].handle.aborted == "cancelled"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 

@@ -266,3 +266,27 @@ def test_a_bad_store_ttl_is_a_configuration_error(monkeypatch, text):
     monkeypatch.setenv("METRALE_STORE_TTL", text)
     with pytest.raises(ImproperlyConfigured):
         envduration_s("METRALE_STORE_TTL", 1)
+
+
+def test_the_loading_thread_closes_the_connections_its_receivers_opened():
+    import threading
+
+    from django.db import connections
+    from django.dispatch import Signal
+
+    from inference import runtime
+
+    used = []
+
+    def receiver(**_kwargs):
+        connections["default"].cursor().execute("select 1")
+        used.append(connections["default"])
+
+    signal = Signal()  # runtime_starting's own receivers would start this process's heartbeat for good
+    signal.connect(receiver, weak=False)
+    thread = threading.Thread(target=runtime._send_from_this_thread, args=(signal,))
+    thread.start()
+    thread.join(30)
+    assert used and used[0] is not connections["default"]  # the loading thread's own connection ...
+    # ... closed once the receivers returned (Django ignores a close of SQLite's in-memory test database)
+    assert used[0].connection is None or used[0].is_in_memory_db()
