@@ -170,7 +170,7 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
 
 
 # Weight formats of kernels.h's metrale_weight.
-FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3}
+FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}
 
 
 class KernelWeight:
@@ -186,11 +186,11 @@ class KernelWeight:
 
     __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct")
 
-    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None,
                  shape: tuple[int, int]):
         self.format, self.exact, self.qs, self.d, self.m, self.shape = fmt, exact, qs, d, m, shape
-        self.struct = KernelWeight.Struct(FORMAT_CODES[fmt], int(exact), qs.data_ptr(), d.data_ptr(),
-                                          None if m is None else m.data_ptr())
+        self.struct = KernelWeight.Struct(FORMAT_CODES[fmt], int(exact), qs.data_ptr(),
+                                          None if d is None else d.data_ptr(), None if m is None else m.data_ptr())
 
     @property
     def nbytes(self) -> int:
@@ -206,7 +206,10 @@ class KernelWeight:
 
     @classmethod
     def from_blocks(cls, blocks, exact: bool = False) -> "KernelWeight":
-        """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16)."""
+        """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16; K-quants:
+        kquant_gemm.c's, `pack_kquant`)."""
+        if blocks.format in KQUANT_STRIDE:
+            return cls(blocks.format, exact, pack_kquant(blocks), None, None, blocks.shape)
         n, k = blocks.shape
         tiles, kb = -(-n // TILE), k // 32
         pad = tiles * TILE - n
@@ -225,6 +228,47 @@ class KernelWeight:
         d = tile_major(blocks.scales).view(torch.int16)
         m = None if blocks.mins is None else tile_major(blocks.mins).view(torch.int16)
         return cls(blocks.format, exact, qs, d, m, (n, k))
+
+
+# Bytes of one packed (tile, super-block) of each K-quant format (kquant_gemm.c metrale_kq_stride).
+KQUANT_STRIDE = {"q4_k": 2048 + 320, "q5_k": 2560 + 320, "q6_k": 3072 + 320}
+
+
+def pack_kquant(blocks) -> torch.Tensor:
+    """A K-quant layers.blocks.BlockWeight [N, K] in kquant_gemm.c's layout (its header comment): uint8
+    [ceil(N / 16), K / 256, KQUANT_STRIDE[format]], zero past N. Integer fields only are moved: the
+    values are the super-blocks' own."""
+    n, k = blocks.shape
+    tiles, ks, fmt = -(-n // TILE), k // 256, blocks.format
+    f = blocks.kquant_fields()
+    pad = tiles * TILE - n
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) if pad else t
+
+    q = padded(f["q"]).view(tiles, TILE, ks, 8, 4, 2, 4)  # [t, j, b, s, g, upper, i]
+    low = (q & 0x0F).permute(0, 2, 3, 4, 1, 5, 6)  # [t, b, s, g, j, upper, i]
+    parts = [(low[..., 0, :] | (low[..., 1, :] << 4)).reshape(tiles, ks, 2048)]
+    if fmt == "q5_k":
+        hb = ((q >> 4) & 1).permute(0, 2, 3, 1, 6, 4, 5).reshape(tiles, ks, 8, TILE, 4, 8)  # [.., j, i, g * 2 + u]
+        parts.append((hb << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8).reshape(tiles, ks, 512))
+    if fmt == "q6_k":  # [t, j, b, s, v, e, u, i] -> [t, b, s, v, j, i, e * 2 + u]
+        h2 = ((q >> 4) & 3).view(tiles, TILE, ks, 8, 2, 2, 2, 4).permute(0, 2, 3, 4, 1, 7, 5, 6).reshape(
+            tiles, ks, 8, 2, TILE, 4, 4)
+        parts.append((h2 << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8).reshape(tiles, ks, 1024))
+        sc = padded(f["sc"].view(torch.uint8)).view(tiles, TILE, ks, 8, 2).permute(0, 2, 3, 1, 4)
+        parts.append(sc.reshape(tiles, ks, 256))
+        d = padded(f["d"]).view(tiles, TILE, ks).permute(0, 2, 1).contiguous().view(torch.uint8)
+        parts += [d.reshape(tiles, ks, 32), torch.zeros((tiles, ks, 32), dtype=torch.uint8)]
+    else:
+        parts.append(padded(f["sc"]).view(tiles, TILE, ks, 8).permute(0, 2, 3, 1).reshape(tiles, ks, 128))
+        parts.append(padded(f["m"]).view(tiles, TILE, ks, 4, 2).permute(0, 2, 3, 1, 4).reshape(tiles, ks, 128))
+        for name in ("d", "dmin"):
+            parts.append(padded(f[name]).view(tiles, TILE, ks).permute(0, 2, 1).contiguous().view(torch.uint8)
+                         .reshape(tiles, ks, 32))
+    packed = torch.cat(parts, dim=-1).contiguous()
+    assert packed.shape[-1] == KQUANT_STRIDE[fmt]
+    return packed
 
 
 def weight_linear(x: torch.Tensor, w: KernelWeight) -> torch.Tensor:

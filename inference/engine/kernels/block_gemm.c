@@ -1,6 +1,7 @@
 /* Linear layers on GGUF-style weight blocks (Q4_0, Q4_1, Q8_0: 32 weights per block with
  * float16 scales) and the one entry point every decode-layer GEMM goes through
- * (metrale_weight_linear, which also runs the per-channel int8 format of int8_gemm.c).
+ * (metrale_weight_linear, which also runs the per-channel int8 format of int8_gemm.c and the
+ * K-quant super-blocks of kquant_gemm.c).
  *
  * Values (ggml's rules, gguf-py's dequantize): Q4_0 w = d * (q - 8), q in 0..15;
  * Q4_1 w = d * q + m; Q8_0 w = q * d, q in -128..127. d and m are float16 per block.
@@ -498,13 +499,16 @@ static void block_tiles_team(const metrale_weight *W, const float *x, float *y, 
 }
 
 long metrale_weight_scratch_bytes(long M, long K) {
-    const long i8 = metrale_int8_scratch_bytes(M, K), blk = block_scratch_bytes(M, K);
-    return i8 > blk ? i8 : blk;
+    const long i8 = metrale_int8_scratch_bytes(M, K), blk = block_scratch_bytes(M, K), kq = metrale_kq_scratch_bytes(M, K);
+    const long most = i8 > blk ? i8 : blk;
+    return most > kq ? most : kq;
 }
 
 void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, long K, void *scratch) {
     if (W->format == METRALE_W_INT8) {
         metrale_int8_quantize(x, M, K, scratch);
+    } else if (metrale_is_kquant(W->format)) {
+        if (!W->exact) metrale_kq_quantize(x, M, K, scratch);
     } else if (!W->exact) {
         const block_rows r = block_parts(scratch, M, K);
         const long KB = K / 32;
@@ -516,6 +520,7 @@ void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, lo
 void metrale_weight_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                                void *scratch) {
     if (W->format == METRALE_W_INT8) metrale_int8_tiles_team((const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+    else if (metrale_is_kquant(W->format)) metrale_kq_tiles_team(W, x, y, M, N, K, scratch);
     else block_tiles_team(W, x, y, M, N, K, scratch);
 }
 
@@ -523,6 +528,11 @@ void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *
                                 void *scratch) {
     if (W->format == METRALE_W_INT8) {
         metrale_int8_linear_team(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+        return;
+    }
+    if (metrale_is_kquant(W->format)) {
+        if (!W->exact) metrale_kq_quantize_team(x, M, K, scratch);
+        metrale_kq_tiles_team(W, x, y, M, N, K, scratch);
         return;
     }
     if (!W->exact) {
@@ -549,6 +559,10 @@ void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, lo
 /* Rows `ids` of a block-format weight, dequantised to float32 (out [n, K]), e.g. embedding
  * rows read from their Q8_0 blocks; the values are gguf-py's dequantize's. */
 void metrale_block_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out) {
+    if (metrale_is_kquant(W->format)) {
+        metrale_kq_rows(W, K, ids, n, out);
+        return;
+    }
     const long KB = K / 32, cb = codes_per_tile_block(W->format);
     for (long r = 0; r < n; r++) {
         const long row = ids[r], t = row / BT;
