@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from ..layers.blocks import BlockStack
 from .build import KernelBuildError, build
 
 log = logging.getLogger("metrale.engine")
@@ -177,26 +178,40 @@ class KernelWeight:
     """One linear's weight as the compiled kernels read it (kernels.h metrale_weight): the packed
     tensors, its format and whether activations stay float32 (`exact`, the reference path).
 
-    Build with `from_int8` or `from_blocks`; `shape` is (N, K); `nbytes` the packed tensors' bytes.
-    `with_exact(flag)` gives the same tensors under the other activation rule (no copy).
+    Build with `from_int8` or `from_blocks` (a layers.blocks.BlockStack gives a stack of parts, each
+    packed in its own format, `format` then "q4_k+q6_k"-style); `shape` is (N, K); `nbytes` the packed
+    tensors' bytes. `with_exact(flag)` gives the same tensors under the other activation rule (no copy).
     """
 
     class Struct(ctypes.Structure):
-        _fields_ = [("format", ctypes.c_int), ("exact", ctypes.c_int), ("qs", _P), ("d", _P), ("m", _P)]
+        _fields_ = [("format", ctypes.c_int), ("exact", ctypes.c_int), ("qs", _P), ("d", _P), ("m", _P),
+                    ("rows", ctypes.c_long), ("next", _P)]
 
-    __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct")
+    __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct", "parts", "_structs")
 
-    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None,
-                 shape: tuple[int, int]):
+    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor | None, d: torch.Tensor | None,
+                 m: torch.Tensor | None, shape: tuple[int, int], parts: tuple["KernelWeight", ...] = ()):
         self.format, self.exact, self.qs, self.d, self.m, self.shape = fmt, exact, qs, d, m, shape
-        self.struct = KernelWeight.Struct(FORMAT_CODES[fmt], int(exact), qs.data_ptr(),
-                                          None if d is None else d.data_ptr(), None if m is None else m.data_ptr())
+        self.parts = parts
+        singles = parts or (self,)
+        self._structs = [KernelWeight.Struct(FORMAT_CODES[w.format], int(exact), w.qs.data_ptr(), _ptr_or_none(w.d),
+                                             _ptr_or_none(w.m), w.shape[0], None) for w in singles]
+        for a, b in zip(self._structs, self._structs[1:]):  # the C side walks `next` (kernels.h)
+            a.next = ctypes.addressof(b)
+        self.struct = self._structs[0]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The packed tensors the kernels read (every part's)."""
+        return [t for w in (self.parts or (self,)) for t in (w.qs, w.d, w.m) if t is not None]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def with_exact(self, exact: bool) -> "KernelWeight":
+        if self.parts:
+            return KernelWeight(self.format, exact, None, None, None, self.shape,
+                                tuple(w.with_exact(exact) for w in self.parts))
         return KernelWeight(self.format, exact, self.qs, self.d, self.m, self.shape)
 
     @classmethod
@@ -208,6 +223,9 @@ class KernelWeight:
     def from_blocks(cls, blocks, exact: bool = False) -> "KernelWeight":
         """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16; K-quants:
         kquant_gemm.c's, `pack_kquant`)."""
+        if isinstance(blocks, BlockStack):
+            return cls(blocks.format, exact, None, None, None, blocks.shape,
+                       tuple(cls.from_blocks(b, exact) for b in blocks.parts))
         if blocks.format in KQUANT_STRIDE:
             return cls(blocks.format, exact, pack_kquant(blocks), None, None, blocks.shape)
         n, k = blocks.shape

@@ -376,7 +376,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
 
 /* Output channels of one tile for rows [m0, m1): the fast path. */
 static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
-                      const float *sa, long m0, long m1, float *y, long N) {
+                      const float *sa, long m0, long m1, float *y, long N, long ldy) {
     const long cb = codes_per_tile_block(W->format);
     const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
     const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
@@ -417,12 +417,13 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             block_finish(isum, d, mh ? mv : NULL, dx + m * KB + b, sa + m * KB + b, KB, rows, acc);
         }
 #endif
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * BT, sizeof(float) * (size_t)nc);
     }
 }
 
 /* Output channels of one tile for rows [m0, m1): the reference path (float32 activations). */
-static void tile_exact(const metrale_weight *W, long t, long KB, const float *x, long m0, long m1, float *y, long N) {
+static void tile_exact(const metrale_weight *W, long t, long KB, const float *x, long m0, long m1, float *y, long N,
+                       long ldy) {
     const long cb = codes_per_tile_block(W->format);
     const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
     const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
@@ -449,7 +450,7 @@ static void tile_exact(const metrale_weight *W, long t, long KB, const float *x,
                 }
             }
         }
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * BT, sizeof(float) * (size_t)nc);
     }
 }
 
@@ -478,22 +479,56 @@ static block_rows block_parts(void *scratch, long M, long K) {
     return r;
 }
 
-/* The tiles of y = x · wᵀ (W a block-format weight of N output channels, K a multiple of 32, y
- * float32 [M, N]) from x's rows as scratch holds them (block_parts; x itself on the reference
- * path), shared by the threads of the enclosing team. Tiles are handed out in shrinking
- * contiguous runs (guided: each thread streams long runs of the weights, and one that falls
- * behind, descheduled by another process, holds up only its last run); each is read once per
- * BMC rows. */
+/* The parts of a stacked weight (kernels.h: `rows` and `next`): each part's weight, first output
+ * channel, channels and first tile; tile0[count] = all the tiles. */
+#define MAX_PARTS 8
+typedef struct {
+    int count;
+    const metrale_weight *w[MAX_PARTS];
+    long col[MAX_PARTS], n[MAX_PARTS], tile0[MAX_PARTS + 1];
+} weight_parts;
+
+static weight_parts parts_of(const metrale_weight *W, long N) {
+    weight_parts p;
+    long at = 0, tiles = 0;
+    p.count = 0;
+    for (const metrale_weight *w = W; w && p.count < MAX_PARTS; w = w->next) {
+        const int c = p.count++;
+        p.w[c] = w;
+        p.col[c] = at;
+        p.n[c] = w->next ? w->rows : N - at;
+        p.tile0[c] = tiles;
+        tiles += (p.n[c] + BT - 1) / BT;
+        at += p.n[c];
+    }
+    p.tile0[p.count] = tiles;
+    return p;
+}
+
+/* The tiles of y = x · wᵀ (W a block-format weight of N output channels, or a stack of parts of
+ * formats that read the same quantised rows; K a multiple of 32, 256 for the K-quants; y float32
+ * [M, N]) from x's rows as scratch holds them (block_parts, kquant_gemm.c's; x itself on the
+ * reference path), shared by the threads of the enclosing team. Tiles (of every part) are handed
+ * out in shrinking contiguous runs (guided: each thread streams long runs of the weights, and one
+ * that falls behind, descheduled by another process, holds up only its last run); each is read
+ * once per BMC rows. */
 static void block_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                              void *scratch) {
-    const long KB = K / 32, tiles = (N + BT - 1) / BT;
+    const long KB = K / 32;
     const block_rows r = block_parts(scratch, M, K);
+    const weight_parts p = parts_of(W, N);
     for (long m0 = 0; m0 < M; m0 += BMC) {
         const long m1 = m0 + BMC < M ? m0 + BMC : M;
 #pragma omp for schedule(guided)
-        for (long t = 0; t < tiles; t++) {
-            if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
-            else tile_fast(W, t, KB, r.a, r.dx, r.asum, r.sa, m0, m1, y, N);
+        for (long t = 0; t < p.tile0[p.count]; t++) {
+            int c = 0;
+            while (t >= p.tile0[c + 1]) c++;
+            const metrale_weight *P = p.w[c];
+            float *yc = y + p.col[c];
+            const long tc = t - p.tile0[c];
+            if (metrale_is_kquant(P->format)) metrale_kq_tile(P, tc, x, scratch, M, K, m0, m1, yc, p.n[c], N);
+            else if (P->exact) tile_exact(P, tc, KB, x, m0, m1, yc, p.n[c], N);
+            else tile_fast(P, tc, KB, r.a, r.dx, r.asum, r.sa, m0, m1, yc, p.n[c], N);
         }
     }
 }
@@ -520,7 +555,6 @@ void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, lo
 void metrale_weight_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                                void *scratch) {
     if (W->format == METRALE_W_INT8) metrale_int8_tiles_team((const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
-    else if (metrale_is_kquant(W->format)) metrale_kq_tiles_team(W, x, y, M, N, K, scratch);
     else block_tiles_team(W, x, y, M, N, K, scratch);
 }
 
@@ -532,7 +566,7 @@ void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *
     }
     if (metrale_is_kquant(W->format)) {
         if (!W->exact) metrale_kq_quantize_team(x, M, K, scratch);
-        metrale_kq_tiles_team(W, x, y, M, N, K, scratch);
+        block_tiles_team(W, x, y, M, N, K, scratch);
         return;
     }
     if (!W->exact) {
@@ -558,14 +592,19 @@ void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, lo
 
 /* Rows `ids` of a block-format weight, dequantised to float32 (out [n, K]), e.g. embedding
  * rows read from their Q8_0 blocks; the values are gguf-py's dequantize's. */
-void metrale_block_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out) {
-    if (metrale_is_kquant(W->format)) {
-        metrale_kq_rows(W, K, ids, n, out);
-        return;
-    }
-    const long KB = K / 32, cb = codes_per_tile_block(W->format);
+void metrale_block_rows(const metrale_weight *W0, long K, const int64_t *ids, long n, float *out) {
     for (long r = 0; r < n; r++) {
-        const long row = ids[r], t = row / BT;
+        const metrale_weight *W = W0;
+        long row = ids[r];
+        while (W->next && row >= W->rows) { /* the part holding the row */
+            row -= W->rows;
+            W = W->next;
+        }
+        if (metrale_is_kquant(W->format)) {
+            metrale_kq_rows(W, K, &row, 1, out + r * K);
+            continue;
+        }
+        const long KB = K / 32, cb = codes_per_tile_block(W->format), t = row / BT;
         const int j = (int)(row % BT);
         for (long b = 0; b < KB; b++) {
             const uint8_t *qs = (const uint8_t *)W->qs + (t * KB + b) * cb;

@@ -448,7 +448,7 @@ static inline __attribute__((always_inline)) void kq_rows_avx2(int format, const
 
 /* Output channels of tile t for rows [m0, m1): the fast path. */
 static void kq_tile_fast(const metrale_weight *W, long t, long KS, const kq_rows *q, long m0, long m1, float *y,
-                         long N) {
+                         long N, long ldy) {
     const long stride = metrale_kq_stride(W->format), K = KS * QK, n0 = t * KT;
     const uint8_t *p = (const uint8_t *)W->qs + t * KS * stride;
     const int nc = (int)(N - n0 < KT ? N - n0 : KT);
@@ -493,19 +493,20 @@ static void kq_tile_fast(const metrale_weight *W, long t, long KS, const kq_rows
             }
         }
 #endif
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * KT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * KT, sizeof(float) * (size_t)nc);
     }
 }
 
 /* Output channels of tile t for rows [m0, m1): the reference path (float32 activations). */
-static void kq_tile_exact(const metrale_weight *W, long t, long KS, const float *x, long m0, long m1, float *y, long N) {
+static void kq_tile_exact(const metrale_weight *W, long t, long KS, const float *x, long m0, long m1, float *y, long N,
+                          long ldy) {
     const long stride = metrale_kq_stride(W->format), K = KS * QK, n0 = t * KT;
     const uint8_t *p = (const uint8_t *)W->qs + t * KS * stride;
     const int nc = (int)(N - n0 < KT ? N - n0 : KT);
     float *w = malloc(sizeof(float) * QK * KT);
     if (!w) {
         for (long m = m0; m < m1; m++)
-            for (int j = 0; j < nc; j++) y[m * N + n0 + j] = NAN;
+            for (int j = 0; j < nc; j++) y[m * ldy + n0 + j] = NAN;
         return;
     }
     for (long m = m0; m < m1; m += KBR) {
@@ -528,22 +529,16 @@ static void kq_tile_exact(const metrale_weight *W, long t, long KS, const float 
                 }
             }
         }
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * KT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * KT, sizeof(float) * (size_t)nc);
     }
     free(w);
 }
 
-void metrale_kq_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K, void *scratch) {
-    const long KS = K / QK, tiles = (N + KT - 1) / KT;
+void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scratch, long M, long K, long m0, long m1,
+                     float *y, long n, long ldy) {
     const kq_rows q = kq_parts(scratch, M, K);
-    for (long m0 = 0; m0 < M; m0 += KBMC) {
-        const long m1 = m0 + KBMC < M ? m0 + KBMC : M;
-#pragma omp for schedule(guided)
-        for (long t = 0; t < tiles; t++) {
-            if (W->exact) kq_tile_exact(W, t, KS, x, m0, m1, y, N);
-            else kq_tile_fast(W, t, KS, &q, m0, m1, y, N);
-        }
-    }
+    if (W->exact) kq_tile_exact(W, t, K / QK, x, m0, m1, y, n, ldy);
+    else kq_tile_fast(W, t, K / QK, &q, m0, m1, y, n, ldy);
 }
 
 void metrale_kq_quantize_team(const float *x, long M, long K, void *scratch) {

@@ -213,6 +213,56 @@ class BlockWeight:
         return cls(fmt, codes, scales, mins)
 
 
+# Block formats whose linears read the same quantised activation rows (per 32, per 256): parts of one
+# group can be stacked into one linear (kernels.h metrale_weight's `next`).
+ACTIVATION_GROUPS = (("q4_0", "q4_1", "q8_0"), K_FORMATS)
+
+
+def stackable(formats: list[str]) -> bool:
+    """Whether weights of these block formats can be stacked as one linear (one ACTIVATION_GROUPS group)."""
+    return any(set(formats) <= set(group) for group in ACTIVATION_GROUPS)
+
+
+@dataclass(slots=True)
+class BlockStack:
+    """Block weights of several formats stacked along the output channels, each part as it ships (a
+    fused q/k/v whose v is Q6_K beside Q4_K q and k, as llama.cpp's Q4_K_M mixes them). `format` is the
+    parts' formats joined by "+"; shape (N, K) and dequantize() as for one BlockWeight."""
+
+    parts: tuple[BlockWeight, ...]
+
+    @classmethod
+    def of(cls, weights: list[BlockWeight]) -> "BlockStack":
+        """Adjacent weights of one format merged into one part. Raises BlockFormatError unless the
+        formats are stackable or the input features differ."""
+        if not stackable([w.format for w in weights]) or len({w.shape[1] for w in weights}) != 1:
+            raise BlockFormatError(f"cannot stack weights of formats {[w.format for w in weights]} "
+                                   f"and shapes {[w.shape for w in weights]}")
+        parts: list[list[BlockWeight]] = []
+        for w in weights:
+            if parts and parts[-1][0].format == w.format:
+                parts[-1].append(w)
+            else:
+                parts.append([w])
+        return cls(tuple(BlockWeight.concat(p) if len(p) > 1 else p[0] for p in parts))
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K]: every part's gguf-py values."""
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
 def quantization_config(formats: dict[str, str]) -> dict:
     """config.json's `quantization_config` for a folder whose weights `formats` (HF weight name ->
     block format) are stored as blocks."""
