@@ -2,7 +2,7 @@
 
 The folder holds config.json, model.safetensors (HF tensor names), tokenizer.json,
 tokenizer_config.json and generation_config.json. By default (dtype "blocks") the
-Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors stay in their GGUF blocks, as shipped
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors stay in their GGUF blocks, as shipped
 (layers/blocks.py: `<name>.qweight` / `.scales` / `.mins`, listed under config.json's
 `quantization_config`), and every other tensor is dequantized to float32; with dtype
 "float32" or "bfloat16" everything is dequantized, a folder transformers reads too.
@@ -36,8 +36,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 IMPORT_DTYPES = ("blocks", *DTYPES)  # "blocks": the GGUF's BLOCK_TYPES tensors as shipped, float32 otherwise
 # The GGUF tensor types kept as blocks by a "blocks" import (the kernels compute on them), and their
 # layers/blocks.py names.
-BLOCK_TYPES = {QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q8_0: "q8_0", QType.Q4_K: "q4_k", QType.Q5_K: "q5_k",
-               QType.Q6_K: "q6_k"}
+BLOCK_TYPES = {QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q5_0: "q5_0", QType.Q5_1: "q5_1", QType.Q8_0: "q8_0",
+               QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k"}
 
 # The tensor types the engine runs: BLOCK_TYPES as shipped, the others dequantized at import (gguf.quants
 # dequantizes them at a usable speed) and quantised again at load as EngineConfig.weights asks.
@@ -288,7 +288,7 @@ def import_gguf(
 ) -> Path:
     """Write the HF-format folder for a llama GGUF file at `out_dir`; return its path.
 
-    dtype: "blocks" (Q4_0 / Q4_1 / Q8_0 tensors kept as shipped, the rest float32), or
+    dtype: "blocks" (BLOCK_TYPES' tensors kept as shipped, the rest float32), or
     "float32" / "bfloat16" (every tensor dequantized to it). The folder is
     written next to `out_dir` under a temporary name and renamed into place, so
     a failed import leaves nothing behind. Raises GGUFImportError for a missing

@@ -171,7 +171,7 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
 
 
 # Weight formats of kernels.h's metrale_weight.
-FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}
+FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8}
 
 
 class KernelWeight:
@@ -241,8 +241,12 @@ class KernelWeight:
         if blocks.format == "q8_0":  # [tiles, KB, 8 groups, 16 channels x 4 k]
             qs = codes.view(tiles, TILE, kb, 8, 4).permute(0, 2, 3, 1, 4).contiguous().view(tiles, kb, 8, 64)
         else:  # [tiles, KB, 4 groups, 16 channels x 4 bytes]: k 8g + i low nibble, 8g + 4 + i high
-            c = codes.view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            c = (codes & 0x0F).view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
             qs = (c[..., 0] | (c[..., 1] << 4)).contiguous().view(tiles, kb, 4, 64)
+            if blocks.format in ("q5_0", "q5_1"):  # then the fifth bits: byte 4 j + i, bit 2g + upper
+                hb = (codes >> 4).view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 1, 5, 3, 4).reshape(tiles, kb, 64, 8)
+                high = (hb << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+                qs = torch.cat([qs, high.view(tiles, kb, 1, 64)], dim=2).contiguous()
         d = tile_major(blocks.scales).view(torch.int16)
         m = None if blocks.mins is None else tile_major(blocks.mins).view(torch.int16)
         return cls(blocks.format, exact, qs, d, m, (n, k))

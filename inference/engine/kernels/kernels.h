@@ -90,9 +90,11 @@ void metrale_int8_linear(const float *x, const int8_t *packed, const float *scal
 #define METRALE_W_Q4_K 4
 #define METRALE_W_Q5_K 5
 #define METRALE_W_Q6_K 6
+#define METRALE_W_Q5_0 7
+#define METRALE_W_Q5_1 8
 
 /* One linear's weight as the kernels read it. INT8: qs = metrale_int8_pack output, d = float32
- * scales [N]. Q4_0 / Q4_1 / Q8_0: qs = packed codes, d (and m, Q4_1 only) = float16 bits
+ * scales [N]. Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0: qs = packed codes, d (and m, Q4_1 / Q5_1) = float16 bits
  * [tiles, K / 32, 16] (block_gemm.c). Q4_K / Q5_K / Q6_K: qs = the packed super-blocks, d and m
  * unused (kquant_gemm.c). exact: 1 = float32 activations against the dequantised
  * blocks (the reference path), 0 = int8 activation blocks and exact integer sums. */
@@ -102,7 +104,7 @@ typedef struct metrale_weight {
     /* A stack of parts along the output channels (a fused q/k/v whose parts ship in different
      * formats): `next` the following part (NULL: this is the last, holding the channels left), `rows`
      * this part's channels where there is a next. The parts read the same quantised rows: all
-     * K-quants, or all of Q4_0 / Q4_1 / Q8_0. */
+     * K-quants, or all of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0. */
     long rows;
     const struct metrale_weight *next;
 } metrale_weight;

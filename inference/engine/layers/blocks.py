@@ -1,11 +1,14 @@
-"""GGUF weight blocks (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) as torch tensors: from a GGUF file's bytes, from floats, to floats, in safetensors.
+"""GGUF weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) as torch tensors: from a GGUF file's bytes, from floats, to floats, in safetensors.
 
 A block is 32 consecutive weights of one output channel with float16 scales
 (ggml's formats, gguf-py's dequantize rules): Q4_0 w = d * (q - 8), q in 0..15;
-Q4_1 w = d * q + m; Q8_0 w = q * d, q an int8. A BlockWeight keeps them as three
-tensors: `codes` (Q4: uint8 [N, K / 2], each block's 16 bytes as in the file, byte i
-holding weight i in its low nibble and weight i + 16 in its high one; Q8_0: int8
-[N, K]), `scales` float16 [N, K / 32] and, for Q4_1, `mins` float16 [N, K / 32].
+Q4_1 w = d * q + m; Q5_0 w = d * (q - 16), Q5_1 w = d * q + m, q in 0..31; Q8_0 w = q * d,
+q an int8. A BlockWeight keeps them as three tensors: `codes` (Q4: uint8 [N, K / 2], each
+block's 16 bytes as in the file, byte i holding weight i in its low nibble and weight i + 16
+in its high one; Q5: uint8 [N, K / 32 * 20], each block's 4 bytes of fifth bits (bit i of
+their little-endian uint32 for weight i) then its 16 bytes of low nibbles as Q4's, as in the
+file; Q8_0: int8 [N, K]), `scales` float16 [N, K / 32] and, for Q4_1 and Q5_1, `mins`
+float16 [N, K / 32].
 
 A K-quant super-block is 256 weights of one output channel (ggml's k-quants, gguf-py's
 dequantizers): Q4_K and Q5_K hold 8 sub-blocks of 32 with 6-bit scales sc and mins m and
@@ -28,10 +31,11 @@ import torch
 BLOCK = 32
 SUPER_BLOCK = 256
 K_FORMATS = ("q4_k", "q5_k", "q6_k")
-FORMATS = ("q4_0", "q4_1", "q8_0", *K_FORMATS)
+FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", *K_FORMATS)
+_MINS = ("q4_1", "q5_1")  # the formats with a float16 min per block
 QUANT_METHOD = "gguf_blocks"
 # Bytes of one block in a GGUF file: the float16 scale (and min), then the codes.
-_GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+_GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "q8_0": 34}
 # Bytes of one K-quant super-block (ggml's block_q4_K, block_q5_K, block_q6_K).
 SUPER_BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 
@@ -82,9 +86,9 @@ class BlockWeight:
         if fmt == "q8_0":
             codes = torch.from_numpy(blocks[..., 2:].copy().view(np.int8).reshape(raw.shape[0], -1))
             return cls(fmt, codes, scales)
-        start = 4 if fmt == "q4_1" else 2
+        start = 4 if fmt in _MINS else 2
         codes = torch.from_numpy(blocks[..., start:].copy().reshape(raw.shape[0], -1))
-        mins = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]) if fmt == "q4_1" else None
+        mins = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]) if fmt in _MINS else None
         return cls(fmt, codes, scales, mins)
 
     @classmethod
@@ -113,19 +117,25 @@ class BlockWeight:
         d = self.scales.float().unsqueeze(-1)
         if self.format == "q8_0":
             return (self.codes.float().view(n, -1, BLOCK) * d).reshape(n, k)
-        packed = self.codes.view(n, -1, BLOCK // 2)
-        q = torch.cat([packed & 0x0F, packed >> 4], dim=-1)  # weights 0..15, then 16..31
-        if self.format == "q4_0":
-            return (d * (q.to(torch.int8) - 8).float()).reshape(n, k)
+        q = self.code_values().view(n, -1, BLOCK)
+        if self.format in ("q4_0", "q5_0"):
+            return (d * (q.to(torch.int8) - (8 if self.format == "q4_0" else 16)).float()).reshape(n, k)
         return (d * q.float() + self.mins.float().unsqueeze(-1)).reshape(n, k)
 
     def code_values(self) -> torch.Tensor:
-        """The integer codes [N, K] in k order (Q4: 0..15 as uint8; Q8_0: int8; K-quants: kquant_fields' q)."""
+        """The integer codes [N, K] in k order (Q4: 0..15 as uint8; Q5: 0..31; Q8_0: int8; K-quants:
+        kquant_fields' q)."""
         n, k = self.shape
         if self.format in K_FORMATS:
             return self.kquant_fields()["q"]
         if self.format == "q8_0":
             return self.codes
+        if self.format in ("q5_0", "q5_1"):
+            blocks = self.codes.view(n, -1, 20)
+            packed = blocks[..., 4:]
+            high = blocks[..., :4].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)  # [n, KB, 4 bytes, 8 bits]
+            q = torch.cat([packed & 0x0F, packed >> 4], dim=-1) | ((high.reshape(n, -1, BLOCK) & 1) << 4)
+            return q.reshape(n, k)
         packed = self.codes.view(n, -1, BLOCK // 2)
         return torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(n, k)
 
@@ -200,14 +210,14 @@ class BlockWeight:
                 raise BlockFormatError(f"{weight_name}: {fmt} codes {codes.dtype} {tuple(codes.shape)} are not "
                                        f"whole super-blocks of {SUPER_BLOCK_BYTES[fmt]} bytes")
             return cls(fmt, codes, None)
-        names = [f"{base}.qweight", f"{base}.scales"] + ([f"{base}.mins"] if fmt == "q4_1" else [])
+        names = [f"{base}.qweight", f"{base}.scales"] + ([f"{base}.mins"] if fmt in _MINS else [])
         missing = [n for n in names if n not in state]
         if fmt not in FORMATS or missing:
             raise BlockFormatError(f"{weight_name}: format {fmt!r} needs the tensors {missing or names}")
         codes, scales = state.pop(names[0]), state.pop(names[1])
-        mins = state.pop(names[2]) if fmt == "q4_1" else None
+        mins = state.pop(names[2]) if fmt in _MINS else None
         n, blocks = scales.shape
-        per_block = BLOCK if fmt == "q8_0" else BLOCK // 2
+        per_block = BLOCK if fmt == "q8_0" else 20 if fmt in ("q5_0", "q5_1") else BLOCK // 2
         if tuple(codes.shape) != (n, blocks * per_block) or (mins is not None and mins.shape != scales.shape):
             raise BlockFormatError(f"{weight_name}: codes {tuple(codes.shape)} do not fit scales {tuple(scales.shape)}")
         return cls(fmt, codes, scales, mins)
@@ -215,7 +225,7 @@ class BlockWeight:
 
 # Block formats whose linears read the same quantised activation rows (per 32, per 256): parts of one
 # group can be stacked into one linear (kernels.h metrale_weight's `next`).
-ACTIVATION_GROUPS = (("q4_0", "q4_1", "q8_0"), K_FORMATS)
+ACTIVATION_GROUPS = (("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"), K_FORMATS)
 
 
 def stackable(formats: list[str]) -> bool:

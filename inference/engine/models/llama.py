@@ -194,8 +194,8 @@ class LlamaForCausalLM(nn.Module):
             return "int8"
         if weights == "q8":
             return "q8_0"
-        if weights == "q4":  # a file's K-quants are its own 4-6 bit choice: kept as shipped
-            if (loaded and all(f in ("q4_0", "q4_1", *K_FORMATS) for f in loaded.split("+"))) or (
+        if weights == "q4":  # a file's 5-bit and K-quant blocks are its own 4-6 bit choice: kept as shipped
+            if (loaded and all(f in ("q4_0", "q4_1", "q5_0", "q5_1", *K_FORMATS) for f in loaded.split("+"))) or (
                     head and loaded == "q8_0"):
                 return loaded
             return "q8_0" if head else "q4_1"
