@@ -277,7 +277,8 @@ def pack_kquant(blocks) -> torch.Tensor:
     if fmt == "q6_k":  # [t, j, b, s, v, e, u, i] -> [t, b, s, v, j, i, e * 2 + u]
         h2 = ((q >> 4) & 3).view(tiles, TILE, ks, 8, 2, 2, 2, 4).permute(0, 2, 3, 4, 1, 7, 5, 6).reshape(
             tiles, ks, 8, 2, TILE, 4, 4)
-        parts.append((h2 << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8).reshape(tiles, ks, 1024))
+        high = (h2 << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8)
+        parts.append(high.reshape(tiles, ks, 1024))
         sc = padded(f["sc"].view(torch.uint8)).view(tiles, TILE, ks, 8, 2).permute(0, 2, 3, 1, 4)
         parts.append(sc.reshape(tiles, ks, 256))
         d = padded(f["d"]).view(tiles, TILE, ks).permute(0, 2, 1).contiguous().view(torch.uint8)

@@ -1,4 +1,4 @@
-"""GGUF weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) as torch tensors: from a GGUF file's bytes, from floats, to floats, in safetensors.
+"""GGUF weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; K-quants Q4_K, Q5_K, Q6_K) as torch tensors: from a file's bytes, from floats, to floats, in safetensors.
 
 A block is 32 consecutive weights of one output channel with float16 scales
 (ggml's formats, gguf-py's dequantize rules): Q4_0 w = d * (q - 8), q in 0..15;

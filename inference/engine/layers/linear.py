@@ -3,8 +3,9 @@
 Decode is memory-bound: at batch 1 a step reads every weight once. A PackedLinear
 holds at most two forms of its weight: the `compact` one its compact rows use (the
 compiled kernels' KernelWeight: int8 per output channel with int16 activations, or
-Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks of 32 or Q4_K / Q5_K / Q6_K super-blocks of 256 with int8
-activations; kernels/int8_gemm.c, kernels/block_gemm.c, kernels/kquant_gemm.c), and the `exact` one the other rows use: the float weight, or,
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks of 32 or Q4_K / Q5_K / Q6_K super-blocks of 256
+with int8 activations; kernels/int8_gemm.c, kernels/block_gemm.c, kernels/kquant_gemm.c),
+and the `exact` one the other rows use: the float weight, or,
 for a folder that ships blocks, the same blocks with float32 activations (the
 reference path: no float copy). Weights are read once per call whatever the batch,
 and every kernel is row-independent (a row's result does not depend on the other
@@ -78,8 +79,9 @@ class PackedLinear:
         """Keep the forms this linear runs in. fmt: None (no compact form), "int8", or a block
         format (layers/blocks.py FORMATS, or a BlockStack's: its parts' joined by "+"; blocks as
         loaded are kept when they are in it, else the values are quantised to it). compact_all_rows:
-        no row needs the exact form, so none is kept. Without the compiled kernels (or off CPU) blocks become float `dtype` weights on
-        `device`, and int8 uses torch's kernel for decode rows."""
+        no row needs the exact form, so none is kept. Without the compiled kernels (or off CPU)
+        blocks become float `dtype` weights on `device`, and int8 uses torch's kernel for decode
+        rows."""
         use_kernels = device.type == "cpu" and kernels.available()
         blocks = self.blocks
         if fmt not in (None, "int8") and (blocks is None or blocks.format != fmt):

@@ -30,8 +30,8 @@ class Command(BaseCommand):
         parser.add_argument("--formats", default="q4_1,q8_0,q4_k,q5_k,q6_k")
         parser.add_argument("--rounds", type=int, default=7)
         parser.add_argument("--calls", type=int, default=20, help="calls a round")
-        parser.add_argument("--threads", type=int, default=1,
-                            help="torch threads (1: CPU times are one thread's; more: OpenMP workers' spinning counts too)")
+        parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU times are one "
+                            "thread's; more: OpenMP workers' spinning counts too)")
 
     def handle(self, *args, shapes, rows, formats, rounds, calls, threads, **options):
         import torch
@@ -51,7 +51,8 @@ class Command(BaseCommand):
             raise CommandError(f"--rows {rows!r}: {exc}") from exc
         out = self.stdout.write
         out(f"CPU {cpuinfo_field('model name') or 'unknown'}, {torch.get_num_threads()} threads, kernels "
-            f"{kernels.instruction_set()}; {rounds} interleaved rounds of {calls} calls: CPU us per call in the fastest round (wall us, median round)")
+            f"{kernels.instruction_set()}; {rounds} interleaved rounds of {calls} calls: CPU us per call in the "
+            "fastest round (wall us, median round)")
         figures = bench_gemm(_shapes(shapes), row_counts, fmts, rounds=rounds, calls=calls)
         base = {(f.n, f.k, f.rows): f for f in figures if f.fmt == BASELINE}
         out(f"{'shape':>10} {'rows':>4} {'format':>6} {'CPU us':>9} {'(wall)':>10} {'KiB':>7} {'GB/s':>6} "
