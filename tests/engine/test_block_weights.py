@@ -1,4 +1,4 @@
-"""GGUF weight blocks (Q4_0, Q4_1, Q8_0): the block kernels against their rule bit for bit on every
+"""GGUF weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the block kernels against their rule bit for bit on every
 instruction-set path, the import that keeps a GGUF's blocks, the loader that quantises a float
 checkpoint on request, and logits against transformers on the dequantised weights."""
 import ctypes
@@ -20,14 +20,14 @@ from .test_model_parity import reference_logits, run_ours
 from .tiny_models import make_tiny_model
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
-FORMATS = ("q4_0", "q4_1", "q8_0")
+FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
 
 
 def block_linear_reference(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     """The documented fast rule of kernels.weight_linear on blocks, in plain torch: each row's blocks of
     32 quantised to int8 with dx = amax / 127 (x * (127 / amax), round half to even), exact integer
     dot products per block with the weights' integer values, then, block by block in order,
-    acc = acc + float(isum) * (d * dx) (+ m * (dx * float(sum a)) for Q4_1)."""
+    acc = acc + float(isum) * (d * dx) (+ m * (dx * float(sum a)) for Q4_1 and Q5_1)."""
     n, k = bw.shape
     xb = x.view(x.shape[0], -1, 32)
     amax = xb.abs().amax(-1)
@@ -35,15 +35,15 @@ def block_linear_reference(x: torch.Tensor, bw: BlockWeight) -> torch.Tensor:
     a = torch.round(xb * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int64)
     dx = amax / 127.0
     q = bw.code_values().to(torch.int64).view(n, -1, 32)
-    if bw.format == "q4_0":
-        q = q - 8
+    if bw.format in ("q4_0", "q5_0"):
+        q = q - (8 if bw.format == "q4_0" else 16)
     isum = torch.einsum("mbk,nbk->mnb", a, q)
     d = bw.scales.float()
     sa = dx * a.sum(-1).float()
     acc = torch.zeros(x.shape[0], n)
     for b in range(k // 32):
         acc = acc + isum[:, :, b].float() * (d[None, :, b] * dx[:, b:b + 1])
-        if bw.format == "q4_1":
+        if bw.format in ("q4_1", "q5_1"):
             acc = acc + bw.mins.float()[None, :, b] * sa[:, b:b + 1]
     return acc
 
@@ -169,6 +169,11 @@ def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0) -> None:
 
 MIXED = {"attn_q": "q4_1", "attn_k": "q4_1", "attn_v": "q4_1", "attn_output": "q4_0", "ffn_gate": "q4_0",
          "ffn_up": "q4_0", "ffn_down": "q8_0", "token_embd": "q8_0", "output": "q4_1"}
+# llama.cpp's fallbacks where rows are not whole super-blocks (Gemma 3 270M's Q4_K_M: Q5_0 q / k / gate /
+# up, Q8_0 v in some layers); ffn_gate in Q5_1 beside ffn_up in Q4_0 and attn_v in Q8_0 beside Q5_0 make
+# their fused linears stacks of two formats.
+MIXED_Q5 = {"attn_q": "q5_0", "attn_k": "q5_0", "attn_v": "q8_0", "attn_output": "q5_0", "ffn_gate": "q5_1",
+            "ffn_up": "q4_0", "ffn_down": "q5_1", "token_embd": "q8_0", "output": "q5_0"}
 
 
 def test_import_keeps_the_blocks_as_shipped(tmp_path):
@@ -214,6 +219,29 @@ def test_blocks_read_exactly_give_transformers_logits_on_the_dequantised_weights
     # the fast path (int8 activation blocks) on the same blocks stays close
     fast = run_ours(blocks, prompt, decode, chunk=16, weights="auto")
     assert 0 < (fast - ours).abs().max().item() <= 0.1 * ours.abs().max().item()
+
+
+@needs_kernels
+def test_q5_blocks_and_stacks_of_formats_give_transformers_logits_on_the_dequantised_weights(tmp_path):
+    """Q5_0 / Q5_1 blocks kept as shipped (stacks where q/k/v or gate/up mix formats): with float32
+    activations transformers' logits on the float import; with int8 activations close to them."""
+    write_block_gguf(tmp_path / "m.gguf", MIXED_Q5)
+    blocks = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
+    floats = import_gguf(tmp_path / "m.gguf", tmp_path / "float", dtype="float32", progress=False)
+    formats = block_formats(json.loads((blocks / "config.json").read_text()))
+    assert formats["model.layers.0.self_attn.q_proj.weight"] == "q5_0"
+    assert formats["model.layers.1.mlp.down_proj.weight"] == "q5_1"
+    model = load_model(blocks, ModelConfig.from_folder(blocks), torch.float32, torch.device("cpu"), weights="auto")
+    assert model.weight_formats == {"q5_0": 1 + 2, "q5_0+q8_0": 2, "q5_1+q4_0": 2, "q5_1": 2}
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, 250, (40,), generator=g).tolist()
+    decode = torch.randint(3, 250, (10,), generator=g).tolist()
+    ours = run_ours(blocks, prompt, decode, chunk=16)
+    ref = reference_logits(floats, prompt + decode)
+    assert (ours - ref).abs().max().item() <= 1e-4
+    fast = run_ours(blocks, prompt, decode, chunk=16, weights="auto")
+    kl, _, _ = kl_and_agreement(ref, fast, margin=1.0)
+    assert 0 < (fast - ref).abs().max().item() and kl.mean().item() <= 0.01
 
 
 @needs_kernels

@@ -2,10 +2,11 @@
 
 The folder holds config.json, model.safetensors (HF tensor names), tokenizer.json,
 tokenizer_config.json and generation_config.json. By default (dtype "blocks") the
-Q4_0, Q4_1 and Q8_0 tensors stay in their GGUF blocks, as shipped (layers/blocks.py:
-`<name>.qweight` / `.scales` / `.mins`, listed under config.json's
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors stay in their GGUF blocks, as shipped
+(layers/blocks.py: `<name>.qweight` / `.scales` / `.mins`, listed under config.json's
 `quantization_config`), and every other tensor is dequantized to float32; with dtype
 "float32" or "bfloat16" everything is dequantized, a folder transformers reads too.
+A tensor type outside SUPPORTED_TENSOR_TYPES is refused by name before anything is written.
 The rules mirror
 transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) and llama.cpp's
 `convert_hf_to_gguf.py`, which this reverses.
@@ -32,11 +33,14 @@ from ..layers.blocks import BlockWeight, quantization_config
 from .gguf_tokenizer import build_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-IMPORT_DTYPES = ("blocks", *DTYPES)  # "blocks": the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as shipped, float32 otherwise
-# The GGUF tensor types kept as blocks by a "blocks" import, and their layers/blocks.py names.
-BLOCK_TYPES = {QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q8_0: "q8_0"}
+IMPORT_DTYPES = ("blocks", *DTYPES)  # "blocks": the GGUF's BLOCK_TYPES tensors as shipped, float32 otherwise
+# The GGUF tensor types kept as blocks by a "blocks" import (the kernels compute on them), and their
+# layers/blocks.py names.
+BLOCK_TYPES = {QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q5_0: "q5_0", QType.Q5_1: "q5_1", QType.Q8_0: "q8_0",
+               QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k"}
 
-# The tensor types gguf.quants.dequantize handles at a usable speed.
+# The tensor types the engine runs: BLOCK_TYPES as shipped, the others dequantized at import (gguf.quants
+# dequantizes them at a usable speed) and quantised again at load as EngineConfig.weights asks.
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
         QType.F32,
@@ -250,6 +254,19 @@ def convert_tensors(reader: GGUFReader, config: dict, dtype: str, progress: bool
     return tensors, formats
 
 
+def unsupported_tensor_types(reader: GGUFReader) -> None:
+    """Refuse a file with a tensor type outside SUPPORTED_TENSOR_TYPES: GGUFImportError naming each such
+    type, a tensor of it and how many there are, and the types that run."""
+    bad: dict[str, list[str]] = {}
+    for t in reader.tensors:
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            bad.setdefault(t.tensor_type.name, []).append(t.name)
+    if bad:
+        found = "; ".join(f"{kind} ({len(names)} tensors, e.g. {names[0]})" for kind, names in sorted(bad.items()))
+        runs = ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
+        raise GGUFImportError(f"tensor type {found} cannot be run by this engine; it runs {runs}")
+
+
 def _open(path: Path) -> GGUFReader:
     if not path.is_file():
         raise GGUFImportError(f"{path} does not exist or is not a file")
@@ -271,7 +288,7 @@ def import_gguf(
 ) -> Path:
     """Write the HF-format folder for a llama GGUF file at `out_dir`; return its path.
 
-    dtype: "blocks" (Q4_0 / Q4_1 / Q8_0 tensors kept as shipped, the rest float32), or
+    dtype: "blocks" (BLOCK_TYPES' tensors kept as shipped, the rest float32), or
     "float32" / "bfloat16" (every tensor dequantized to it). The folder is
     written next to `out_dir` under a temporary name and renamed into place, so
     a failed import leaves nothing behind. Raises GGUFImportError for a missing
@@ -292,11 +309,7 @@ def import_gguf(
     missing = expected_tensor_names(config) - {hf_tensor_name(t.name) for t in reader.tensors}
     if missing:
         raise GGUFImportError(f"the file lacks tensors for {', '.join(sorted(missing)[:5])}")
-    bad = sorted(
-        {t.tensor_type.name for t in reader.tensors if t.tensor_type not in SUPPORTED_TENSOR_TYPES}
-    )
-    if bad:
-        raise GGUFImportError(f"tensor types {', '.join(bad)} are not supported")
+    unsupported_tensor_types(reader)
     files = tokenizer_files(meta)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from ..layers.blocks import BlockStack
 from .build import KernelBuildError, build
 
 log = logging.getLogger("metrale.engine")
@@ -170,33 +171,47 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> t
 
 
 # Weight formats of kernels.h's metrale_weight.
-FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3}
+FORMAT_CODES = {"int8": 0, "q4_0": 1, "q4_1": 2, "q8_0": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8}
 
 
 class KernelWeight:
     """One linear's weight as the compiled kernels read it (kernels.h metrale_weight): the packed
     tensors, its format and whether activations stay float32 (`exact`, the reference path).
 
-    Build with `from_int8` or `from_blocks`; `shape` is (N, K); `nbytes` the packed tensors' bytes.
-    `with_exact(flag)` gives the same tensors under the other activation rule (no copy).
+    Build with `from_int8` or `from_blocks` (a layers.blocks.BlockStack gives a stack of parts, each
+    packed in its own format, `format` then "q4_k+q6_k"-style); `shape` is (N, K); `nbytes` the packed
+    tensors' bytes. `with_exact(flag)` gives the same tensors under the other activation rule (no copy).
     """
 
     class Struct(ctypes.Structure):
-        _fields_ = [("format", ctypes.c_int), ("exact", ctypes.c_int), ("qs", _P), ("d", _P), ("m", _P)]
+        _fields_ = [("format", ctypes.c_int), ("exact", ctypes.c_int), ("qs", _P), ("d", _P), ("m", _P),
+                    ("rows", ctypes.c_long), ("next", _P)]
 
-    __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct")
+    __slots__ = ("format", "exact", "qs", "d", "m", "shape", "struct", "parts", "_structs")
 
-    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-                 shape: tuple[int, int]):
+    def __init__(self, fmt: str, exact: bool, qs: torch.Tensor | None, d: torch.Tensor | None,
+                 m: torch.Tensor | None, shape: tuple[int, int], parts: tuple["KernelWeight", ...] = ()):
         self.format, self.exact, self.qs, self.d, self.m, self.shape = fmt, exact, qs, d, m, shape
-        self.struct = KernelWeight.Struct(FORMAT_CODES[fmt], int(exact), qs.data_ptr(), d.data_ptr(),
-                                          None if m is None else m.data_ptr())
+        self.parts = parts
+        singles = parts or (self,)
+        self._structs = [KernelWeight.Struct(FORMAT_CODES[w.format], int(exact), w.qs.data_ptr(), _ptr_or_none(w.d),
+                                             _ptr_or_none(w.m), w.shape[0], None) for w in singles]
+        for a, b in zip(self._structs, self._structs[1:]):  # the C side walks `next` (kernels.h)
+            a.next = ctypes.addressof(b)
+        self.struct = self._structs[0]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The packed tensors the kernels read (every part's)."""
+        return [t for w in (self.parts or (self,)) for t in (w.qs, w.d, w.m) if t is not None]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def with_exact(self, exact: bool) -> "KernelWeight":
+        if self.parts:
+            return KernelWeight(self.format, exact, None, None, None, self.shape,
+                                tuple(w.with_exact(exact) for w in self.parts))
         return KernelWeight(self.format, exact, self.qs, self.d, self.m, self.shape)
 
     @classmethod
@@ -206,7 +221,13 @@ class KernelWeight:
 
     @classmethod
     def from_blocks(cls, blocks, exact: bool = False) -> "KernelWeight":
-        """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16)."""
+        """From a layers.blocks.BlockWeight, packed in block_gemm.c's tile layout (N padded to 16; K-quants:
+        kquant_gemm.c's, `pack_kquant`)."""
+        if isinstance(blocks, BlockStack):
+            return cls(blocks.format, exact, None, None, None, blocks.shape,
+                       tuple(cls.from_blocks(b, exact) for b in blocks.parts))
+        if blocks.format in KQUANT_STRIDE:
+            return cls(blocks.format, exact, pack_kquant(blocks), None, None, blocks.shape)
         n, k = blocks.shape
         tiles, kb = -(-n // TILE), k // 32
         pad = tiles * TILE - n
@@ -220,11 +241,57 @@ class KernelWeight:
         if blocks.format == "q8_0":  # [tiles, KB, 8 groups, 16 channels x 4 k]
             qs = codes.view(tiles, TILE, kb, 8, 4).permute(0, 2, 3, 1, 4).contiguous().view(tiles, kb, 8, 64)
         else:  # [tiles, KB, 4 groups, 16 channels x 4 bytes]: k 8g + i low nibble, 8g + 4 + i high
-            c = codes.view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+            c = (codes & 0x0F).view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
             qs = (c[..., 0] | (c[..., 1] << 4)).contiguous().view(tiles, kb, 4, 64)
+            if blocks.format in ("q5_0", "q5_1"):  # then the fifth bits: byte 4 j + i, bit 2g + upper
+                hb = (codes >> 4).view(tiles, TILE, kb, 4, 2, 4).permute(0, 2, 1, 5, 3, 4).reshape(tiles, kb, 64, 8)
+                high = (hb << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+                qs = torch.cat([qs, high.view(tiles, kb, 1, 64)], dim=2).contiguous()
         d = tile_major(blocks.scales).view(torch.int16)
         m = None if blocks.mins is None else tile_major(blocks.mins).view(torch.int16)
         return cls(blocks.format, exact, qs, d, m, (n, k))
+
+
+# Bytes of one packed (tile, super-block) of each K-quant format (kquant_gemm.c metrale_kq_stride).
+KQUANT_STRIDE = {"q4_k": 2048 + 320, "q5_k": 2560 + 320, "q6_k": 3072 + 320}
+
+
+def pack_kquant(blocks) -> torch.Tensor:
+    """A K-quant layers.blocks.BlockWeight [N, K] in kquant_gemm.c's layout (its header comment): uint8
+    [ceil(N / 16), K / 256, KQUANT_STRIDE[format]], zero past N. Integer fields only are moved: the
+    values are the super-blocks' own."""
+    n, k = blocks.shape
+    tiles, ks, fmt = -(-n // TILE), k // 256, blocks.format
+    f = blocks.kquant_fields()
+    pad = tiles * TILE - n
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) if pad else t
+
+    q = padded(f["q"]).view(tiles, TILE, ks, 8, 4, 2, 4)  # [t, j, b, s, g, upper, i]
+    low = (q & 0x0F).permute(0, 2, 3, 4, 1, 5, 6)  # [t, b, s, g, j, upper, i]
+    parts = [(low[..., 0, :] | (low[..., 1, :] << 4)).reshape(tiles, ks, 2048)]
+    if fmt == "q5_k":
+        hb = ((q >> 4) & 1).permute(0, 2, 3, 1, 6, 4, 5).reshape(tiles, ks, 8, TILE, 4, 8)  # [.., j, i, g * 2 + u]
+        parts.append((hb << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8).reshape(tiles, ks, 512))
+    if fmt == "q6_k":  # [t, j, b, s, v, e, u, i] -> [t, b, s, v, j, i, e * 2 + u]
+        h2 = ((q >> 4) & 3).view(tiles, TILE, ks, 8, 2, 2, 2, 4).permute(0, 2, 3, 4, 1, 7, 5, 6).reshape(
+            tiles, ks, 8, 2, TILE, 4, 4)
+        high = (h2 << (2 * torch.arange(4, dtype=torch.uint8))).sum(-1, dtype=torch.uint8)
+        parts.append(high.reshape(tiles, ks, 1024))
+        sc = padded(f["sc"].view(torch.uint8)).view(tiles, TILE, ks, 8, 2).permute(0, 2, 3, 1, 4)
+        parts.append(sc.reshape(tiles, ks, 256))
+        d = padded(f["d"]).view(tiles, TILE, ks).permute(0, 2, 1).contiguous().view(torch.uint8)
+        parts += [d.reshape(tiles, ks, 32), torch.zeros((tiles, ks, 32), dtype=torch.uint8)]
+    else:
+        parts.append(padded(f["sc"]).view(tiles, TILE, ks, 8).permute(0, 2, 3, 1).reshape(tiles, ks, 128))
+        parts.append(padded(f["m"]).view(tiles, TILE, ks, 4, 2).permute(0, 2, 3, 1, 4).reshape(tiles, ks, 128))
+        for name in ("d", "dmin"):
+            parts.append(padded(f[name]).view(tiles, TILE, ks).permute(0, 2, 1).contiguous().view(torch.uint8)
+                         .reshape(tiles, ks, 32))
+    packed = torch.cat(parts, dim=-1).contiguous()
+    assert packed.shape[-1] == KQUANT_STRIDE[fmt]
+    return packed
 
 
 def weight_linear(x: torch.Tensor, w: KernelWeight) -> torch.Tensor:

@@ -1,16 +1,18 @@
-/* Linear layers on GGUF-style weight blocks (Q4_0, Q4_1, Q8_0: 32 weights per block with
+/* Linear layers on GGUF-style weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: 32 weights per block with
  * float16 scales) and the one entry point every decode-layer GEMM goes through
- * (metrale_weight_linear, which also runs the per-channel int8 format of int8_gemm.c).
+ * (metrale_weight_linear, which also runs the per-channel int8 format of int8_gemm.c and the
+ * K-quant super-blocks of kquant_gemm.c).
  *
  * Values (ggml's rules, gguf-py's dequantize): Q4_0 w = d * (q - 8), q in 0..15;
- * Q4_1 w = d * q + m; Q8_0 w = q * d, q in -128..127. d and m are float16 per block.
+ * Q4_1 w = d * q + m; Q5_0 w = d * (q - 16), Q5_1 w = d * q + m, q in 0..31; Q8_0 w = q * d,
+ * q in -128..127. d and m are float16 per block.
  *
  * Fast path (exact = 0): each activation row is quantised per block of 32 to int8 with
  * its own scale dx = amax / 127 (llama.cpp's Q8 activations; round half to even), and
  * each (row, channel, block) integer dot product is summed exactly in int32 (AVX-512
  * VNNI vpdpbusd, AVX2 vpmaddubsw + vpmaddwd, or scalar: no path can overflow or
  * saturate), then y = sum over blocks in order of float(isum) * (d * dx), plus
- * m * (dx * float(sum of the block's activations)) for Q4_1. The float steps are the
+ * m * (dx * float(sum of the block's activations)) for Q4_1 and Q5_1. The float steps are the
  * same operations per output channel in every path, so every instruction-set path
  * gives bitwise the same y, and a row's result never depends on the other rows.
  *
@@ -22,8 +24,10 @@
  * (zero past N), K a multiple of 32, KB = K / 32 blocks.
  *   Q4: qs uint8 [tiles, KB, 4, 64]: group g holds k = 8g .. 8g + 7 of the block;
  *       byte 4 j + i = q[j][8g + i] | q[j][8g + 4 + i] << 4 (j: channel in the tile).
+ *   Q5: qs uint8 [tiles, KB, 5, 64]: the Q4 layout of the low 4 bits, then the fifth bits: byte
+ *       4 j + i, bit 2g = bit 4 of q[j][8g + i], bit 2g + 1 = bit 4 of q[j][8g + 4 + i].
  *   Q8: qs int8 [tiles, KB, 8, 64]: group g holds k = 4g .. 4g + 3: byte 4 j + i = q[j][4g + i].
- *   d (and m for Q4_1): float16 [tiles, KB, 16].
+ *   d (and m for Q4_1, Q5_1): float16 [tiles, KB, 16].
  */
 #include <math.h>
 #include <stdint.h>
@@ -48,7 +52,19 @@
 #define PF_BYTES 4096
 
 /* The packed bytes of one (tile, block): codes and the float16 scales. */
-static long codes_per_tile_block(int format) { return format == METRALE_W_Q8_0 ? 512 : 256; }
+static long codes_per_tile_block(int format) {
+    return format == METRALE_W_Q8_0 ? 512 : (format == METRALE_W_Q5_0 || format == METRALE_W_Q5_1) ? 320 : 256;
+}
+
+static inline int is_q5(int format) { return format == METRALE_W_Q5_0 || format == METRALE_W_Q5_1; }
+
+/* The code of weight 8g + 4 upper + i of channel j in a Q4 / Q5 tile-block (0..15, Q5: 0..31). */
+static inline int q4_code(int format, const uint8_t *qs, int j, int g, int upper, int i) {
+    const uint8_t byte = qs[64 * g + 4 * j + i];
+    int q = upper ? byte >> 4 : byte & 0x0f;
+    if (is_q5(format)) q |= ((qs[256 + 4 * j + i] >> (2 * g + upper)) & 1) << 4;
+    return q;
+}
 
 const char *metrale_block_isa(void) {
 #if defined(BLK_VNNI512)
@@ -171,11 +187,11 @@ static inline __attribute__((always_inline)) void block_sums(int format, const u
                     for (int i = 0; i < 4; i++) s += (int32_t)((const int8_t *)qs)[64 * g + 4 * j + i] * ar[4 * g + i];
             } else {
                 for (int g = 0; g < 4; g++)
-                    for (int i = 0; i < 4; i++) {
-                        const uint8_t byte = qs[64 * g + 4 * j + i];
-                        s += (int32_t)(byte & 0x0f) * ar[8 * g + i] + (int32_t)(byte >> 4) * ar[8 * g + 4 + i];
-                    }
+                    for (int i = 0; i < 4; i++)
+                        s += (int32_t)q4_code(format, qs, j, g, 0, i) * ar[8 * g + i] +
+                             (int32_t)q4_code(format, qs, j, g, 1, i) * ar[8 * g + 4 + i];
                 if (format == METRALE_W_Q4_0) s -= 8 * asum[r * ldsum];
+                if (format == METRALE_W_Q5_0) s -= 16 * asum[r * ldsum];
             }
             isum[r * BT + j] = s;
         }
@@ -208,11 +224,11 @@ static void dequant_tile_block(int format, const uint8_t *qs, const float *d, co
         }
         for (int g = 0; g < 4; g++)
             for (int i = 0; i < 4; i++) {
-                const uint8_t byte = qs[64 * g + 4 * j + i];
-                const int q0 = byte & 0x0f, q1 = byte >> 4;
-                if (format == METRALE_W_Q4_0) {
-                    w[(8 * g + i) * BT + j] = d[j] * (float)(q0 - 8);
-                    w[(8 * g + 4 + i) * BT + j] = d[j] * (float)(q1 - 8);
+                const int q0 = q4_code(format, qs, j, g, 0, i), q1 = q4_code(format, qs, j, g, 1, i);
+                if (format == METRALE_W_Q4_0 || format == METRALE_W_Q5_0) {
+                    const int off = format == METRALE_W_Q4_0 ? 8 : 16;
+                    w[(8 * g + i) * BT + j] = d[j] * (float)(q0 - off);
+                    w[(8 * g + 4 + i) * BT + j] = d[j] * (float)(q1 - off);
                 } else {
                     w[(8 * g + i) * BT + j] = d[j] * (float)q0 + m[j];
                     w[(8 * g + 4 + i) * BT + j] = d[j] * (float)q1 + m[j];
@@ -236,7 +252,7 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
     const int two = R <= 6;
     __m512 c[BR];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80), bit4 = _mm512_set1_epi8(0x10);
     for (long b = 0; b < KB; b++, qs += cb) {
         for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
         if (!(b & 1)) {
@@ -265,9 +281,16 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
                 s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(128 * asum[r * KB + b]));
             }
         } else {
+            __m512i hs = _mm512_setzero_si512();
+            if (is_q5(format)) hs = _mm512_loadu_si512((const void *)(qs + 256));
             for (int g = 0; g < 4; g++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                if (is_q5(format)) { /* the fifth bits: 2g and 2g + 1 of the high-bit byte */
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
+                    hs = _mm512_srli_epi16(hs, 2);
+                }
                 for (int r = 0; r < R; r++) {
                     int32_t p0, p1;
                     memcpy(&p0, ab + r * K + 8 * g, 4);
@@ -280,6 +303,7 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
             for (int r = 0; r < R; r++) {
                 if (two) s[r] = _mm512_add_epi32(s[r], s1[r]);
                 if (format == METRALE_W_Q4_0) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(8 * asum[r * KB + b]));
+                if (format == METRALE_W_Q5_0) s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(16 * asum[r * KB + b]));
             }
         }
         for (int r = 0; r < R; r++)
@@ -312,7 +336,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
                                                                   const int R) {
     __m256 c[BR2][2];
     for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(0x10);
     for (long b = 0; b < KB; b++, qs += cb) {
         for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
         if (!(b & 1)) {
@@ -333,6 +357,35 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
                     s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(aw1, _mm256_sign_epi8(p, w1)), ones));
                 }
             }
+        } else if (is_q5(format)) {
+            /* int16 pair sums of at most 2 * 31 * 127: two groups' (4 of them) fit int16, then vpmaddwd */
+            __m256i h0 = _mm256_loadu_si256((const __m256i *)(qs + 256)), h1 = _mm256_loadu_si256((const __m256i *)(qs + 288));
+            __m256i t[BR2][2];
+            for (int g = 0; g < 4; g++) {
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g + 32));
+                const __m256i lo0 = _mm256_or_si256(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_slli_epi16(h0, 4), bit4));
+                const __m256i hi0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low), _mm256_and_si256(_mm256_slli_epi16(h0, 3), bit4));
+                const __m256i lo1 = _mm256_or_si256(_mm256_and_si256(v1, low), _mm256_and_si256(_mm256_slli_epi16(h1, 4), bit4));
+                const __m256i hi1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low), _mm256_and_si256(_mm256_slli_epi16(h1, 3), bit4));
+                h0 = _mm256_srli_epi16(h0, 2);
+                h1 = _mm256_srli_epi16(h1, 2);
+                for (int r = 0; r < R; r++) {
+                    const __m256i p0 = bcast4(ab + r * K + 8 * g), p1 = bcast4(ab + r * K + 8 * g + 4);
+                    const __m256i u0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, p0), _mm256_maddubs_epi16(hi0, p1));
+                    const __m256i u1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, p0), _mm256_maddubs_epi16(hi1, p1));
+                    if (!(g & 1)) {
+                        t[r][0] = u0;
+                        t[r][1] = u1;
+                    } else {
+                        s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_add_epi16(t[r][0], u0), ones));
+                        s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_add_epi16(t[r][1], u1), ones));
+                    }
+                }
+            }
+            if (format == METRALE_W_Q5_0)
+                for (int r = 0; r < R; r++)
+                    for (int h = 0; h < 2; h++) s[r][h] = _mm256_sub_epi32(s[r][h], _mm256_set1_epi32(16 * asum[r * KB + b]));
         } else {
             for (int g = 0; g < 4; g++) {
                 const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * g));
@@ -375,7 +428,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
 
 /* Output channels of one tile for rows [m0, m1): the fast path. */
 static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
-                      const float *sa, long m0, long m1, float *y, long N) {
+                      const float *sa, long m0, long m1, float *y, long N, long ldy) {
     const long cb = codes_per_tile_block(W->format);
     const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
     const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
@@ -416,12 +469,13 @@ static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a,
             block_finish(isum, d, mh ? mv : NULL, dx + m * KB + b, sa + m * KB + b, KB, rows, acc);
         }
 #endif
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * BT, sizeof(float) * (size_t)nc);
     }
 }
 
 /* Output channels of one tile for rows [m0, m1): the reference path (float32 activations). */
-static void tile_exact(const metrale_weight *W, long t, long KB, const float *x, long m0, long m1, float *y, long N) {
+static void tile_exact(const metrale_weight *W, long t, long KB, const float *x, long m0, long m1, float *y, long N,
+                       long ldy) {
     const long cb = codes_per_tile_block(W->format);
     const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
     const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
@@ -448,7 +502,7 @@ static void tile_exact(const metrale_weight *W, long t, long KB, const float *x,
                 }
             }
         }
-        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * N + n0, acc + r * BT, sizeof(float) * (size_t)nc);
+        for (int r = 0; r < rows; r++) memcpy(y + (m + r) * ldy + n0, acc + r * BT, sizeof(float) * (size_t)nc);
     }
 }
 
@@ -477,34 +531,71 @@ static block_rows block_parts(void *scratch, long M, long K) {
     return r;
 }
 
-/* The tiles of y = x · wᵀ (W a block-format weight of N output channels, K a multiple of 32, y
- * float32 [M, N]) from x's rows as scratch holds them (block_parts; x itself on the reference
- * path), shared by the threads of the enclosing team. Tiles are handed out in shrinking
- * contiguous runs (guided: each thread streams long runs of the weights, and one that falls
- * behind, descheduled by another process, holds up only its last run); each is read once per
- * BMC rows. */
+/* The parts of a stacked weight (kernels.h: `rows` and `next`): each part's weight, first output
+ * channel, channels and first tile; tile0[count] = all the tiles. */
+#define MAX_PARTS 8
+typedef struct {
+    int count;
+    const metrale_weight *w[MAX_PARTS];
+    long col[MAX_PARTS], n[MAX_PARTS], tile0[MAX_PARTS + 1];
+} weight_parts;
+
+static weight_parts parts_of(const metrale_weight *W, long N) {
+    weight_parts p;
+    long at = 0, tiles = 0;
+    p.count = 0;
+    for (const metrale_weight *w = W; w && p.count < MAX_PARTS; w = w->next) {
+        const int c = p.count++;
+        p.w[c] = w;
+        p.col[c] = at;
+        p.n[c] = w->next ? w->rows : N - at;
+        p.tile0[c] = tiles;
+        tiles += (p.n[c] + BT - 1) / BT;
+        at += p.n[c];
+    }
+    p.tile0[p.count] = tiles;
+    return p;
+}
+
+/* The tiles of y = x · wᵀ (W a block-format weight of N output channels, or a stack of parts of
+ * formats that read the same quantised rows; K a multiple of 32, 256 for the K-quants; y float32
+ * [M, N]) from x's rows as scratch holds them (block_parts, kquant_gemm.c's; x itself on the
+ * reference path), shared by the threads of the enclosing team. Tiles (of every part) are handed
+ * out in shrinking contiguous runs (guided: each thread streams long runs of the weights, and one
+ * that falls behind, descheduled by another process, holds up only its last run); each is read
+ * once per BMC rows. */
 static void block_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                              void *scratch) {
-    const long KB = K / 32, tiles = (N + BT - 1) / BT;
+    const long KB = K / 32;
     const block_rows r = block_parts(scratch, M, K);
+    const weight_parts p = parts_of(W, N);
     for (long m0 = 0; m0 < M; m0 += BMC) {
         const long m1 = m0 + BMC < M ? m0 + BMC : M;
 #pragma omp for schedule(guided)
-        for (long t = 0; t < tiles; t++) {
-            if (W->exact) tile_exact(W, t, KB, x, m0, m1, y, N);
-            else tile_fast(W, t, KB, r.a, r.dx, r.asum, r.sa, m0, m1, y, N);
+        for (long t = 0; t < p.tile0[p.count]; t++) {
+            int c = 0;
+            while (t >= p.tile0[c + 1]) c++;
+            const metrale_weight *P = p.w[c];
+            float *yc = y + p.col[c];
+            const long tc = t - p.tile0[c];
+            if (metrale_is_kquant(P->format)) metrale_kq_tile(P, tc, x, scratch, M, K, m0, m1, yc, p.n[c], N);
+            else if (P->exact) tile_exact(P, tc, KB, x, m0, m1, yc, p.n[c], N);
+            else tile_fast(P, tc, KB, r.a, r.dx, r.asum, r.sa, m0, m1, yc, p.n[c], N);
         }
     }
 }
 
 long metrale_weight_scratch_bytes(long M, long K) {
-    const long i8 = metrale_int8_scratch_bytes(M, K), blk = block_scratch_bytes(M, K);
-    return i8 > blk ? i8 : blk;
+    const long i8 = metrale_int8_scratch_bytes(M, K), blk = block_scratch_bytes(M, K), kq = metrale_kq_scratch_bytes(M, K);
+    const long most = i8 > blk ? i8 : blk;
+    return most > kq ? most : kq;
 }
 
 void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, long K, void *scratch) {
     if (W->format == METRALE_W_INT8) {
         metrale_int8_quantize(x, M, K, scratch);
+    } else if (metrale_is_kquant(W->format)) {
+        if (!W->exact) metrale_kq_quantize(x, M, K, scratch);
     } else if (!W->exact) {
         const block_rows r = block_parts(scratch, M, K);
         const long KB = K / 32;
@@ -523,6 +614,11 @@ void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *
                                 void *scratch) {
     if (W->format == METRALE_W_INT8) {
         metrale_int8_linear_team(x, (const int8_t *)W->qs, (const float *)W->d, y, M, N, K, scratch);
+        return;
+    }
+    if (metrale_is_kquant(W->format)) {
+        if (!W->exact) metrale_kq_quantize_team(x, M, K, scratch);
+        block_tiles_team(W, x, y, M, N, K, scratch);
         return;
     }
     if (!W->exact) {
@@ -548,10 +644,19 @@ void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, lo
 
 /* Rows `ids` of a block-format weight, dequantised to float32 (out [n, K]), e.g. embedding
  * rows read from their Q8_0 blocks; the values are gguf-py's dequantize's. */
-void metrale_block_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out) {
-    const long KB = K / 32, cb = codes_per_tile_block(W->format);
+void metrale_block_rows(const metrale_weight *W0, long K, const int64_t *ids, long n, float *out) {
     for (long r = 0; r < n; r++) {
-        const long row = ids[r], t = row / BT;
+        const metrale_weight *W = W0;
+        long row = ids[r];
+        while (W->next && row >= W->rows) { /* the part holding the row */
+            row -= W->rows;
+            W = W->next;
+        }
+        if (metrale_is_kquant(W->format)) {
+            metrale_kq_rows(W, K, &row, 1, out + r * K);
+            continue;
+        }
+        const long KB = K / 32, cb = codes_per_tile_block(W->format), t = row / BT;
         const int j = (int)(row % BT);
         for (long b = 0; b < KB; b++) {
             const uint8_t *qs = (const uint8_t *)W->qs + (t * KB + b) * cb;
@@ -565,11 +670,11 @@ void metrale_block_rows(const metrale_weight *W, long K, const int64_t *ids, lon
             }
             for (int g = 0; g < 4; g++)
                 for (int i = 0; i < 4; i++) {
-                    const uint8_t byte = qs[64 * g + 4 * j + i];
-                    const int q0 = byte & 0x0f, q1 = byte >> 4;
-                    if (W->format == METRALE_W_Q4_0) {
-                        o[8 * g + i] = d * (float)(q0 - 8);
-                        o[8 * g + 4 + i] = d * (float)(q1 - 8);
+                    const int q0 = q4_code(W->format, qs, j, g, 0, i), q1 = q4_code(W->format, qs, j, g, 1, i);
+                    if (W->format == METRALE_W_Q4_0 || W->format == METRALE_W_Q5_0) {
+                        const int off = W->format == METRALE_W_Q4_0 ? 8 : 16;
+                        o[8 * g + i] = d * (float)(q0 - off);
+                        o[8 * g + 4 + i] = d * (float)(q1 - off);
                     } else {
                         o[8 * g + i] = d * (float)q0 + m;
                         o[8 * g + 4 + i] = d * (float)q1 + m;

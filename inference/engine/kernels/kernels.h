@@ -87,14 +87,26 @@ void metrale_int8_linear(const float *x, const int8_t *packed, const float *scal
 #define METRALE_W_Q4_0 1
 #define METRALE_W_Q4_1 2
 #define METRALE_W_Q8_0 3
+#define METRALE_W_Q4_K 4
+#define METRALE_W_Q5_K 5
+#define METRALE_W_Q6_K 6
+#define METRALE_W_Q5_0 7
+#define METRALE_W_Q5_1 8
 
 /* One linear's weight as the kernels read it. INT8: qs = metrale_int8_pack output, d = float32
- * scales [N]. Q4_0 / Q4_1 / Q8_0: qs = packed codes, d (and m, Q4_1 only) = float16 bits
- * [tiles, K / 32, 16] (block_gemm.c). exact: 1 = float32 activations against the dequantised
+ * scales [N]. Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0: qs = packed codes, d (and m, Q4_1 / Q5_1) = float16 bits
+ * [tiles, K / 32, 16] (block_gemm.c). Q4_K / Q5_K / Q6_K: qs = the packed super-blocks, d and m
+ * unused (kquant_gemm.c). exact: 1 = float32 activations against the dequantised
  * blocks (the reference path), 0 = int8 activation blocks and exact integer sums. */
-typedef struct {
+typedef struct metrale_weight {
     int format, exact;
     const void *qs, *d, *m;
+    /* A stack of parts along the output channels (a fused q/k/v whose parts ship in different
+     * formats): `next` the following part (NULL: this is the last, holding the channels left), `rows`
+     * this part's channels where there is a next. The parts read the same quantised rows: all
+     * K-quants, or all of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0. */
+    long rows;
+    const struct metrale_weight *next;
 } metrale_weight;
 
 void metrale_weight_linear(const metrale_weight *W, const float *x, float *y, long M, long N, long K, int nthreads);
@@ -120,6 +132,15 @@ void metrale_int8_tiles_team(const int8_t *packed, const float *scale, float *y,
 void metrale_weight_quantize(const metrale_weight *W, const float *x, long M, long K, void *scratch);
 void metrale_weight_tiles_team(const metrale_weight *W, const float *x, float *y, long M, long N, long K,
                                void *scratch);
+/* The K-quant formats' halves (kquant_gemm.c), called through the metrale_weight entry points. */
+int metrale_is_kquant(int format);
+long metrale_kq_scratch_bytes(long M, long K);
+void metrale_kq_quantize(const float *x, long M, long K, void *scratch);
+void metrale_kq_quantize_team(const float *x, long M, long K, void *scratch);
+/* Tile t of W's n output channels for rows [m0, m1) into y (ldy floats a row). */
+void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scratch, long M, long K, long m0, long m1,
+                     float *y, long n, long ldy);
+void metrale_kq_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out);
 void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
                                          const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
                                          int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,

@@ -3,8 +3,9 @@
 Decode is memory-bound: at batch 1 a step reads every weight once. A PackedLinear
 holds at most two forms of its weight: the `compact` one its compact rows use (the
 compiled kernels' KernelWeight: int8 per output channel with int16 activations, or
-Q4_0 / Q4_1 / Q8_0 blocks of 32 with int8 activations; kernels/int8_gemm.c,
-kernels/block_gemm.c), and the `exact` one the other rows use: the float weight, or,
+Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks of 32 or Q4_K / Q5_K / Q6_K super-blocks of 256
+with int8 activations; kernels/int8_gemm.c, kernels/block_gemm.c, kernels/kquant_gemm.c),
+and the `exact` one the other rows use: the float weight, or,
 for a folder that ships blocks, the same blocks with float32 activations (the
 reference path: no float copy). Weights are read once per call whatever the batch,
 and every kernel is row-independent (a row's result does not depend on the other
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from .blocks import BlockWeight
+from .blocks import BlockStack, BlockWeight, stackable
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,8 +43,8 @@ class PackedLinear:
 
     __slots__ = ("weight", "bias", "blocks", "compact", "exact", "q", "scale")
 
-    def __init__(self, weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None = None):
-        self.blocks = weight if isinstance(weight, BlockWeight) else None
+    def __init__(self, weight: torch.Tensor | BlockWeight | BlockStack, bias: torch.Tensor | None = None):
+        self.blocks = weight if isinstance(weight, (BlockWeight, BlockStack)) else None
         self.weight = None if self.blocks is not None else weight.detach()
         self.bias = None if bias is None else bias.detach()
         self.compact: kernels.KernelWeight | None = None  # the compact rows' kernel weight
@@ -53,9 +54,14 @@ class PackedLinear:
     @staticmethod
     def concat(parts: list[torch.Tensor | BlockWeight], bias: torch.Tensor | None = None) -> "PackedLinear":
         """Stack weights along the output channels (q/k/v, gate/up). Parts in one block format
-        stay blocks; mixed parts become float32 (set_format requantises them as asked)."""
-        if all(isinstance(p, BlockWeight) for p in parts) and len({p.format for p in parts}) == 1:
-            return PackedLinear(BlockWeight.concat(parts), bias)
+        stay blocks; parts in formats that read the same quantised rows (all K-quants, or all of
+        Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0) stay blocks as a BlockStack; other mixes become float32 (set_format
+        requantises them as asked)."""
+        if all(isinstance(p, BlockWeight) for p in parts):
+            if len({p.format for p in parts}) == 1:
+                return PackedLinear(BlockWeight.concat(parts), bias)
+            if stackable([p.format for p in parts]):
+                return PackedLinear(BlockStack.of(parts), bias)
         floats = [p.dequantize() if isinstance(p, BlockWeight) else p for p in parts]
         dtype = next((p.dtype for p in parts if isinstance(p, torch.Tensor)), torch.float32)
         return PackedLinear(torch.cat([f.to(dtype) for f in floats]), bias)
@@ -71,10 +77,11 @@ class PackedLinear:
 
     def set_format(self, fmt: str | None, compact_all_rows: bool, device: torch.device, dtype: torch.dtype) -> None:
         """Keep the forms this linear runs in. fmt: None (no compact form), "int8", or a block
-        format ("q4_0", "q4_1", "q8_0"; blocks as loaded are kept when they are in it, else the
-        values are quantised to it). compact_all_rows: no row needs the exact form, so none is
-        kept. Without the compiled kernels (or off CPU) blocks become float `dtype` weights on
-        `device`, and int8 uses torch's kernel for decode rows."""
+        format (layers/blocks.py FORMATS, or a BlockStack's: its parts' joined by "+"; blocks as
+        loaded are kept when they are in it, else the values are quantised to it). compact_all_rows:
+        no row needs the exact form, so none is kept. Without the compiled kernels (or off CPU)
+        blocks become float `dtype` weights on `device`, and int8 uses torch's kernel for decode
+        rows."""
         use_kernels = device.type == "cpu" and kernels.available()
         blocks = self.blocks
         if fmt not in (None, "int8") and (blocks is None or blocks.format != fmt):
@@ -107,7 +114,7 @@ class PackedLinear:
         tensors = [self.weight, self.bias, self.q, self.scale]
         for kw in (self.compact, self.exact):
             if kw is not None:
-                tensors += [kw.qs, kw.d, kw.m]
+                tensors += kw.tensors()
         for t in tensors:
             if t is not None and t.data_ptr() not in seen:
                 seen.add(t.data_ptr())

@@ -17,7 +17,7 @@ from torch import nn
 from .. import kernels
 from ..config import ModelConfig
 from ..layers.attention import AttentionMetadata, paged_attention
-from ..layers.blocks import BLOCK, BlockWeight
+from ..layers.blocks import BLOCK, K_FORMATS, BlockWeight
 from ..layers.linear import PackedLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -194,8 +194,9 @@ class LlamaForCausalLM(nn.Module):
             return "int8"
         if weights == "q8":
             return "q8_0"
-        if weights == "q4":
-            if loaded in ("q4_0", "q4_1") or (head and loaded == "q8_0"):
+        if weights == "q4":  # a file's 5-bit and K-quant blocks are its own 4-6 bit choice: kept as shipped
+            if (loaded and all(f in ("q4_0", "q4_1", "q5_0", "q5_1", *K_FORMATS) for f in loaded.split("+"))) or (
+                    head and loaded == "q8_0"):
                 return loaded
             return "q8_0" if head else "q4_1"
         return loaded or "q8_0"  # "blocks": as loaded; float parts of a block folder in Q8_0
