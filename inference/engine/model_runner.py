@@ -136,24 +136,13 @@ class ModelRunner:
         sample_rows = [item_rows[i] + n - 1
                        for i, ((_, n), samples) in enumerate(zip(batch.items, batch.samples)) if samples]
 
+        slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        meta = self._metadata(slot_mapping, row_tables, row_lens, prefill_specs, None)
+        window = self.cfg.sliding_window if any(self.cfg.layer_types) else None
+        if window is not None and (any(n > window for n in row_lens) or
+                                   any(q_end - q_start + start > window for q_start, q_end, _, start in prefill_specs)):
+            meta.window = self._metadata(slot_mapping, row_tables, row_lens, prefill_specs, window)
         dev = self.device
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
-        if row_tables:
-            width = max(len(t) for t in row_tables)
-            padded = [t + [0] * (width - len(t)) for t in row_tables]
-            meta.num_decodes = len(row_tables)
-            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            lens = torch.tensor(row_lens, device=dev)
-            meta.decode_lens = lens
-            if not self.decode_kernel:
-                meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        for q_start, q_end, table, computed in prefill_specs:
-            q_len = q_end - q_start
-            length = len(table) * bs
-            limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
-            mask = torch.arange(length, device=dev).unsqueeze(0) <= limit
-            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask,
-                                              computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
         if self.lora is not None:
@@ -161,6 +150,46 @@ class ModelRunner:
                      for i, (seq, n) in enumerate(batch.items)]
             self.lora.begin_step(spans, len(ids), meta.num_decodes if self.fused is not None else 0)
         return input_ids, positions_t, meta, sample_rows
+
+    def _metadata(self, slot_mapping: torch.Tensor, row_tables: list[list[int]], row_lens: list[int],
+                  prefill_specs: list[tuple[int, int, list[int], int]], window: int | None) -> AttentionMetadata:
+        """The step's AttentionMetadata from each decode row's block table and length and each prefill
+        chunk's (q_start, q_end, block table, tokens before it). With `window` (a sliding-window
+        layer's, in tokens): a query at position p attends positions p - window + 1 .. p only
+        (transformers' sliding_window_overlay), its table cut to the blocks from the one holding
+        its first attended position, and the mask always built (the compiled decode kernel
+        attends from position 0)."""
+        bs = self.block_size
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=slot_mapping)
+        if row_tables:
+            firsts = [max(0, n - window) // bs if window else 0 for n in row_lens]
+            tables = [t[f:] for t, f in zip(row_tables, firsts)]
+            width = max(len(t) for t in tables)
+            meta.num_decodes = len(tables)
+            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                                                    device=dev)
+            lens = torch.tensor(row_lens, device=dev)
+            meta.decode_lens = lens
+            if window or not self.decode_kernel:
+                at = (torch.arange(width * bs, device=dev).unsqueeze(0)
+                      + torch.tensor(firsts, device=dev).unsqueeze(1) * bs)  # each key's position
+                allowed = at < lens.unsqueeze(1)
+                if window:
+                    allowed &= at >= (lens - window).unsqueeze(1)
+                meta.decode_mask = allowed[:, None, None, :]
+        for q_start, q_end, table, computed in prefill_specs:
+            q_len = q_end - q_start
+            first = max(0, computed - window + 1) // bs if window else 0
+            table = table[first:]
+            at = torch.arange(len(table) * bs, device=dev).unsqueeze(0) + first * bs
+            limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
+            mask = at <= limit
+            if window:
+                mask &= at > limit - window
+            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask,
+                                              computed, causal=not window or q_len + computed <= window))
+        return meta
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
