@@ -215,6 +215,9 @@ class EngineConfig:
     in auto, a sequence whose drafts are accepted less often pauses drafting.
     batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
     batch_prefill_chunk: the most prompt tokens one of them prefills per step.
+    window_pool: for a model with sliding-window layers beside full ones (Gemma 3), those layers keep
+    only their window's blocks, in a pool of their own (hybrid_block_manager.py); False: every layer
+    keeps every block (one pool, the window applied by masks alone).
     """
 
     model_path: str
@@ -258,6 +261,7 @@ class EngineConfig:
                                  self.speculative_min_acceptance)
     batch_max_num_seqs: int = 4
     batch_prefill_chunk: int = 64
+    window_pool: bool = True
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -99,9 +99,12 @@ def test_the_config_reads_gemma3_fields(gemma_folder):
 def test_the_kv_cost_of_a_token_is_reported(gemma_folder, caplog):
     with caplog.at_level("INFO", logger="metrale.engine"):
         engine = make_engine(gemma_folder, kv_cache_dtype="float32")
-    # 4 layers x (K + V) x 2 KV heads x 16 dims x 4 bytes
-    assert engine.kv_bytes_per_token == 4 * 2 * 2 * 16 * 4
-    assert "1024 B of KV a token" in caplog.text
+        one_pool = make_engine(gemma_folder, kv_cache_dtype="float32", window_pool=False)
+    # (K + V) x 2 KV heads x 16 dims x 4 bytes = 256 B a layer: 1 full layer, 3 window layers
+    assert (engine.kv_bytes_per_token, engine.window_kv_bytes_per_token) == (256, 768)
+    assert "256 B of KV a token, 768 B more inside the 24-token window of 3 layers" in caplog.text
+    assert (one_pool.kv_bytes_per_token, one_pool.window_kv_bytes_per_token) == (1024, 0)
+    assert "1024 B of KV a token)" in caplog.text
 
 
 def test_the_270m_matches_transformers_past_its_window(gemma3_float_dir):
@@ -134,3 +137,52 @@ def test_the_pulled_270m_serves_its_gguf_blocks(gemma3_dir):
     assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
     assert tok.encode(text)[:3] == [2, 105, 2364]
     assert 106 in tok.eos_token_ids
+
+
+def pools_whole(engine) -> bool:
+    bm = engine.block_manager
+    return all(p.num_free_blocks == p.num_blocks for p in (bm.full, bm.window))
+
+
+def test_the_window_layers_keep_only_their_windows_blocks(gemma_folder, reference):
+    """Block size 8, window 24: a decoding sequence's window layers hold at most 4 blocks (the window's
+    3 and the one it starts in) while its full layers hold them all; the tokens are transformers'."""
+    from inference.engine.block_manager import BlockManager
+
+    engine = make_engine(gemma_folder, block_size=8)
+    prompt = prompts([70], seed=3)[0]
+    seq = engine.add_request(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)))
+    window = engine.block_manager.window
+    held_most = full_most = 0
+    while engine.has_work():
+        engine.step()
+        if seq.is_finished:
+            break
+        held = [b for b in seq.window_table if b != BlockManager.NO_BLOCK]
+        assert len(seq.block_table) == -(-seq.num_computed_tokens // 8)
+        assert window.num_blocks - window.num_free_blocks == len(held)
+        held_most, full_most = max(held_most, len(held)), max(full_most, len(seq.block_table))
+        assert len(held) <= 4
+    assert held_most == 4 and full_most == 10  # 81 tokens computed at the last step
+    assert seq.token_ids[len(prompt):] == reference(prompt)
+    assert pools_whole(engine)
+
+
+def test_beam_search_forks_both_pools_and_returns_them_whole(gemma_folder):
+    from inference.engine.beam_search import BeamSpec
+    from inference.serving.beam_search import beam_request
+
+    prompt = prompts([40], seed=4)[0]
+    results = []
+    for window_pool in (True, False):
+        engine = make_engine(gemma_folder, block_size=8, window_pool=window_pool)
+        root = engine.add_request(beam_request(prompt, BeamSpec(3, 2), 10, [2]))
+        outputs = []
+        while engine.has_work():
+            outputs += engine.step()
+        (_, events), = [o for o in outputs if o[0] is root and o[1] and hasattr(o[1][-1], "beams")]
+        results.append([(b.output, round(b.cum_logprob, 4)) for b in events[-1].beams])
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        if window_pool:
+            assert pools_whole(engine)
+    assert results[0] == results[1]
