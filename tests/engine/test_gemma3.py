@@ -186,3 +186,15 @@ def test_beam_search_forks_both_pools_and_returns_them_whole(gemma_folder):
         if window_pool:
             assert pools_whole(engine)
     assert results[0] == results[1]
+
+
+def test_rope_tables_grown_on_demand_equal_the_full_ones():
+    from inference.engine.layers.rotary import RotaryEmbedding
+
+    full = RotaryEmbedding(16, 300, 10_000.0, None)
+    grown = RotaryEmbedding(16, 300, 10_000.0, None, first_rows=4)
+    assert grown.cos.shape[0] == 4
+    positions = torch.tensor([3, 250, 7])
+    for a, b in zip(full.tables(positions, torch.float32), grown.tables(positions, torch.float32)):
+        assert torch.equal(a, b)
+    assert grown.cos.shape[0] == 251 and torch.equal(grown.cos, full.cos[:251])

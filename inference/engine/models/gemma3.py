@@ -25,6 +25,8 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .llama import MLP, Attention, LlamaForCausalLM
 
+ROPE_FIRST_ROWS = 2048  # positions of RoPE table built at load; more as contexts reach them
+
 
 class GemmaRMSNorm(RMSNorm):
     """y = x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32, cast back to x's dtype.
@@ -97,9 +99,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """RoPE tables for the full-attention layers (rope_theta, rope_scaling) and the local ones
         (rope_local_theta, unscaled)."""
         cfg = self.config
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        # Grown as contexts reach them: two full tables of the 270M's 32768 positions would be 128 MB.
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
+                                      first_rows=ROPE_FIRST_ROWS)
         self.rotary_local = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings,
-                                            cfg.rope_local_theta or cfg.rope_theta, None)
+                                            cfg.rope_local_theta or cfg.rope_theta, None, first_rows=ROPE_FIRST_ROWS)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows times sqrt(hidden_size), that factor first rounded to the rows' dtype
