@@ -173,7 +173,8 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id", 2),
             eos_token_ids=[int(e) for e in ([eos] if isinstance(eos, int) else list(eos or []))],
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-            sliding_window=None if window is None else int(window), layer_types=list(types), rope_local_theta=local_theta,
+            sliding_window=None if window is None else int(window), layer_types=list(types),
+            rope_local_theta=local_theta,
             query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
             final_logit_softcapping=float(softcap) if softcap is not None else None,
             hidden_activation=activation)
