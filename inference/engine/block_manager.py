@@ -44,7 +44,16 @@ class BlockManager:
     cached-but-unreferenced blocks: all of them can be handed out.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    # A block table entry whose block was released while the table still covers its tokens (a
+    # sliding-window layer group's blocks that fell out of the window: hybrid_block_manager.py).
+    NO_BLOCK = -1
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 table: str = "block_table", hashed: str = "num_hashed_blocks"):
+        """table, hashed: the Sequence attributes holding this pool's block table and the count of its
+        leading blocks registered in the prefix cache (a second pool keeps its own pair)."""
+        self.table = table
+        self.hashed = hashed
         if num_blocks <= 0:
             raise ValueError("the KV pool needs at least one block")
         self.num_blocks = num_blocks
@@ -66,15 +75,19 @@ class BlockManager:
         """Extra blocks `seq` needs to hold its first `num_tokens` tokens' K/V: new ones past its block
         table, and a copy of each shared block it would write (positions num_computed_tokens onwards)."""
         total = -(-num_tokens // self.block_size)
-        return max(0, total - len(seq.block_table)) + len(self._shared_in_write_range(seq, num_tokens))
+        return max(0, total - len(self.table_of(seq))) + len(self._shared_in_write_range(seq, num_tokens))
+
+    def table_of(self, seq: Sequence) -> list[int]:
+        """`seq`'s block table in this pool."""
+        return getattr(seq, self.table)
 
     def _shared_in_write_range(self, seq: Sequence, num_tokens: int) -> list[int]:
         """Indices into seq.block_table of blocks other sequences also hold that `seq` would write to
         compute its tokens up to `num_tokens`."""
-        table = seq.block_table
+        table = self.table_of(seq)
         first = seq.num_computed_tokens // self.block_size
         last = min(len(table), -(-num_tokens // self.block_size))
-        return [b for b in range(first, last) if self.blocks[table[b]].ref_count > 1]
+        return [b for b in range(first, last) if table[b] != self.NO_BLOCK and self.blocks[table[b]].ref_count > 1]
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= len(self.free_list)
@@ -95,25 +108,31 @@ class BlockManager:
         need = self.blocks_needed(seq, num_tokens)
         if need > len(self.free_list):
             raise RuntimeError(f"KV pool exhausted: need {need} blocks, {len(self.free_list)} free")
+        table = self.table_of(seq)
         for b in self._shared_in_write_range(seq, num_tokens):
-            src = seq.block_table[b]
+            src = table[b]
             dst = self._take_free()
             self.blocks[src].ref_count -= 1  # still held by others (ref_count was > 1)
-            seq.block_table[b] = dst
+            table[b] = dst
             self.pending_copies.append((src, dst))
-        for _ in range(-(-num_tokens // self.block_size) - len(seq.block_table)):
-            seq.block_table.append(self._take_free())
+        for _ in range(-(-num_tokens // self.block_size) - len(table)):
+            table.append(self._take_free())
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give `child` (a new sequence holding no blocks) all of `parent`'s blocks and their state: block
         table shared (each refcount + 1), computed tokens and hashed blocks. Its first write into a
         shared block copies it (allocate)."""
-        child.block_table = list(parent.block_table)
-        for bid in child.block_table:
-            self.blocks[bid].ref_count += 1
+        setattr(child, self.table, list(self.table_of(parent)))
+        for bid in self.table_of(child):
+            if bid != self.NO_BLOCK:
+                self.blocks[bid].ref_count += 1
         child.num_computed_tokens = parent.num_computed_tokens
-        child.num_hashed_blocks = parent.num_hashed_blocks
+        setattr(child, self.hashed, getattr(parent, self.hashed))
         child.full_blocks = list(parent.full_blocks)
+
+    def take_window_copies(self) -> list[tuple[int, int]]:
+        """A second pool's copies (hybrid_block_manager.py); one pool has none."""
+        return []
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write K/V copies (source, destination) recorded since the last call, in order,
@@ -126,11 +145,23 @@ class BlockManager:
         """Shrink `seq.block_table` to the blocks its first `num_tokens` tokens need (rejected drafts'
         blocks go back to the pool). Blocks past the sequence's computed tokens are never cached."""
         keep = -(-num_tokens // self.block_size)
-        while len(seq.block_table) > keep:
-            self._release(seq.block_table.pop())
+        table = self.table_of(seq)
+        while len(table) > keep:
+            self._release(table.pop())
+
+    def release_before(self, seq: Sequence, first: int) -> None:
+        """Release `seq`'s blocks before index `first` of its table (their entries become NO_BLOCK):
+        no query to come reads them (a sliding window passed them). Cached ones stay reusable."""
+        table = self.table_of(seq)
+        for b in range(min(first, len(table))):
+            if table[b] != self.NO_BLOCK:
+                self._release(table[b])
+                table[b] = self.NO_BLOCK
 
     def _release(self, bid: int) -> None:
         """Drop one reference to block `bid`; unreferenced, it joins the free list (uncached ones first)."""
+        if bid == self.NO_BLOCK:
+            return
         block = self.blocks[bid]
         block.ref_count -= 1
         if block.ref_count == 0:
@@ -180,45 +211,58 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> int:
         """At admission: take the longest cached chain of full blocks for `seq` (never the block of its
         last token). Sets block_table and num_computed_tokens; returns the tokens reused."""
-        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
+        if not self.enable_prefix_caching or self.table_of(seq) or seq.params.prompt_logprobs is not None:
             return 0
+        table = self.table_of(seq)
         for h, toks in self._prompt_blocks(seq):
             bid = self._is_cached(h, toks)
             if bid is None:
                 break
-            block = self.blocks[bid]
-            if block.ref_count == 0:
-                del self.free_list[bid]
-            block.ref_count += 1
-            seq.block_table.append(bid)
-        reused = len(seq.block_table) * self.block_size
+            self.take_cached(bid)
+            table.append(bid)
+        reused = len(table) * self.block_size
         seq.num_computed_tokens = reused
-        seq.num_hashed_blocks = len(seq.block_table)
+        setattr(seq, self.hashed, len(table))
         self.num_cache_hits += reused
         return reused
+
+    def take_cached(self, bid: int) -> None:
+        """Add a reference to cached block `bid` (out of the free list if it was unreferenced)."""
+        block = self.blocks[bid]
+        if block.ref_count == 0:
+            del self.free_list[bid]
+        block.ref_count += 1
+
+    def cached_block(self, seq: Sequence, index: int) -> int | None:
+        """The cached block holding `seq`'s full block `index` (its tokens known), or None."""
+        h, toks = self.full_blocks(seq)[index]
+        return self._is_cached(h, toks)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register `seq`'s newly computed full blocks in the prefix cache (call after each step)."""
         if not self.enable_prefix_caching:
             return
         n_full = seq.num_computed_tokens // self.block_size
-        start = seq.num_hashed_blocks
+        start = getattr(seq, self.hashed)
         if n_full <= start:
             return
         full = self.full_blocks(seq)
+        table = self.table_of(seq)
         for b in range(start, n_full):
-            block = self.blocks[seq.block_table[b]]
+            if table[b] == self.NO_BLOCK:
+                continue
+            block = self.blocks[table[b]]
             if block.block_hash is None:
                 h, toks = full[b]
                 block.block_hash, block.token_ids = h, toks
                 self.cached.setdefault(h, block.block_id)
-        seq.num_hashed_blocks = n_full
+        setattr(seq, self.hashed, n_full)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),
         uncached ones go to the front to be reused first."""
-        for bid in reversed(seq.block_table):
+        for bid in reversed(self.table_of(seq)):
             self._release(bid)
-        seq.block_table = []
+        setattr(seq, self.table, [])
         seq.num_computed_tokens = 0
-        seq.num_hashed_blocks = 0
+        setattr(seq, self.hashed, 0)

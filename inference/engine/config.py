@@ -5,7 +5,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "Gemma3ForCausalLM")
 WEIGHT_FORMATS = ("auto", "q4", "q8", "int8", "model")
 
 
@@ -20,7 +21,15 @@ class ModelConfig:
     Source: transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
     `head_dim` defaults to hidden_size // num_attention_heads (Qwen3 sets it
     explicitly); `attention_bias` is true for Qwen2 (qkv bias); `qk_norm` is true
-    for Qwen3 (an RMSNorm over each head of q and k before RoPE).
+    for Qwen3 and Gemma 3 (an RMSNorm over each head of q and k before RoPE).
+
+    Gemma 3 (transformers' Gemma3TextConfig): `layer_types` names each layer "sliding_attention"
+    (attends only to the last `sliding_window` positions, itself included, with RoPE base
+    `rope_local_theta`: config `rope_local_base_freq`, or rope_parameters["sliding_attention"]) or
+    "full_attention" (rope_theta); when config.json has no layer_types, every
+    `sliding_window_pattern`-th layer (6) is full. The attention scale is
+    query_pre_attn_scalar ** -0.5; logits are capped by tanh at final_logit_softcapping when set.
+    Other architectures leave these at their defaults (no window, head_dim ** -0.5).
     """
 
     architecture: str
@@ -42,6 +51,21 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
+    sliding_window: int | None = None
+    layer_types: list[str] = field(default_factory=list)
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+    hidden_activation: str = "silu"
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor q·k is multiplied by before the softmax."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        """True when `layer` attends through the sliding window (a local layer)."""
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -53,6 +77,12 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError("layer_types must name every layer")
+        if any(t not in ("sliding_attention", "full_attention") for t in self.layer_types):
+            raise ConfigError("layer_types holds a kind other than sliding_attention / full_attention")
+        if self.layer_types and "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
+            raise ConfigError("sliding_attention layers need a positive sliding_window")
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
@@ -61,6 +91,13 @@ class ModelConfig:
         if not archs:
             raise ConfigError("config.json has no 'architectures'")
         arch = archs[0]
+        if arch == "Gemma3ForCausalLM":
+            try:
+                return cls._gemma3(cfg)
+            except (KeyError, TypeError, ValueError) as exc:
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(f"config.json: {exc}") from exc
         try:
             n_heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -95,6 +132,52 @@ class ModelConfig:
             )
         except KeyError as exc:
             raise ConfigError(f"config.json lacks {exc.args[0]!r}") from exc
+
+    @classmethod
+    def _gemma3(cls, cfg: dict) -> "ModelConfig":
+        """Gemma3ForCausalLM's config.json (transformers' Gemma3TextConfig and its defaults)."""
+        if cfg.get("attn_logit_softcapping") is not None:
+            raise ConfigError("attn_logit_softcapping is not supported")
+        if cfg.get("use_bidirectional_attention"):
+            raise ConfigError("use_bidirectional_attention is not supported")
+        activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if activation != "gelu_pytorch_tanh":
+            raise ConfigError(f"hidden_activation {activation!r} is not supported for Gemma 3")
+        layers = int(cfg["num_hidden_layers"])
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        # transformers >= 5: rope_parameters per layer kind; older: rope_theta, rope_local_base_freq, rope_scaling.
+        rope = cfg.get("rope_parameters") or {}
+        full = dict(rope.get("full_attention") or {})
+        local = dict(rope.get("sliding_attention") or {})
+        theta = float(full.pop("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
+        local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
+        if local.get("rope_type", "default") != "default":
+            raise ConfigError("rope scaling on sliding_attention layers is not supported")
+        scaling = cfg.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+        eos = cfg.get("eos_token_id", 1)
+        n_heads = int(cfg.get("num_attention_heads", 8))
+        softcap = cfg.get("final_logit_softcapping")
+        window = cfg.get("sliding_window", 4096)
+        return cls(
+            architecture="Gemma3ForCausalLM", model_type=cfg.get("model_type", "gemma3_text"),
+            vocab_size=int(cfg.get("vocab_size", 262_208)), hidden_size=int(cfg.get("hidden_size", 2304)),
+            intermediate_size=int(cfg.get("intermediate_size", 9216)), num_hidden_layers=layers,
+            num_attention_heads=n_heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or 4),
+            head_dim=int(cfg.get("head_dim") or 256), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 131_072)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+            bos_token_id=cfg.get("bos_token_id", 2),
+            eos_token_ids=[int(e) for e in ([eos] if isinstance(eos, int) else list(eos or []))],
+            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            sliding_window=None if window is None else int(window), layer_types=list(types),
+            rope_local_theta=local_theta,
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+            final_logit_softcapping=float(softcap) if softcap is not None else None,
+            hidden_activation=activation)
 
     @classmethod
     def from_folder(cls, path: str | Path) -> "ModelConfig":
@@ -133,6 +216,9 @@ class EngineConfig:
     in auto, a sequence whose drafts are accepted less often pauses drafting.
     batch_max_num_seqs: how many low-priority (batch) sequences may run at once;
     batch_prefill_chunk: the most prompt tokens one of them prefills per step.
+    window_pool: for a model with sliding-window layers beside full ones (Gemma 3), those layers keep
+    only their window's blocks, in a pool of their own (hybrid_block_manager.py); False: every layer
+    keeps every block (one pool, the window applied by masks alone).
     """
 
     model_path: str
@@ -176,6 +262,7 @@ class EngineConfig:
                                  self.speculative_min_acceptance)
     batch_max_num_seqs: int = 4
     batch_prefill_chunk: int = 64
+    window_pool: bool = True
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

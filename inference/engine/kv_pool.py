@@ -15,21 +15,28 @@ import torch
 
 
 class KVPool:
-    """Per layer a (K, V) pair of tensors of `shape` [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`.
+    """Per layer a (K, V) pair of tensors of `shape` [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`
+    (or of shapes[i] for layer i: layer groups with pools of their own sizes).
 
     `caches`: the list of pairs (what ModelRunner.kv_caches holds). `nbytes`: the pool's size in
     bytes. On the CPU all of them are views of one anonymous mapping, kept alive by this object.
     """
 
-    def __init__(self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-        per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        self.nbytes = 2 * num_layers * per
+    def __init__(self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                 shapes: list[tuple[int, ...]] | None = None):
+        shapes = shapes or [shape] * num_layers
+        item = torch.empty((), dtype=dtype).element_size()
+        sizes = [math.prod(s) * item for s in shapes for _ in (0, 1)]  # K then V of each layer
+        self.nbytes = sum(sizes)
         self._mapping = None
         if device.type != "cpu" or self.nbytes == 0:
-            self.caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+            self.caches = [(torch.zeros(s, dtype=dtype, device=device),
+                            torch.zeros(s, dtype=dtype, device=device)) for s in shapes]
             return
         self._mapping = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         flat = torch.frombuffer(self._mapping, dtype=torch.uint8)
-        views = [flat[i * per:(i + 1) * per].view(dtype).view(shape) for i in range(2 * num_layers)]
-        self.caches = [(views[2 * i], views[2 * i + 1]) for i in range(num_layers)]
+        views, at = [], 0
+        for size, s in zip(sizes, (s for s in shapes for _ in (0, 1))):
+            views.append(flat[at:at + size].view(dtype).view(s))
+            at += size
+        self.caches = [(views[2 * i], views[2 * i + 1]) for i in range(len(shapes))]

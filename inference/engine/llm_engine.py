@@ -10,6 +10,7 @@ import torch
 
 from .beam_search import BeamGroup, check_beam_request
 from .block_manager import BlockManager
+from .hybrid_block_manager import HybridBlockManager
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
 from .layers.lora import LoraSlots
@@ -78,18 +79,39 @@ class LLMEngine:
                            prefill=config.prefill_weights)
         kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         self.kv_dtype = kv_dtype
-        block_bytes = ModelRunner.kv_bytes_per_block(self.model_config, config.block_size, kv_dtype)
+        cfg, bs = self.model_config, config.block_size
+        n_window = sum(cfg.is_sliding(i) for i in range(cfg.num_hidden_layers))
+        hybrid = config.window_pool and 0 < n_window < cfg.num_hidden_layers
+        block_bytes = ModelRunner.kv_bytes_per_block(cfg, bs, kv_dtype, cfg.num_hidden_layers - n_window * hybrid)
+        window_block_bytes = ModelRunner.kv_bytes_per_block(cfg, bs, kv_dtype, n_window) if hybrid else 0
+        # What one token of context costs in the KV cache, every layer's K and V; with a window pool, the
+        # full layers' (window_kv_bytes_per_token more while the token is inside the window). Logged.
+        self.kv_bytes_per_token = block_bytes // bs
+        self.window_kv_bytes_per_token = window_block_bytes // bs
+        # The window layers never hold more than each running sequence's window and a step's chunk.
+        window_cap = (config.max_num_seqs * (-(-(cfg.sliding_window or 0) // bs) + 1)
+                      + -(-config.max_num_batched_tokens // bs))
         budget = config.kv_cache_bytes or min(
             int(available_memory_bytes(self.device) * config.kv_cache_fraction),
-            block_bytes * config.max_num_seqs * -(-self.max_model_len // config.block_size))
-        num_blocks = max(1, budget // block_bytes)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+            block_bytes * config.max_num_seqs * -(-self.max_model_len // bs) + window_block_bytes * window_cap)
+        num_blocks = max(1, budget // (block_bytes + window_block_bytes))
+        window_blocks = None
+        if hybrid:
+            if num_blocks > window_cap:
+                num_blocks = max(1, (budget - window_cap * window_block_bytes) // block_bytes)
+            window_blocks = min(num_blocks, window_cap)
+            self.block_manager = HybridBlockManager(
+                BlockManager(num_blocks, bs, config.enable_prefix_caching),
+                BlockManager(window_blocks, bs, config.enable_prefix_caching, table="window_table",
+                             hashed="num_window_hashed_blocks"), cfg.sliding_window)
+        else:
+            self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.eos_token_ids, self.max_model_len,
                                    batch_max_num_seqs=config.batch_max_num_seqs,
                                    batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
-                                  self.eos_token_ids)
+                                  self.eos_token_ids, window_blocks=window_blocks)
         # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
         self.speculator = Speculator(config.speculative_config(), exact=self.runner.fused is not None)
         self.scheduler.speculator = self.speculator
@@ -105,9 +127,12 @@ class LLMEngine:
         self.speculator.observe = self.stats.record_spec_decode
         self.weight_bytes = model.weight_bytes()
         log.info("engine ready: %s on %s in %s, weights %s (%s; %.1f MB resident), %d KV blocks of %d tokens in %s "
-                 "(%.0f MiB)", path.name, self.device, str(self.dtype).removeprefix("torch."), config.weights,
-                 ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()), self.weight_bytes / 1e6,
-                 num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."), num_blocks * block_bytes / 2**20)
+                 "(%.0f MiB; %d B of KV a token%s)", path.name, self.device, str(self.dtype).removeprefix("torch."),
+                 config.weights, ", ".join(f"{n} {fmt}" for fmt, n in model.weight_formats.items()),
+                 self.weight_bytes / 1e6, num_blocks, config.block_size, str(kv_dtype).removeprefix("torch."),
+                 self.runner.kv_pool.nbytes / 2**20, self.kv_bytes_per_token,
+                 f", {self.window_kv_bytes_per_token} B more inside the {cfg.sliding_window}-token window of "
+                 f"{n_window} layers, which keep {window_blocks} blocks of their own" if hybrid else "")
 
     @property
     def max_request_tokens(self) -> int:
@@ -241,8 +266,8 @@ class LLMEngine:
             return []
         t1 = time.perf_counter()
         self._log_step(batch)
-        if batch.block_copies:
-            self.runner.copy_blocks(batch.block_copies)
+        if batch.block_copies or batch.window_block_copies:
+            self.runner.copy_blocks(batch.block_copies, batch.window_block_copies)
         result, failed = self._run(batch)
         t2 = time.perf_counter()
         outputs = [(seq, [self.scheduler.fail(seq, exc)]) for seq, exc in failed]

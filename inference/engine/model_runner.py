@@ -53,14 +53,22 @@ class ModelRunner:
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, kv_dtype: torch.dtype, eos_token_ids: list[int] | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, window_blocks: int | None = None):
+        """window_blocks: the sliding-window layers' own pool of that many blocks, addressed by each
+        sequence's window_table (hybrid_block_manager.py); None: every layer in the one pool."""
         self.model = model
         self.cfg = cfg
         self.device = device
         self.block_size = block_size
+        self.window_blocks = window_blocks
         shape = kv_quant.cache_shape(num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, kv_dtype)
+        shapes = None
+        if window_blocks is not None:
+            window_shape = kv_quant.cache_shape(window_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                                                kv_dtype)
+            shapes = [window_shape if cfg.is_sliding(i) else shape for i in range(cfg.num_hidden_layers)]
         # kv_pool.KVPool: zero-filled, its pages committed on the CPU as blocks are first written.
-        self.kv_pool = KVPool(cfg.num_hidden_layers, shape, kv_dtype, device)
+        self.kv_pool = KVPool(cfg.num_hidden_layers, shape, kv_dtype, device, shapes)
         self.kv_caches = self.kv_pool.caches
         self.sampler = Sampler(eos_token_ids, seed)
         # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
@@ -80,10 +88,12 @@ class ModelRunner:
         self.last_phase_s: dict[str, float] = {}
 
     @staticmethod
-    def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers (K and V; int8: each head row's scale included)."""
+    def kv_bytes_per_block(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype, layers: int | None = None) -> int:
+        """Bytes one block takes across all layers, or `layers` of them (K and V; int8: each head row's
+        scale included)."""
         row = kv_quant.head_row_bytes(cfg.head_dim, kv_dtype)
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * row
+        n = cfg.num_hidden_layers if layers is None else layers
+        return 2 * n * block_size * cfg.num_key_value_heads * row
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Pack the batch: input_ids [T], positions [T], metadata, and the rows whose logits are sampled.
@@ -111,6 +121,10 @@ class ModelRunner:
         row_tables: list[list[int]] = []
         row_lens: list[int] = []
         prefill_specs: list[tuple[int, int, list[int], int]] = []
+        hybrid = self.window_blocks is not None
+        window_slots: list[int] = []  # the same per group of the window pool (hybrid)
+        window_row_tables: list[list[int]] = []
+        window_specs: list[tuple[int, int, list[int], int]] = []
         self.draft_rows = {}
         for group in (fused, rest):
             for i, start, n in group:
@@ -126,34 +140,35 @@ class ModelRunner:
                 pos.extend(positions)
                 table = seq.block_table
                 slots.extend(table[p // bs] * bs + p % bs for p in positions)
+                wtable = seq.window_table if hybrid else table
+                if hybrid:
+                    window_slots.extend(wtable[p // bs] * bs + p % bs for p in positions)
                 if group is fused:
                     used = table[: -(-(start + n) // bs)]
                     row_tables.extend([used] * n)
                     row_lens.extend(range(start + 1, start + n + 1))
+                    if hybrid:
+                        window_row_tables.extend([wtable[: -(-(start + n) // bs)]] * n)
                 else:
                     prefill_specs.append((q_start, len(ids), table[: -(-(start + n) // bs)], start))
+                    if hybrid:
+                        window_specs.append((q_start, len(ids), wtable[: -(-(start + n) // bs)], start))
         self.item_rows = item_rows
         sample_rows = [item_rows[i] + n - 1
                        for i, ((_, n), samples) in enumerate(zip(batch.items, batch.samples)) if samples]
 
+        slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        meta = self._metadata(slot_mapping, row_tables, row_lens, prefill_specs, None)
+        window = self.cfg.sliding_window if any(self.cfg.layer_types) else None
+        past = window is not None and (
+            any(n > window for n in row_lens)
+            or any(q_end - q_start + start > window for q_start, q_end, _, start in prefill_specs))
+        if hybrid:  # the window layers' own slots and tables; masked to the window once a row passes it
+            meta.window = self._metadata(torch.tensor(window_slots, dtype=torch.long, device=self.device),
+                                         window_row_tables, row_lens, window_specs, window if past else None)
+        elif past:
+            meta.window = self._metadata(slot_mapping, row_tables, row_lens, prefill_specs, window)
         dev = self.device
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
-        if row_tables:
-            width = max(len(t) for t in row_tables)
-            padded = [t + [0] * (width - len(t)) for t in row_tables]
-            meta.num_decodes = len(row_tables)
-            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=dev)
-            lens = torch.tensor(row_lens, device=dev)
-            meta.decode_lens = lens
-            if not self.decode_kernel:
-                meta.decode_mask = (torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        for q_start, q_end, table, computed in prefill_specs:
-            q_len = q_end - q_start
-            length = len(table) * bs
-            limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
-            mask = torch.arange(length, device=dev).unsqueeze(0) <= limit
-            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask,
-                                              computed))
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(pos, dtype=torch.long, device=dev)
         if self.lora is not None:
@@ -162,18 +177,65 @@ class ModelRunner:
             self.lora.begin_step(spans, len(ids), meta.num_decodes if self.fused is not None else 0)
         return input_ids, positions_t, meta, sample_rows
 
+    def _metadata(self, slot_mapping: torch.Tensor, row_tables: list[list[int]], row_lens: list[int],
+                  prefill_specs: list[tuple[int, int, list[int], int]], window: int | None) -> AttentionMetadata:
+        """The step's AttentionMetadata from each decode row's block table and length and each prefill
+        chunk's (q_start, q_end, block table, tokens before it). With `window` (a sliding-window
+        layer's, in tokens): a query at position p attends positions p - window + 1 .. p only
+        (transformers' sliding_window_overlay), its table cut to the blocks from the one holding
+        its first attended position, and the mask always built (the compiled decode kernel
+        attends from position 0)."""
+        bs = self.block_size
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=slot_mapping)
+        if row_tables:
+            firsts = [max(0, n - window) // bs if window else 0 for n in row_lens]
+            tables = [t[f:] for t, f in zip(row_tables, firsts)]
+            width = max(len(t) for t in tables)
+            meta.num_decodes = len(tables)
+            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                                                    device=dev)
+            lens = torch.tensor(row_lens, device=dev)
+            meta.decode_lens = lens
+            if window or not self.decode_kernel:
+                at = (torch.arange(width * bs, device=dev).unsqueeze(0)
+                      + torch.tensor(firsts, device=dev).unsqueeze(1) * bs)  # each key's position
+                allowed = at < lens.unsqueeze(1)
+                if window:
+                    allowed &= at >= (lens - window).unsqueeze(1)
+                meta.decode_mask = allowed[:, None, None, :]
+        for q_start, q_end, table, computed in prefill_specs:
+            q_len = q_end - q_start
+            first = max(0, computed - window + 1) // bs if window else 0
+            table = table[first:]
+            at = torch.arange(len(table) * bs, device=dev).unsqueeze(0) + first * bs
+            limit = torch.arange(computed, computed + q_len, device=dev).unsqueeze(1)
+            mask = at <= limit
+            if window:
+                mask &= at > limit - window
+            meta.prefills.append(PrefillSlice(q_start, q_end, torch.tensor(table, dtype=torch.long, device=dev), mask,
+                                              computed, causal=not window or q_len + computed <= window))
+        return meta
+
     @torch.inference_mode()
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: list[tuple[int, int]], window_copies: list[tuple[int, int]] = ()) -> None:
         """Copy whole KV blocks, every layer's K and V: copies[j] = (source block id, destination block id),
         as if applied in order (a destination named twice gets its last source; a destination is never a
-        source: it is a fresh block of copy-on-write, BlockManager.allocate). One gather per layer and
-        tensor; run before the forward that writes the destinations."""
-        last = {dst: src for src, dst in copies}
-        dst = torch.tensor(list(last), dtype=torch.long, device=self.device)
-        src = torch.tensor(list(last.values()), dtype=torch.long, device=self.device)
-        for k, v in self.kv_caches:
-            k[dst] = k[src]
-            v[dst] = v[src]
+        source: it is a fresh block of copy-on-write, BlockManager.allocate). With a window pool
+        (window_blocks), `copies` are the full layers' and `window_copies` the window layers'. One
+        gather per layer and tensor; run before the forward that writes the destinations."""
+        def pairs(group):
+            last = {dst: src for src, dst in group}
+            return (torch.tensor(list(last), dtype=torch.long, device=self.device),
+                    torch.tensor(list(last.values()), dtype=torch.long, device=self.device))
+
+        full = pairs(copies)
+        window = pairs(window_copies) if self.window_blocks is not None else full
+        for i, (k, v) in enumerate(self.kv_caches):
+            dst, src = window if self.window_blocks is not None and self.cfg.is_sliding(i) else full
+            if len(dst):
+                k[dst] = k[src]
+                v[dst] = v[src]
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunResult:

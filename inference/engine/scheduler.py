@@ -53,6 +53,8 @@ class ScheduledBatch:
     drafts: dict[int, list[int]] = field(default_factory=dict)
     # Copy-on-write K/V copies (source block, destination block) to make before the forward.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # The same for the sliding-window layers' own pool (hybrid_block_manager.py), else empty.
+    window_block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -268,6 +270,7 @@ class Scheduler:
                     self._park(seq)
                 batch = self._schedule()
         batch.block_copies = self.block_manager.take_copies()
+        batch.window_block_copies = self.block_manager.take_window_copies()
         return batch
 
     def _schedule(self) -> ScheduledBatch:

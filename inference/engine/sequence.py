@@ -43,6 +43,10 @@ class Sequence:
     # (chained hash, token ids) of each full block of token_ids, in order: each hashed once, after the
     # block fills (block_manager.BlockManager.full_blocks); token ids only grow, so entries stay true.
     full_blocks: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    # The sliding-window layers' own block table and its hashed count, where those layers keep only
+    # their window's blocks (hybrid_block_manager.py); released entries are BlockManager.NO_BLOCK.
+    window_table: list[int] = field(default_factory=list)
+    num_window_hashed_blocks: int = 0
     # Prefix-cache salt: blocks are shared only between sequences with the same salt (the tenant).
     cache_salt: str = ""
     # EngineRequest.priority: 0 interactive; above 0 (batch work) waits behind interactive work.

@@ -52,7 +52,7 @@ def reference_logits(folder, tokens, dtype=torch.float32, device="cpu"):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device on this machine"))])
-@pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_it_matches_transformers_on_tiny_random_models(arch, device, tmp_path):
     """float32 within 1e-4 of transformers on the same device (chunked prefill too); bfloat16
     within 5e-2 of transformers' bfloat16. On CUDA these are the torch paths (SDPA, masks)."""

@@ -11,7 +11,8 @@ COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_
 
 
 def make_tiny_model(arch: str, folder: Path, **overrides) -> Path:
-    """Save a tiny random model of `arch` (llama, mistral, qwen2, qwen3) as an HF folder; returns it."""
+    """Save a tiny random model of `arch` (llama, llama3, mistral, qwen2, qwen3, gemma3) as an HF folder;
+    returns it. gemma3: 4 layers (local, local, full, local), a 24-token sliding window, logits capped at 30."""
     import transformers
 
     torch.manual_seed(0)
@@ -33,6 +34,15 @@ def make_tiny_model(arch: str, folder: Path, **overrides) -> Path:
     elif arch == "qwen3":
         cfg = transformers.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False, **overrides)
         cls = transformers.Qwen3ForCausalLM
+    elif arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 4}, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+            final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0, **overrides)
+        cfg.architectures = ["Gemma3ForCausalLM"]
+        cls = transformers.Gemma3ForCausalLM
     else:
         raise ValueError(arch)
     model = cls(cfg).eval()

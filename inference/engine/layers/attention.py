@@ -31,6 +31,7 @@ class PrefillSlice:
     block_table: torch.Tensor
     mask: torch.Tensor
     start: int = 0  # tokens of the sequence computed before this chunk
+    causal: bool = True  # False: `mask` is more than causal (a sliding window), never skipped
 
 
 @dataclass(slots=True)
@@ -45,6 +46,9 @@ class AttentionMetadata:
     and is masked); decode_mask: bool [D, 1, 1, max_blocks * block_size], None when
     the compiled kernel runs them; decode_lens: int64 [D], tokens each row attends.
     prefills: the prefill chunks after them.
+    window: the sliding-window (local) layers' metadata when it differs from this one (some row's
+    context is longer than the window): the same slots, each row's block table cut to the blocks
+    its window touches and masked to the window (ModelRunner.prepare); None: local layers use this.
     """
 
     slot_mapping: torch.Tensor
@@ -53,13 +57,20 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
     prefills: list[PrefillSlice] = field(default_factory=list)
+    window: "AttentionMetadata | None" = None
 
     def prefill_part(self) -> "AttentionMetadata":
         """The metadata of the prefill rows alone, as if the decodes were not in the batch."""
         d = self.num_decodes
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[d:],
-            prefills=[PrefillSlice(p.q_start - d, p.q_end - d, p.block_table, p.mask, p.start) for p in self.prefills])
+            prefills=[PrefillSlice(p.q_start - d, p.q_end - d, p.block_table, p.mask, p.start, p.causal)
+                      for p in self.prefills],
+            window=self.window.prefill_part() if self.window is not None else None)
+
+    def for_layer(self, sliding: bool) -> "AttentionMetadata":
+        """The metadata a layer attends with: `window` for a sliding-window layer when set."""
+        return self.window if sliding and self.window is not None else self
 
 
 def paged_attention(
@@ -69,6 +80,7 @@ def paged_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend each query over its sequence's blocks.
 
@@ -77,7 +89,7 @@ def paged_attention(
     cast back for the attention), or int8 [..., head_dim + 4] (layers/kv_quant.py: quantised
     on write, dequantised on read). Returns [T, n_heads, head_dim].
     Grouped-query attention folds the query heads of one KV head into the query-length
-    axis, so K/V are never repeated.
+    axis, so K/V are never repeated. scale: the factor on q·k (None: head_dim ** -0.5).
     """
     num_blocks, block_size, n_kv, row = k_cache.shape
     n_heads, head_dim = q.shape[1], q.shape[2]
@@ -86,11 +98,12 @@ def paged_attention(
     kv_quant.store(v_cache, meta.slot_mapping, v)
     convert = k_cache.dtype != q.dtype
     out = torch.empty_like(q)
+    scale = head_dim ** -0.5 if scale is None else scale
 
     d = meta.num_decodes
     if d and meta.decode_mask is None:  # the model runner chose the compiled kernel
         out[:d] = kernels.paged_decode_attention(q[:d], k_cache, v_cache, meta.decode_block_tables,
-                                                 meta.decode_lens, head_dim ** -0.5)
+                                                 meta.decode_lens, scale)
     elif d:
         tables = meta.decode_block_tables
         length = tables.shape[1] * block_size
@@ -99,7 +112,7 @@ def paged_attention(
         if convert:
             kd, vd = kv_quant.load(kd, q.dtype), kv_quant.load(vd, q.dtype)
         qd = q[:d].view(d, n_kv, group, head_dim)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
         out[:d] = od.reshape(d, n_heads, head_dim)
 
     for p in meta.prefills:
@@ -109,18 +122,18 @@ def paged_attention(
         vp = v_cache[p.block_table].view(length, n_kv, row).transpose(0, 1)
         if convert:
             kp, vp = kv_quant.load(kp, q.dtype), kv_quant.load(vp, q.dtype)
-        if p.start == 0:
+        if p.start == 0 and p.causal:
             # A first chunk is plainly causal: the flash kernel skips the masked half (about 2x).
             qp = q[p.q_start:p.q_end].transpose(0, 1)[None]
             op = F.scaled_dot_product_attention(qp, kp[None, :, :q_len], vp[None, :, :q_len], is_causal=True,
-                                                enable_gqa=True)
+                                                enable_gqa=True, scale=scale)
             out[p.q_start:p.q_end] = op[0].transpose(0, 1)
             continue
         qp = q[p.q_start:p.q_end].view(q_len, n_kv, group, head_dim).permute(1, 2, 0, 3)
         qp = qp.reshape(1, n_kv, group * q_len, head_dim)
         mask = p.mask.repeat(group, 1)[None, None]
         # 4-D inputs take torch's flash kernel for CPU; 3-D ones fall back to the math path (bmm + softmax).
-        op = F.scaled_dot_product_attention(qp, kp[None], vp[None], attn_mask=mask)
+        op = F.scaled_dot_product_attention(qp, kp[None], vp[None], attn_mask=mask, scale=scale)
         op = op.view(n_kv, group, q_len, head_dim).permute(2, 0, 1, 3)
         out[p.q_start:p.q_end] = op.reshape(q_len, n_heads, head_dim)
     return out

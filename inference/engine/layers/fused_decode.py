@@ -100,6 +100,8 @@ class FusedDecoder:
         """True for a fused float32 CPU model whose decode rows' linears all have kernel weights."""
         if not kernels.available() or not kernels.supports_kv_dtype(kv_dtype):
             return False
+        if not getattr(model, "fused_decode", False):  # a layer the compiled step does not compute
+            return False
         if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
             return False
         layers = getattr(getattr(model, "model", None), "layers", None)

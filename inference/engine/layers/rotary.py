@@ -45,18 +45,31 @@ class RotaryEmbedding(torch.nn.Module):
     Uses the "rotate half" layout of transformers' Llama (not interleaved pairs).
     q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: int64 [T];
     cos, sin: [T, 1, head_dim] in the activations' dtype.
+    `first_rows`: build only the tables' first rows and grow them (doubling, up to max_positions)
+    when `tables` meets a later position: the same values, resident only as far as contexts go
+    (for a model whose compiled decode step does not read `cos` / `sin` directly).
     """
 
-    def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None):
+    def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None,
+                 first_rows: int | None = None):
         super().__init__()
-        inv = inv_frequencies(head_dim, rope_theta, rope_scaling)
-        t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
+        self.max_positions = max_positions
+        self.register_buffer("inv", inv_frequencies(head_dim, rope_theta, rope_scaling), persistent=False)
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self._build(min(first_rows or max_positions, max_positions))
+
+    def _build(self, rows: int) -> None:
+        t = torch.arange(rows, dtype=torch.float32, device=self.inv.device)
+        freqs = torch.outer(t, self.inv)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.cos, self.sin = emb.cos(), emb.sin()
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.numel() and self.cos.shape[0] < self.max_positions:
+            last = int(positions.max())
+            if last >= self.cos.shape[0]:
+                self._build(min(self.max_positions, max(last + 1, 2 * self.cos.shape[0])))
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod

@@ -64,6 +64,10 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.qkv: PackedLinear | None = None
         self.out: PackedLinear | None = None
+        # The factor on q·k (None: head_dim ** -0.5, SDPA's default) and whether this layer attends
+        # through a sliding window (AttentionMetadata.for_layer); Gemma 3 sets both.
+        self.scale: float | None = None
+        self.sliding = False
 
     def fuse(self):
         """Concatenate q/k/v weights (and biases) into one [q+2kv, hidden] matrix."""
@@ -94,15 +98,25 @@ class Attention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = RotaryEmbedding.rotate(q, k, *rope)
-        o = paged_attention(q, k, v, k_cache, v_cache, meta).view(t, q_size)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta.for_layer(self.sliding), self.scale).view(t, q_size)
         return self.out(o, compact) if self.out is not None else self.o_proj(o)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' gelu_pytorch_tanh)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """Gated feed-forward: down(act(gate(x)) * up(x)); act is SiLU (SwiGLU) unless the config names
+    GELU-tanh (Gemma's GeGLU)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.act = ACTIVATIONS[cfg.hidden_activation]
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -120,9 +134,9 @@ class MLP(nn.Module):
 
     def forward(self, x, compact: slice | None = None):
         if self.gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         gate, up = self.gate_up(x, compact).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up, compact)
+        return self.down(self.act(gate) * up, compact)
 
 
 class DecoderLayer(nn.Module):
@@ -160,16 +174,29 @@ class LlamaForCausalLM(nn.Module):
     compute_logits(hidden [N, hidden_size], compact: the rows slice) -> float32 [N, vocab_size].
     """
 
+    fused_decode = True  # the compiled decode step (layers/fused_decode.py) computes this layer
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = self.build_model(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.init_rotary()
         self.head: PackedLinear | None = None
         self.compact_decode = False
         self.compact_prefill = False
         self.weight_formats: dict[str, int] = {}  # format -> linears in it, after set_weights
+
+    @staticmethod
+    def build_model(cfg: ModelConfig) -> nn.Module:
+        """The `model.*` module tree (embedding, layers, final norm)."""
+        return LlamaModel(cfg)
+
+    def init_rotary(self) -> None:
+        """(Re)build the RoPE tables on the current default device (the loader calls it after building
+        the model on the meta device)."""
+        cfg = self.config
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
     def fuse(self):
         """Fuse q/k/v and gate/up in every layer (call once, after loading weights)."""
@@ -263,7 +290,7 @@ class LlamaForCausalLM(nn.Module):
         (its final norm too) and only the prefill rows take the torch layers."""
         d = meta.num_decodes
         if fused is not None and d:
-            x = self.model.embed_tokens(input_ids)
+            x = self.embed(input_ids)
             decodes = x[:d].contiguous()
             fused.run(decodes, positions[:d], meta)
             if d == x.shape[0]:
@@ -271,7 +298,7 @@ class LlamaForCausalLM(nn.Module):
             prefill = self._layers(x[d:], positions[d:], kv_caches, meta.prefill_part(),
                                    slice(None) if self.compact_prefill else None)
             return torch.cat([decodes, self.model.norm(prefill)])
-        return self.model.norm(self._layers(self.model.embed_tokens(input_ids), positions, kv_caches, meta,
+        return self.model.norm(self._layers(self.embed(input_ids), positions, kv_caches, meta,
                                             self.compact_rows(d, input_ids.shape[0])))
 
     def decode_logits(self, input_ids, positions, meta: AttentionMetadata, fused, logit_rows: list[int]
@@ -279,8 +306,12 @@ class LlamaForCausalLM(nn.Module):
         """A step whose rows all run through `fused` (a FusedDecoder), the LM head of the rows
         `logit_rows` in the same compiled call: (hidden [T, hidden_size] after the final norm,
         logits float32 [len(logit_rows), vocab_size]), what forward and compute_logits give."""
-        x = self.model.embed_tokens(input_ids).contiguous()
+        x = self.embed(input_ids).contiguous()
         return x, fused.run(x, positions, meta, logit_rows)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of input_ids int64 [T]: [T, hidden_size] in the model dtype."""
+        return self.model.embed_tokens(input_ids)
 
     def _layers(self, x, positions, kv_caches, meta: AttentionMetadata, compact: slice | None) -> torch.Tensor:
         rope = self.rotary.tables(positions, x.dtype)  # once per step, shared by every layer

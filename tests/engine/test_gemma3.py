@@ -1,0 +1,200 @@
+"""Gemma 3 through the whole engine: continuous batching, chunked prefill, prefix-cache hits and
+preemption give transformers' greedy tokens on a tiny random Gemma 3 whose prompts pass its
+24-token sliding window; the GGUF import of a tiny gemma3 file; the real 270M where pulled."""
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.engine.async_engine import AsyncEngine
+from inference.engine.config import ModelConfig
+from inference.engine.request import EngineRequest
+from inference.engine.sampling_params import SamplingParams
+
+from .test_async_engine import LLMEngine_block_bytes, collect, make_engine
+from .tiny_models import make_tiny_model
+
+NEW = 12  # tokens generated per request
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(tmp_path_factory):
+    return make_tiny_model("gemma3", tmp_path_factory.mktemp("tiny") / "gemma3")
+
+
+@pytest.fixture(scope="module")
+def reference(gemma_folder):
+    """transformers' greedy continuation (NEW tokens, float32, no KV cache) of a prompt."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma_folder, dtype=torch.float32).eval()
+
+    def greedy(prompt: list[int]) -> list[int]:
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(NEW):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        return ids[len(prompt):]
+
+    return greedy
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 320, (n,), generator=g).tolist() for n in lengths]
+
+
+def run_all(engine, ps, **kw):
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+
+    async def run():
+        ae = AsyncEngine(engine)
+        out = await asyncio.gather(*(collect(ae.submit(EngineRequest(p, params, **kw))) for p in ps))
+        ae.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("block_size, chunk", [(16, 512), (8, 20), (16, 7)])
+def test_batched_requests_give_transformers_greedy_tokens(gemma_folder, reference, block_size, chunk):
+    """Prompts shorter and longer than the window, decoding across it, in one batch; prefill in
+    chunks that end inside and outside the window; window starts inside a block."""
+    ps = prompts([10, 23, 40, 70])
+    engine = make_engine(gemma_folder, block_size=block_size, max_num_batched_tokens=chunk)
+    out = run_all(engine, ps)
+    assert [tokens for tokens, _ in out] == [reference(p) for p in ps]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_prefix_cache_hit_past_the_window_gives_the_same_tokens(gemma_folder, reference):
+    prompt = prompts([70], seed=1)[0]
+    engine = make_engine(gemma_folder)
+    first, second, longer = (run_all(engine, [p])[0] for p in (prompt, prompt, prompt + [5, 6, 7]))
+    assert first[0] == second[0] == reference(prompt)
+    assert second[1].cached_tokens == 64 and longer[1].cached_tokens == 64
+    assert longer[0] == reference(prompt + [5, 6, 7])
+
+
+def test_preemption_gives_the_same_tokens(gemma_folder, reference):
+    # 6 blocks of 16 tokens cannot hold four sequences of 40+ tokens at once.
+    ps = prompts([40, 43, 46, 49], seed=2)
+    small = make_engine(gemma_folder, kv_cache_bytes=6 * LLMEngine_block_bytes(gemma_folder))
+    out = run_all(small, ps)
+    assert small.scheduler.num_preemptions > 0
+    assert [tokens for tokens, _ in out] == [reference(p) for p in ps]
+
+
+def test_the_config_reads_gemma3_fields(gemma_folder):
+    cfg = ModelConfig.from_folder(gemma_folder)
+    assert cfg.architecture == "Gemma3ForCausalLM" and cfg.sliding_window == 24
+    assert [cfg.is_sliding(i) for i in range(4)] == [True, True, False, True]
+    assert (cfg.rope_theta, cfg.rope_local_theta) == (1_000_000.0, 10_000.0)
+    assert cfg.attention_scale == 24 ** -0.5 and cfg.final_logit_softcapping == 30.0
+    assert cfg.hidden_activation == "gelu_pytorch_tanh"
+
+
+def test_the_kv_cost_of_a_token_is_reported(gemma_folder, caplog):
+    with caplog.at_level("INFO", logger="metrale.engine"):
+        engine = make_engine(gemma_folder, kv_cache_dtype="float32")
+        one_pool = make_engine(gemma_folder, kv_cache_dtype="float32", window_pool=False)
+    # (K + V) x 2 KV heads x 16 dims x 4 bytes = 256 B a layer: 1 full layer, 3 window layers
+    assert (engine.kv_bytes_per_token, engine.window_kv_bytes_per_token) == (256, 768)
+    assert "256 B of KV a token, 768 B more inside the 24-token window of 3 layers" in caplog.text
+    assert (one_pool.kv_bytes_per_token, one_pool.window_kv_bytes_per_token) == (1024, 0)
+    assert "1024 B of KV a token)" in caplog.text
+
+
+def test_the_270m_matches_transformers_past_its_window(gemma3_float_dir):
+    """The real Gemma 3 270M (the GGUF dequantized to float32): a 600-token prompt over its 512-token
+    window, prefilled in chunks of 256, then decode steps; measured 1.1e-4 against logits up to 56."""
+    from .test_model_parity import reference_logits, run_ours
+
+    from inference.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(gemma3_float_dir)
+    prompt = tok.encode((Path(__file__).parents[2] / "README.md").read_text(), add_special_tokens=True)[:600]
+    decode = tok.encode(" The engine runs on CPUs.")
+    ours = run_ours(gemma3_float_dir, prompt, decode, chunk=256)
+    ref = reference_logits(gemma3_float_dir, prompt + decode)
+    assert (ours - ref).abs().max().item() <= 5e-4
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_the_pulled_270m_serves_its_gguf_blocks(gemma3_dir):
+    """pull_model's folder: Q8_0 blocks kept (the tied embedding / head, attn_v), the rest float until
+    K-quants and Q5_0 run as blocks; Gemma's turn format as the chat template; <end_of_turn> ends."""
+    from inference.engine.tokenizer import Tokenizer
+
+    config = json.loads((gemma3_dir / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["sliding_window"] == 512
+    assert config["layer_types"].count("full_attention") == 3 and len(config["layer_types"]) == 18
+    assert config["quantization_config"]["weights"]["model.embed_tokens.weight"] == "q8_0"
+    tok = Tokenizer.from_folder(gemma3_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode(text)[:3] == [2, 105, 2364]
+    assert 106 in tok.eos_token_ids
+
+
+def pools_whole(engine) -> bool:
+    bm = engine.block_manager
+    return all(p.num_free_blocks == p.num_blocks for p in (bm.full, bm.window))
+
+
+def test_the_window_layers_keep_only_their_windows_blocks(gemma_folder, reference):
+    """Block size 8, window 24: a decoding sequence's window layers hold at most 4 blocks (the window's
+    3 and the one it starts in) while its full layers hold them all; the tokens are transformers'."""
+    from inference.engine.block_manager import BlockManager
+
+    engine = make_engine(gemma_folder, block_size=8)
+    prompt = prompts([70], seed=3)[0]
+    seq = engine.add_request(EngineRequest(prompt, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)))
+    window = engine.block_manager.window
+    held_most = full_most = 0
+    while engine.has_work():
+        engine.step()
+        if seq.is_finished:
+            break
+        held = [b for b in seq.window_table if b != BlockManager.NO_BLOCK]
+        assert len(seq.block_table) == -(-seq.num_computed_tokens // 8)
+        assert window.num_blocks - window.num_free_blocks == len(held)
+        held_most, full_most = max(held_most, len(held)), max(full_most, len(seq.block_table))
+        assert len(held) <= 4
+    assert held_most == 4 and full_most == 10  # 81 tokens computed at the last step
+    assert seq.token_ids[len(prompt):] == reference(prompt)
+    assert pools_whole(engine)
+
+
+def test_beam_search_forks_both_pools_and_returns_them_whole(gemma_folder):
+    from inference.engine.beam_search import BeamSpec
+    from inference.serving.beam_search import beam_request
+
+    prompt = prompts([40], seed=4)[0]
+    results = []
+    for window_pool in (True, False):
+        engine = make_engine(gemma_folder, block_size=8, window_pool=window_pool)
+        root = engine.add_request(beam_request(prompt, BeamSpec(3, 2), 10, [2]))
+        outputs = []
+        while engine.has_work():
+            outputs += engine.step()
+        (_, events), = [o for o in outputs if o[0] is root and o[1] and hasattr(o[1][-1], "beams")]
+        results.append([(b.output, round(b.cum_logprob, 4)) for b in events[-1].beams])
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        if window_pool:
+            assert pools_whole(engine)
+    assert results[0] == results[1]
+
+
+def test_rope_tables_grown_on_demand_equal_the_full_ones():
+    from inference.engine.layers.rotary import RotaryEmbedding
+
+    full = RotaryEmbedding(16, 300, 10_000.0, None)
+    grown = RotaryEmbedding(16, 300, 10_000.0, None, first_rows=4)
+    assert grown.cos.shape[0] == 4
+    positions = torch.tensor([3, 250, 7])
+    for a, b in zip(full.tables(positions, torch.float32), grown.tables(positions, torch.float32)):
+        assert torch.equal(a, b)
+    assert grown.cos.shape[0] == 251 and torch.equal(grown.cos, full.cos[:251])
