@@ -210,8 +210,12 @@ class BertEncoder:
                 yield
             ctx = torch.empty((t, cfg.hidden_size), dtype=torch.float32)
             for length, starts in batch.groups:
-                self._attend(qkv, ctx, length, starts)
-                yield
+                i = 0
+                while i < starts.shape[0]:
+                    step = max(1, chunk_rows() // length)  # sequences per unit: about chunk_rows rows
+                    self._attend(qkv, ctx, length, starts[i:i + step])
+                    i += step
+                    yield
             out = torch.empty_like(h)
             for rows in _chunks(t, chunk_rows):
                 out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
