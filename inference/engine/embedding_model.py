@@ -62,4 +62,4 @@ class EmbeddingModel:
         """The pooled vectors float32 [len(sequences), dimensions] of token id lists (each non-empty,
         at most max_position_embeddings tokens), in one packed forward."""
         batch = PackedBatch.pack(sequences)
-        return self.pooling.pool(self.encoder.forward(batch), batch.seq_lens)
+        return batch.restore(self.pooling.pool(self.encoder.forward(batch), batch.seq_lens))

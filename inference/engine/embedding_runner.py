@@ -179,7 +179,7 @@ class EmbeddingRunner:
         return True
 
     def _finish_pass(self, parts, batch: PackedBatch, hidden: torch.Tensor) -> None:
-        vectors = self.model.pooling.pool(hidden, batch.seq_lens).contiguous()
+        vectors = batch.restore(self.model.pooling.pool(hidden, batch.seq_lens)).contiguous()
         raw = vectors.numpy().astype("<f4")
         self.stats.passes += 1
         row = 0

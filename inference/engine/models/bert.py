@@ -75,30 +75,36 @@ class BertConfig:
 
 @dataclass(slots=True)
 class PackedBatch:
-    """Sequences concatenated: input_ids, token_type_ids and position_ids int64 [T]; seq_lens their
-    lengths (sum T), in order. `groups`: for each length L present, (L, the start rows int64 [B])."""
+    """Sequences concatenated in order of length (shortest first): input_ids, token_type_ids and
+    position_ids int64 [T]; seq_lens and starts (first rows) in that order; order[i]: which input the
+    i-th packed sequence is (restore() puts per-sequence rows back in input order)."""
 
     input_ids: torch.Tensor
     token_type_ids: torch.Tensor
     position_ids: torch.Tensor
     seq_lens: list[int]
-    groups: list[tuple[int, torch.Tensor]]
+    starts: list[int]
+    order: list[int]
 
     @classmethod
     def pack(cls, sequences: list[list[int]], token_types: list[list[int]] | None = None) -> "PackedBatch":
         """Pack token id lists (each non-empty) into one batch; token types default to 0 (segment A)."""
-        lens = [len(s) for s in sequences]
-        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.int64)
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        lens = [len(sequences[i]) for i in order]
+        ids = torch.tensor([t for i in order for t in sequences[i]], dtype=torch.int64)
         types = (torch.zeros_like(ids) if token_types is None
-                 else torch.tensor([t for s in token_types for t in s], dtype=torch.int64))
+                 else torch.tensor([t for i in order for t in token_types[i]], dtype=torch.int64))
         positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens])
-        starts: dict[int, list[int]] = {}
-        offset = 0
-        for n in lens:
-            starts.setdefault(n, []).append(offset)
-            offset += n
-        groups = [(n, torch.tensor(s, dtype=torch.int64)) for n, s in starts.items()]
-        return cls(ids, types, positions, lens, groups)
+        starts = [0] * len(lens)
+        for i in range(1, len(lens)):
+            starts[i] = starts[i - 1] + lens[i - 1]
+        return cls(ids, types, positions, lens, starts, order)
+
+    def restore(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-sequence rows [B, ...] in packed order -> the same rows in input order."""
+        out = torch.empty_like(rows)
+        out[torch.tensor(self.order, dtype=torch.int64)] = rows
+        return out
 
 
 class BertLayer:
@@ -209,13 +215,15 @@ class BertEncoder:
                 qkv[rows] = layer.qkv(h[rows])
                 yield
             ctx = torch.empty((t, cfg.hidden_size), dtype=torch.float32)
-            for length, starts in batch.groups:
-                i = 0
-                while i < starts.shape[0]:
-                    step = max(1, chunk_rows() // length)  # sequences per unit: about chunk_rows rows
-                    self._attend(qkv, ctx, length, starts[i:i + step])
-                    i += step
-                    yield
+            first = 0
+            while first < len(batch.seq_lens):
+                # Neighbours in length order, about chunk_rows padded rows a unit (padded to the longest).
+                last = first + 1
+                while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
+                    last += 1
+                self._attend(qkv, ctx, batch, first, last)
+                first = last
+                yield
             out = torch.empty_like(h)
             for rows in _chunks(t, chunk_rows):
                 out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
@@ -223,15 +231,30 @@ class BertEncoder:
             h = out
         return h
 
-    def _attend(self, qkv: torch.Tensor, ctx: torch.Tensor, length: int, starts: torch.Tensor) -> None:
-        """Bidirectional attention of the B sequences of one length starting at rows `starts`: no mask,
-        no cache; the context rows written into ctx [T, hidden]."""
+    def _attend(self, qkv: torch.Tensor, ctx: torch.Tensor, batch: PackedBatch, first: int, last: int) -> None:
+        """Bidirectional attention of packed sequences first..last-1 (no cache): one SDPA call over them
+        padded to the longest, padded keys masked out; their context rows written into ctx [T, hidden]."""
         cfg = self.cfg
-        rows = (starts[:, None] + torch.arange(length)).reshape(-1)
-        b, nh, hd = starts.shape[0], cfg.num_attention_heads, cfg.head_dim
-        q, k, v = qkv[rows].view(b, length, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
-        o = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(hd))
-        ctx[rows] = o.transpose(1, 2).reshape(b * length, cfg.hidden_size)
+        nh, hd = cfg.num_attention_heads, cfg.head_dim
+        lens, starts = batch.seq_lens[first:last], batch.starts[first:last]
+        b, longest = last - first, lens[-1]
+        r0, r1 = starts[0], starts[-1] + lens[-1]
+        if lens[0] == longest:  # one length: the rows are already [B, L] contiguous
+            x = qkv[r0:r1].view(b, longest, 3 * cfg.hidden_size)
+            mask = None
+        else:
+            x = qkv.new_zeros((b, longest, 3 * cfg.hidden_size))
+            for i, (s, n) in enumerate(zip(starts, lens)):
+                x[i, :n] = qkv[s:s + n]
+            mask = (torch.arange(longest)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+        q, k, v = x.view(b, longest, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(hd))
+        o = o.transpose(1, 2).reshape(b, longest, cfg.hidden_size)
+        if mask is None:
+            ctx[r0:r1] = o.reshape(-1, cfg.hidden_size)
+        else:
+            for i, (s, n) in enumerate(zip(starts, lens)):
+                ctx[s:s + n] = o[i, :n]
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
