@@ -19,7 +19,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from . import runtime, swap
 from .api import admit, openai_endpoint
-from .surfaces import chat_call, completions_call
+from .surfaces import chat_call, completions_call, embeddings_call
 from .engine.outputs import EngineOverloaded, RequestRejected
 from .request_context import current_record
 from .serving import chat, tokenize
@@ -27,7 +27,7 @@ from .serving import embeddings as embeddings_api
 from .serving import completions as legacy_completions
 from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
-from .serving.model_names import find_model, model_cards, model_object, served_names
+from .serving.model_names import find_model, model_cards, model_object
 from .serving.prepare import Prepared, cpu_work
 from .stored_objects import tenant_of
 
@@ -231,33 +231,14 @@ async def embeddings_view(request):
     rate limit is charged the inputs' tokens."""
     req = await cpu_work(embeddings_api.parse, request.body)
     rt = await ready_runtime()
-    service = embedding_service_for(req["model"], rt)
-    call = await cpu_work(embeddings_api.prepare, req, service)
-    await admit(request, reserve_tokens=call.prompt_tokens, used_tokens=lambda: call.prompt_tokens)
+    run = await embeddings_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    tokens = run.call.prompt_tokens
+    await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
     record = current_record.get()
     if record is not None:
-        record.embedded(service.name, call.prompt_tokens)
-    try:
-        vectors = await service.runner.submit(call.inputs)
-    except RuntimeError as exc:  # this request's pass failed in the engine; others are unaffected
-        raise ApiError(500, f"The embedding failed: {exc}", type="server_error", code="embedding_failed") from exc
-    body = await cpu_work(embeddings_api.response_json, call, service.name, vectors)
+        record.embedded(run.service.name, tokens)
+    body = await cpu_work(embeddings_api.response_json, run.call, run.service.name, await run.vectors())
     return HttpResponse(body, content_type="application/json")
-
-
-def embedding_service_for(model: str, rt):
-    """The embedding model a request's `model` names (empty: the one served). Raises ApiError 404
-    (model_not_found) when no embedding model is served or the name is another; 400 when it names the
-    chat model (a generation model, which this route does not pool)."""
-    service = rt.embeddings
-    if service is not None and model in ("", service.name):
-        return service
-    served = f"'{service.name}'" if service is not None else "none (set METRALE_EMBEDDING_MODEL)"
-    if model and model in served_names(rt.model_id):
-        raise ApiError(400, f"The model '{model}' is a generation model; /v1/embeddings serves the embedding "
-                            f"model: {served}.", param="model", code="model_not_embedding")
-    raise not_found(f"The model '{model}' does not exist or is not an embedding model. Embedding models served: "
-                    f"{served}.", code="model_not_found", param="model")
 
 
 @openai_endpoint

@@ -2,39 +2,15 @@
 inputs' tokens, the request log and vLLM's series, with all-MiniLM-L6-v2 beside the real SmolLM2 engine."""
 import base64
 import struct
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from inference import runtime
 from inference.engine.embedding_model import EmbeddingModel
-from inference.engine.embedding_runner import EmbeddingRunner
-from inference.runtime import EmbeddingService, Runtime
-from tests.conftest import pulled_minilm
 
+from .conftest import EMBEDDING_MODEL as NAME
 from .observed import call, scrape, value
-
-NAME = "all-minilm-l6-v2"
-
-
-@pytest.fixture(scope="session")
-def minilm_model():
-    return EmbeddingModel(pulled_minilm(), "float32")
-
-
-@pytest.fixture
-def embed_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, minilm_model, monkeypatch, raw_asgi_requests, db):
-    runner = EmbeddingRunner(minilm_model)
-    smollm2_engine.attach_embeddings(runner)
-    service = EmbeddingService(NAME, minilm_model.path, int(time.time()), minilm_model, runner)
-    rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()),
-                 embeddings=service)
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    yield rt
-    smollm2_engine._embeddings = None
-    runner.host = None
 
 
 def embed(body, headers=None):
@@ -147,3 +123,4 @@ def test_rate_limits_are_charged_the_inputs_tokens(embed_rt, client, require_aut
     assert int(first.headers["x-ratelimit-remaining-tokens"]) <= 40 - 32
     refused = as_acme.post("/v1/embeddings", {"model": NAME, "input": "word " * 30})
     assert refused.status_code == 429 and refused.headers.get("retry-after")
+
