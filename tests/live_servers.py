@@ -15,9 +15,12 @@ from inference.bench.live_server import ROOT, LiveServer
 
 @pytest.fixture(scope="session")
 def metrale_server(smollm2_dir, tmp_path_factory):
-    """A daphne server serving SmolLM2 in float32 with the step log on."""
+    """A daphne server serving SmolLM2 in float32 with the step log on, all-MiniLM-L6-v2 beside it."""
+    from tests.conftest import pulled_minilm
+
     server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_STEP_LOG": "1",
-                         "METRALE_KV_CACHE_BYTES": str(256 << 20)}, tmp_path_factory.mktemp("live"))
+                         "METRALE_KV_CACHE_BYTES": str(256 << 20),
+                         "METRALE_EMBEDDING_MODEL": str(pulled_minilm())}, tmp_path_factory.mktemp("live"))
     server.wait_ready()
     yield server
     server.stop()
