@@ -55,7 +55,7 @@ class EmbedRun:
         return statistics.median(self.latencies_s) * 1000
 
 
-def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: float = 900) -> list[list[float]]:
+def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: float = 180) -> list[list[float]]:
     """One POST /v1/embeddings (float); the vectors. Raises RuntimeError on a non-200 answer."""
     parts = urlsplit(url)
     body = {"input": texts, "encoding_format": "float"}

@@ -11,6 +11,7 @@ from inference.engine.embedding_model import EmbeddingModel
 
 from .conftest import EMBEDDING_MODEL as NAME
 from .observed import call, scrape, value
+from .test_request_log import log_file  # noqa: F401
 
 
 def embed(body, headers=None):
@@ -124,3 +125,15 @@ def test_rate_limits_are_charged_the_inputs_tokens(embed_rt, client, require_aut
     refused = as_acme.post("/v1/embeddings", {"model": NAME, "input": "word " * 30})
     assert refused.status_code == 429 and refused.headers.get("retry-after")
 
+
+
+def test_the_request_log_line_names_the_embedding_model_and_its_tokens(embed_rt, log_file):
+    from .test_request_log import flush, lines
+
+    path, configure = log_file
+    writer = configure()
+    usage = embed({"input": ["one", "two"]}, {"x-request-id": "req_embedded"}).json()["usage"]
+    flush(writer)
+    (line,) = lines(path)
+    assert line["request_id"] == "req_embedded" and line["route"] == "v1/embeddings" and line["status"] == 200
+    assert line["model"] == NAME and line["prompt_tokens"] == usage["prompt_tokens"]
