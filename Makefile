@@ -24,6 +24,7 @@ migrate: install
 
 model: install
 	$(PY) manage.py pull_model smollm2-135m-instruct
+	$(PY) manage.py pull_model all-minilm-l6-v2
 
 # The admin's and the console's CSS and JavaScript, gathered into STATIC_ROOT for WhiteNoise.
 static: install
@@ -51,10 +52,15 @@ test: migrate model static browser
 # llama.cpp's llama-server on the same GGUF (README, "Speed").
 LLAMA_CPP_URL ?=
 LLAMA_CPP_PID ?= 0
+# `make bench LLAMA_SERVER_BIN=... EMBEDDING_GGUF=...` adds llama-server --embeddings on the embedding model
+# converted by llama.cpp's convert_hf_to_gguf.py (README, "Embeddings").
+LLAMA_SERVER_BIN ?=
+EMBEDDING_GGUF ?=
 bench: migrate model
 	$(PY) manage.py bench $(if $(LLAMA_CPP_URL),--llama-cpp-url $(LLAMA_CPP_URL) --llama-cpp-pid $(LLAMA_CPP_PID))
 	$(PY) manage.py bench_speculative
 	$(PY) manage.py bench_perplexity
+	$(PY) manage.py bench_embeddings $(if $(LLAMA_SERVER_BIN),--llama-server $(LLAMA_SERVER_BIN) --gguf $(EMBEDDING_GGUF))
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model

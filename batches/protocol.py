@@ -14,7 +14,7 @@ from inference.serving.protocol import parse_json_body, validate
 # The endpoints a batch may name (OpenAI's), and those this server runs.
 OPENAI_ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions",
                     "/v1/moderations", "/v1/images/generations", "/v1/images/edits", "/v1/videos")
-SERVED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+SERVED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 OPENAI_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 # expires_after.seconds of a file or of a batch's output (OpenAI: one hour to 30 days).
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000

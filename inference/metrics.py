@@ -49,18 +49,24 @@ def count_tool_calls(parsed: int, rejected: int) -> None:
         TOOL_CALLS.labels("rejected").inc(rejected)
 
 
-def _histogram(name: str, doc: str, hist: engine_stats.Histogram, labels: list[str]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, hist: engine_stats.Histogram, labels: list[str],
+               more: tuple[list[str], engine_stats.Histogram] | None = None) -> HistogramMetricFamily:
+    """A histogram family: `hist` under `labels`, and `more` (another model's labels and histogram)."""
     family = HistogramMetricFamily(name, doc, labels=LABELS)
-    cumulative, _, total = hist.read()
-    family.add_metric(labels, [(floatToGoString(bound), count) for bound, count in cumulative], total)
+    for lab, h in ((labels, hist), *((more,) if more else ())):
+        cumulative, _, total = h.read()
+        family.add_metric(lab, [(floatToGoString(bound), count) for bound, count in cumulative], total)
     return family
 
 
-def _counters(labels: list[str], rows):
-    """A counter family per (name without _total, documentation, value) row."""
+def _counters(labels: list[str], rows, more: dict | None = None):
+    """A counter family per (name without _total, documentation, value) row; `more`: (labels, value)
+    of another model by name."""
     for name, doc, value in rows:
         family = CounterMetricFamily(name, doc, labels=LABELS)
         family.add_metric(labels, value)
+        if more and name in more:
+            family.add_metric(*more[name])
         yield family
 
 
@@ -70,9 +76,14 @@ def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricF
     return family
 
 
-def engine_families(async_engine, model_name: str):
-    """vLLM's metric families for one AsyncEngine (its LLMEngine's stats, scheduler and KV pool)."""
+def engine_families(async_engine, model_name: str, pooling=None):
+    """vLLM's metric families for one AsyncEngine (its LLMEngine's stats, scheduler and KV pool) and the
+    embedding model served beside it (`pooling`: runtime.EmbeddingService or None): its requests under
+    its own model_name in the series vLLM counts pooling requests in (prompt tokens, request success
+    with finished_reason "stop", e2e latency, prompt tokens per request)."""
     llm = async_engine.engine
+    pool = pooling.runner.stats if pooling is not None else None
+    pool_labels = [pooling.name, ENGINE_INDEX] if pooling is not None else None
     stats = llm.stats
     labels = [model_name, ENGINE_INDEX]
     scheduler, blocks = llm.scheduler, llm.block_manager
@@ -93,11 +104,14 @@ def engine_families(async_engine, model_name: str):
         ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", scheduler.num_preemptions),
         ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
          stats.prefix_cache_queries),
-        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits)))
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits)),
+        {"vllm:prompt_tokens": (pool_labels, pool.prompt_tokens)} if pool is not None else None)
     success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                   labels=[*LABELS, "finished_reason"])
     for reason, count in list(stats.request_success.items()):
         success.add_metric([*labels, reason], count)
+    if pool is not None:
+        success.add_metric([*pool_labels, "stop"], pool.requests_finished)
     yield success
     for name, doc, hist in (
             ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft_s),
@@ -118,7 +132,9 @@ def engine_families(async_engine, model_name: str):
              stats.request_max_tokens),
             ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
              stats.iteration_tokens)):
-        yield _histogram(name, doc, hist, labels)
+        pooled = {"vllm:e2e_request_latency_seconds": "e2e_s", "vllm:request_prompt_tokens": "request_prompt_tokens"}
+        more = (pool_labels, getattr(pool, pooled[name])) if pool is not None and name in pooled else None
+        yield _histogram(name, doc, hist, labels, more)
     if stats.spec_decode_enabled:
         yield from spec_decode_families(stats, labels)
 
@@ -151,7 +167,7 @@ class EngineCollector:
 
         rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
         if rt is not None and getattr(getattr(rt.engine, "engine", None), "stats", None) is not None:
-            yield from engine_families(rt.engine, runtime.served_model_name())
+            yield from engine_families(rt.engine, runtime.served_model_name(), rt.embeddings)
         family = HistogramMetricFamily("metrale:grammar_compile_seconds",
                                        "Seconds to compile a request's grammar (structured outputs, forced "
                                        "tool calls), off the engine thread; cached grammars are not counted.")

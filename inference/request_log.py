@@ -98,6 +98,7 @@ class RequestRecord:
     response_is_json: bool = False
     choices: dict = field(default_factory=dict)  # index -> summary (bodies on)
     engine_ids: list = field(default_factory=list)  # the engine requests it submitted
+    embedding: tuple | None = None  # (model, prompt tokens) of an embeddings request
 
     # --- filled by serving (Choices) ---
 
@@ -109,6 +110,10 @@ class RequestRecord:
         if live_records.get(self.request_id) is self:
             for engine_id in self.engine_ids:
                 live_records[engine_id] = self
+
+    def embedded(self, model: str, prompt_tokens: int) -> None:
+        """An embeddings request was admitted: its model and the tokens of its inputs."""
+        self.embedding = (model, prompt_tokens)
 
     def retire(self) -> None:
         """The request ended: it leaves `live_records`."""
@@ -161,12 +166,14 @@ class RequestRecord:
         """The record's JSON object (module docstring), bodies included when they were kept."""
         run = self.run
         usage = run.usage if run is not None else None
+        model = run.prepared.model if run is not None else (self.embedding[0] if self.embedding else None)
+        prompt_tokens = usage.prompt_tokens if usage else (self.embedding[1] if self.embedding else None)
         out = {
             "request_id": self.request_id,
             "ts": datetime.fromtimestamp(self.arrived_unix, dt_timezone.utc).isoformat(timespec="milliseconds"),
             "route": self.route or self.path, "method": self.method, "tenant": self.tenant,
-            "model": run.prepared.model if run is not None else None, "status": self.status,
-            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "model": model, "status": self.status,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": usage.completion_tokens if usage else None,
             "cached_tokens": usage.cached_prompt_tokens if usage else None,
             "ttft_ms": round((self.first_token_at - self.started) * 1000, 3) if self.first_token_at else None,

@@ -39,6 +39,8 @@ class Runtime:
     fingerprint: str = ""
     # Requests per adapter name not yet added to the adapters app's rows (its flush_served).
     adapter_requests: Counter = field(default_factory=Counter)
+    # The embedding model served beside this one (METRALE_EMBEDDING_MODEL), or None.
+    embeddings: "EmbeddingService | None" = None
 
     def fingerprint_of(self, adapter: str | None) -> str | None:
         """The system_fingerprint of a response by the base model (None) or by adapter `adapter`."""
@@ -53,6 +55,69 @@ class Runtime:
     def folder(self) -> ModelFolder:
         """The model folder's JSON files, read once per process (sampling defaults, model_type)."""
         return ModelFolder.read(self.model_path)
+
+
+@dataclass(slots=True)
+class EmbeddingService:
+    """The embedding model beside the chat model: its served name, folder, load time, the engine's
+    EmbeddingModel and the EmbeddingRunner whose units the chat engine's thread runs."""
+
+    name: str
+    path: Path
+    created: int
+    model: object  # inference.engine.embedding_model.EmbeddingModel
+    runner: object  # inference.engine.embedding_runner.EmbeddingRunner
+
+    @property
+    def dimensions(self) -> int:
+        return self.model.dimensions
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.model.max_input_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return self.model.tokenize(texts)
+
+    def truncate(self, ids: list[int], limit: int, from_text: bool) -> list[int]:
+        return self.model.truncate(ids, limit, from_text)
+
+
+_embeddings: EmbeddingService | None = None
+_embeddings_lock = threading.Lock()
+
+
+def embedding_folder(value: str) -> Path:
+    """METRALE_EMBEDDING_MODEL as a folder: a path, or a model name pulled to METRALE_HOME/models."""
+    path = Path(value).expanduser()
+    if not path.exists() and "/" not in value:
+        path = Path(settings.METRALE_HOME) / "models" / value
+    return path
+
+
+def embedding_service() -> EmbeddingService | None:
+    """The process's embedding model (loaded once, kept across chat-model swaps), None when
+    METRALE_EMBEDDING_MODEL is unset. Raises what EmbeddingModel raises (ConfigError, OSError)."""
+    global _embeddings
+    value = settings.METRALE.get("EMBEDDING_MODEL")
+    if not value:
+        return None
+    with _embeddings_lock:
+        if _embeddings is None:
+            import time
+
+            from inference.engine.embedding_model import EmbeddingModel
+            from inference.engine.embedding_runner import EmbeddingRunner
+
+            path = embedding_folder(value)
+            model = EmbeddingModel(path, settings.METRALE.get("EMBEDDING_WEIGHTS") or "auto")
+            runner = EmbeddingRunner(model, share=settings.METRALE.get("EMBEDDING_SHARE") or 0.35)
+            _embeddings = EmbeddingService(path.name, path, int(time.time()), model, runner)
+        return _embeddings
 
 
 # METRALE settings -> EngineConfig fields. A setting left unset (None) takes EngineConfig's own
@@ -127,7 +192,11 @@ def load_runtime(model_path: str | None = None, served_name: str | None = None) 
     tokenizer = Tokenizer.from_folder(path)
     fp = model_fingerprint(path, fingerprint_settings(config))
     engine = AsyncEngine(config=config, on_fatal=_engine_died)
-    return Runtime(engine, tokenizer, served_name or served_model_name(), path, int(time.time()), fingerprint=fp)
+    embeddings = embedding_service()
+    if embeddings is not None:
+        engine.attach_embeddings(embeddings.runner)
+    return Runtime(engine, tokenizer, served_name or served_model_name(), path, int(time.time()), fingerprint=fp,
+                   embeddings=embeddings)
 
 
 _unavailable: str | None = None

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .serving import chat
+from .serving import embeddings as embeddings_api
+from .serving.errors import ApiError, not_found
+from .serving.model_names import served_names
 from .serving import completions as legacy_completions
 from .serving.choices import Choices
 from .serving.deltas import Usage
-from .serving.prepare import Prepared, prepare
+from .serving.prepare import Prepared, cpu_work, prepare
 from .stored_completions import save_chat_completion
 
 
@@ -56,8 +59,54 @@ async def completions_call(req: dict, rt, *, tenant, request_id: str | None, cac
     return Call(prepared, legacy_completions.CompletionWire(req, prepared, rt.tokenizer), "prompt")
 
 
+@dataclass(slots=True)
+class EmbeddingsCall:
+    """One prepared embeddings request (serving/embeddings.EmbeddingCall) and the model that runs it."""
+
+    call: embeddings_api.EmbeddingCall
+    service: object  # runtime.EmbeddingService
+    param: str = "input"
+
+    async def vectors(self) -> list[bytes]:
+        """Embed the inputs: each vector's float32 little-endian bytes. Raises ApiError 500 when this
+        request's pass failed in the engine (other requests are unaffected)."""
+        try:
+            return await self.service.runner.submit(self.call.inputs)
+        except RuntimeError as exc:
+            raise ApiError(500, f"The embedding failed: {exc}", type="server_error", code="embedding_failed") from exc
+
+    async def blocking_run(self, rt) -> tuple[dict, Usage]:
+        """(OpenAI's embedding list, its usage: the inputs' tokens). Raises ApiError."""
+        body = embeddings_api.response_body(self.call, self.service.name, await self.vectors())
+        return body, Usage(prompt_tokens=self.call.prompt_tokens)
+
+
+def embedding_service_for(model: str, rt):
+    """The embedding model a request's `model` names (empty: the one served). Raises ApiError 404
+    (model_not_found) when no embedding model is served or the name is another; 400 when it names the
+    chat model (a generation model, which /v1/embeddings does not pool)."""
+    service = rt.embeddings
+    if service is not None and model in ("", service.name):
+        return service
+    served = f"'{service.name}'" if service is not None else "none (set METRALE_EMBEDDING_MODEL)"
+    if model and model in served_names(rt.model_id):
+        raise ApiError(400, f"The model '{model}' is a generation model; /v1/embeddings serves the embedding "
+                            f"model: {served}.", param="model", code="model_not_embedding")
+    raise not_found(f"The model '{model}' does not exist or is not an embedding model. Embedding models served: "
+                    f"{served}.", code="model_not_found", param="model")
+
+
+async def embeddings_call(req: dict, rt, *, tenant, request_id: str | None, cache_salt: str,
+                          priority: int = 0) -> EmbeddingsCall:
+    """POST /v1/embeddings's validated body (embeddings.parse) tokenized and checked against the embedding
+    model (on the prepare pool). Raises ApiError (serving/embeddings.prepare's 400s, the model's 404/400)."""
+    service = embedding_service_for(req["model"], rt)
+    return EmbeddingsCall(await cpu_work(embeddings_api.prepare, req, service), service)
+
+
 # endpoint -> (parse raw body -> validated dict, prepare it -> Call)
 SURFACES: dict[str, tuple[Callable, Callable]] = {
     "/v1/chat/completions": (chat.parse, chat_call),
     "/v1/completions": (legacy_completions.parse, completions_call),
+    "/v1/embeddings": (embeddings_api.parse, embeddings_call),
 }

@@ -1,5 +1,5 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-models, tokenize, health (readiness), health/live (liveness) and /metrics."""
+embeddings, models, tokenize, health (readiness), health/live (liveness) and /metrics."""
 from django.urls import path
 
 from . import stored_views, views
@@ -17,13 +17,14 @@ urlpatterns = [
          by_method(GET=stored_views.retrieve, POST=stored_views.update, DELETE=stored_views.delete)),
     path("v1/chat/completions/<str:completion_id>/messages", by_method(GET=stored_views.list_messages)),
     path("v1/completions", views.completions),
+    path("v1/embeddings", views.embeddings_view),
     path("tokenize", views.tokenize_view),
     path("detokenize", views.detokenize_view),
 ]
 
 # OpenAI endpoints this server does not implement (yet): 501. metrale_site/urls.py lists these
 # after every app's own routes, so an app that implements one takes precedence.
-NOT_IMPLEMENTED = ["v1/embeddings", "v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>"]
+NOT_IMPLEMENTED = ["v1/moderations", "v1/audio/<path:rest>", "v1/images/<path:rest>"]
 fallback_urlpatterns = [
     *[path(route, views.not_implemented) for route in NOT_IMPLEMENTED],
     path("v1/<path:rest>", views.unknown_route),

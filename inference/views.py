@@ -15,13 +15,15 @@ import logging
 import time
 
 from django.conf import settings
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from . import runtime, swap
 from .api import admit, openai_endpoint
-from .surfaces import chat_call, completions_call
+from .surfaces import chat_call, completions_call, embeddings_call
 from .engine.outputs import EngineOverloaded, RequestRejected
+from .request_context import current_record
 from .serving import chat, tokenize
+from .serving import embeddings as embeddings_api
 from .serving import completions as legacy_completions
 from .serving.choices import Choices
 from .serving.errors import ApiError, not_found
@@ -177,7 +179,14 @@ async def list_models(request):
         return JsonResponse({"object": "list", "data": [model_object(runtime.served_model_name(), int(time.time()))]})
     cards = model_cards(rt.model_id, rt.created, str(rt.model_path), rt.adapters, cache_salt_of(request),
                         rt.engine.max_model_len)
+    if rt.embeddings is not None:
+        cards.append(embedding_card(rt.embeddings))
     return JsonResponse({"object": "list", "data": cards})
+
+
+def embedding_card(service) -> dict:
+    """The embedding model's Model object (max_model_len: its most tokens an input)."""
+    return model_object(service.name, service.created, root=str(service.path), max_model_len=service.max_input_tokens)
 
 
 @openai_endpoint
@@ -187,6 +196,8 @@ async def retrieve_model(request, model_id: str):
     rt = runtime.get_runtime(wait=False)
     if rt is None:
         return JsonResponse(find_model(model_id, runtime.served_model_name(), int(time.time())))
+    if rt.embeddings is not None and model_id == rt.embeddings.name:
+        return JsonResponse(embedding_card(rt.embeddings))
     return JsonResponse(find_model(model_id, rt.model_id, rt.created, str(rt.model_path), rt.adapters,
                                    cache_salt_of(request)))
 
@@ -211,6 +222,23 @@ async def completions(request):
     rt = await ready_runtime()
     call = await completions_call(req, rt, tenant=tenant_of(request), **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
+
+
+@openai_endpoint(generates=True)
+@allow("POST")
+async def embeddings_view(request):
+    """POST /v1/embeddings: the embedding model's vectors (OpenAI's shape: serving/embeddings.py); the
+    rate limit is charged the inputs' tokens."""
+    req = await cpu_work(embeddings_api.parse, request.body)
+    rt = await ready_runtime()
+    run = await embeddings_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    tokens = run.call.prompt_tokens
+    await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
+    record = current_record.get()
+    if record is not None:
+        record.embedded(run.service.name, tokens)
+    body = await cpu_work(embeddings_api.response_json, run.call, run.service.name, await run.vectors())
+    return HttpResponse(body, content_type="application/json")
 
 
 @openai_endpoint

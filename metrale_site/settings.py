@@ -223,6 +223,14 @@ METRALE = {
     # q4, q8 (GGUF blocks; a float checkpoint quantised at load), int8 (per-channel), model (the
     # folder's values exactly, float32 activations). README "Weights".
     "WEIGHTS": envstr("METRALE_WEIGHTS"),
+    # An embedding model served beside the chat model on /v1/embeddings: a sentence-transformers BERT
+    # folder, or the name of one pulled to METRALE_HOME/models (`manage.py pull_model all-minilm-l6-v2`).
+    # Unset: /v1/embeddings answers 404 model_not_found. README "Embeddings".
+    "EMBEDDING_MODEL": envstr("METRALE_EMBEDDING_MODEL"),
+    # Its linears: auto (bfloat16 where the CPU multiplies it natively, else float32), float32, bfloat16.
+    "EMBEDDING_WEIGHTS": envstr("METRALE_EMBEDDING_WEIGHTS", "auto"),
+    # The fraction of each chat step's time that embedding work may take while chat requests run.
+    "EMBEDDING_SHARE": envfloat("METRALE_EMBEDDING_SHARE", 0.35),
     # Which weights prompt rows use: same (WEIGHTS', the default) or model (exact, a second copy).
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.

@@ -19,6 +19,7 @@ from django.conf import settings as django_settings
 django_settings.DATABASES["default"].get("OPTIONS", {}).pop("transaction_mode", None)
 
 SMOLLM2 = "smollm2-135m-instruct"
+MINILM = "all-minilm-l6-v2"
 
 # The live daphne servers (metrale_server, auth_server, ...), one per session for every folder.
 pytest_plugins = ["tests.live_servers"]
@@ -32,6 +33,17 @@ def pulled_smollm2() -> Path:
     path = Path(settings.METRALE_HOME) / "models" / SMOLLM2
     if not (path / "config.json").is_file():
         call_command("pull_model", SMOLLM2, verbosity=0)
+    return path
+
+
+def pulled_minilm() -> Path:
+    """$METRALE_HOME/models/all-minilm-l6-v2 (sentence-transformers' folder), pulled first where missing."""
+    from django.conf import settings
+    from django.core.management import call_command
+
+    path = Path(settings.METRALE_HOME) / "models" / MINILM
+    if not (path / "config.json").is_file():
+        call_command("pull_model", MINILM, verbosity=0)
     return path
 
 

@@ -15,11 +15,14 @@ from inference.bench.live_server import ROOT, LiveServer
 
 @pytest.fixture(scope="session")
 def metrale_server(smollm2_dir, tmp_path_factory):
-    """A daphne server serving SmolLM2 in float32 with the step log on and the request log written to
-    `server.request_log` (a JSON-lines file)."""
+    """A daphne server serving SmolLM2 in float32 with the step log on, all-MiniLM-L6-v2 beside it, and
+    the request log written to `server.request_log` (a JSON-lines file)."""
+    from tests.conftest import pulled_minilm
+
     workdir = tmp_path_factory.mktemp("live")
     server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_STEP_LOG": "1",
                          "METRALE_KV_CACHE_BYTES": str(256 << 20),
+                         "METRALE_EMBEDDING_MODEL": str(pulled_minilm()),
                          "METRALE_REQUEST_LOG": str(workdir / "requests.jsonl")}, workdir)
     server.request_log = workdir / "requests.jsonl"
     server.wait_ready()

@@ -109,6 +109,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._num_queued = 0  # add commands not yet admitted
         self._fatal: str | None = None  # why the loop died (then every submission fails at once)
+        self._embeddings = None  # an EmbeddingRunner whose units run between steps (attach_embeddings)
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(config,), name="metrale-engine", daemon=True)
@@ -204,7 +205,8 @@ class AsyncEngine:
     def idle(self) -> bool:
         """Whether no request is open, no command waits and the engine has nothing scheduled (a snapshot
         read from any thread: a request submitted right after may make it stale)."""
-        return not self._handles and not self._commands and not self.engine.has_work()
+        return not self._handles and not self._commands and not self.engine.has_work() and not (
+            self._embeddings is not None and self._embeddings.host is self and self._embeddings.has_work())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread after its current step and wait for it (up to `timeout` seconds):
@@ -320,11 +322,28 @@ class AsyncEngine:
         while not self._stopped:
             self._drain_commands()
             self._expire_deadlines()
+            side = self._embeddings if self._embeddings is not None and self._embeddings.host is self else None
+            side_work = side is not None and side.has_work()
             if not self.engine.has_work():
+                if side_work:  # chat idle: embedding units back to back, commands checked between slices
+                    side.run_for(side.idle_slice_s, busy=False)
+                    continue
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             self._deliver(self.engine.step())
+            if side_work:  # a bounded share of this step's time, so decode steps stay about (1 + share) apart
+                side.run_for(side.share * (time.perf_counter() - started), busy=True)
+
+    def attach_embeddings(self, runner) -> None:
+        """Run an embedding_runner.EmbeddingRunner's units on this engine's thread, between steps (the
+        runner's `share` of each step's time while requests run; back to back while none do). The
+        runner follows the engine it was attached to last (a swapped-in model's)."""
+        self._embeddings = runner
+        runner.host = self
+        runner.wake = self._wake.set
+        self._wake.set()
 
     def _die(self, exc: BaseException) -> None:
         """The loop died: log why, fail every live and queued request (no client waits forever),

@@ -20,6 +20,7 @@ from .fake_engine import FakeEngine, reply
 from .tenant_client import TenantClient
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 
 @pytest.fixture(autouse=True)
@@ -201,3 +202,30 @@ def real_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asg
     rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
     monkeypatch.setattr(runtime, "_runtime", rt)
     return rt
+
+
+@pytest.fixture(scope="session")
+def minilm_model():
+    """all-MiniLM-L6-v2 (pulled where missing) as the engine's EmbeddingModel in float32."""
+    from inference.engine.embedding_model import EmbeddingModel
+    from tests.conftest import pulled_minilm
+
+    return EmbeddingModel(pulled_minilm(), "float32")
+
+
+@pytest.fixture
+def embed_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, minilm_model, monkeypatch, raw_asgi_requests, db):
+    """The process runtime: the real SmolLM2 engine with all-MiniLM-L6-v2 beside it (its runner's units on
+    the engine's thread)."""
+    from inference.engine.embedding_runner import EmbeddingRunner
+    from inference.runtime import EmbeddingService
+
+    runner = EmbeddingRunner(minilm_model)
+    smollm2_engine.attach_embeddings(runner)
+    service = EmbeddingService(EMBEDDING_MODEL, minilm_model.path, int(time.time()), minilm_model, runner)
+    rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()),
+                 embeddings=service)
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    yield rt
+    smollm2_engine._embeddings = None
+    runner.host = None

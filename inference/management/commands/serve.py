@@ -41,16 +41,21 @@ class Command(BaseCommand):
                             help="append one JSON line per API request to PATH (overrides METRALE_REQUEST_LOG)")
         parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                             help="a LoRA adapter to load at startup (repeatable; added to METRALE_LORA_ADAPTERS)")
+        parser.add_argument("--embedding-model", default=None, metavar="PATH_OR_NAME",
+                            help="an embedding model to serve beside the chat model on /v1/embeddings: a "
+                                 "sentence-transformers folder or a pulled name (overrides METRALE_EMBEDDING_MODEL)")
         parser.add_argument("--no-restart", action="store_true",
                             help="serve in this process; do not start it again when it dies")
 
     def handle(self, *args, host, port, tool_call_parser, reasoning_parser, request_log, no_restart, lora,
-               **options):
+               embedding_model=None, **options):
         overrides = {f"METRALE_{key}": value for key, value in (("TOOL_CALL_PARSER", tool_call_parser),
                                                                 ("REASONING_PARSER", reasoning_parser))
                      if value is not None}
         if request_log is not None:
             overrides["METRALE_REQUEST_LOG"] = str(Path(request_log).resolve())
+        if embedding_model is not None:
+            overrides["METRALE_EMBEDDING_MODEL"] = embedding_model
         for item in lora:
             if "=" not in item or not item.partition("=")[0].strip() or not item.partition("=")[2].strip():
                 raise CommandError(f"--lora {item!r} is not NAME=PATH")

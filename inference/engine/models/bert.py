@@ -1,0 +1,271 @@
+"""BERT as an encoder over packed sequences: absolute positions, token types, post-LayerNorm, GELU, no KV cache.
+
+Source: transformers' `modeling_bert.py` (BertEmbeddings, BertSelfAttention, BertSelfOutput,
+BertIntermediate, BertOutput); weight names are the checkpoint's (`encoder.layer.N.attention.self.query`,
+with or without a `bert.` prefix). A batch is every sequence's tokens concatenated ([T] ids, no
+padding); attention is bidirectional within a sequence only (sequences of one length share one
+SDPA call, none attends across a boundary). The forward is a generator of bounded units of work
+(a linear over at most `chunk_rows` rows, or one group's attention), so a caller can stop between
+any two of them and resume (embedding_runner.EmbeddingRunner interleaves them with decode steps).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from ..config import ConfigError
+from ..layers.linear import EncoderLinear, native_bfloat16
+
+# hidden_act -> the activation (transformers' ACT2FN names); "gelu" is the erf form.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+ENCODER_FORMATS = ("auto", "float32", "bfloat16")
+
+
+@dataclass(slots=True, frozen=True)
+class BertConfig:
+    """The encoder's shape, from config.json's fields of the same names (transformers' BertConfig)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "BertConfig":
+        """Read a BERT config.json. Raises ConfigError for another model type, relative positions, an
+        activation outside ACTIVATIONS or heads that do not divide hidden_size."""
+        if cfg.get("model_type") != "bert":
+            raise ConfigError(f"not a BERT encoder: model_type {cfg.get('model_type')!r}")
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ConfigError(f"position_embedding_type {cfg['position_embedding_type']!r} is not served "
+                              "(absolute only)")
+        if cfg.get("hidden_act", "gelu") not in ACTIVATIONS:
+            raise ConfigError(f"hidden_act {cfg['hidden_act']!r} is not one of {', '.join(ACTIVATIONS)}")
+        try:
+            out = cls(int(cfg["vocab_size"]), int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]),
+                      int(cfg["num_attention_heads"]), int(cfg["intermediate_size"]),
+                      int(cfg.get("max_position_embeddings", 512)), int(cfg.get("type_vocab_size", 2)),
+                      float(cfg.get("layer_norm_eps", 1e-12)), cfg.get("hidden_act", "gelu"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"config.json is not a BERT config: {exc}") from exc
+        if out.hidden_size % out.num_attention_heads:
+            raise ConfigError("num_attention_heads does not divide hidden_size")
+        return out
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    """Sequences concatenated in order of length (shortest first): input_ids, token_type_ids and
+    position_ids int64 [T]; seq_lens and starts (first rows) in that order; order[i]: which input the
+    i-th packed sequence is (restore() puts per-sequence rows back in input order)."""
+
+    input_ids: torch.Tensor
+    token_type_ids: torch.Tensor
+    position_ids: torch.Tensor
+    seq_lens: list[int]
+    starts: list[int]
+    order: list[int]
+
+    @classmethod
+    def pack(cls, sequences: list[list[int]], token_types: list[list[int]] | None = None) -> "PackedBatch":
+        """Pack token id lists (each non-empty) into one batch; token types default to 0 (segment A)."""
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        lens = [len(sequences[i]) for i in order]
+        ids = torch.tensor([t for i in order for t in sequences[i]], dtype=torch.int64)
+        types = (torch.zeros_like(ids) if token_types is None
+                 else torch.tensor([t for i in order for t in token_types[i]], dtype=torch.int64))
+        positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens])
+        starts = [0] * len(lens)
+        for i in range(1, len(lens)):
+            starts[i] = starts[i - 1] + lens[i - 1]
+        return cls(ids, types, positions, lens, starts, order)
+
+    def restore(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-sequence rows [B, ...] in packed order -> the same rows in input order."""
+        out = torch.empty_like(rows)
+        out[torch.tensor(self.order, dtype=torch.int64)] = rows
+        return out
+
+
+class BertLayer:
+    """One encoder layer's weights: fused q/k/v, the attention output, the feed-forward, two LayerNorms."""
+
+    __slots__ = ("qkv", "attn_out", "attn_norm", "up", "down", "out_norm")
+
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str):
+        att = f"{prefix}attention."
+        self.qkv = EncoderLinear(torch.cat([w[f"{att}self.{p}.weight"] for p in ("query", "key", "value")]),
+                                 torch.cat([w[f"{att}self.{p}.bias"] for p in ("query", "key", "value")]))
+        self.attn_out = EncoderLinear(w[f"{att}output.dense.weight"], w[f"{att}output.dense.bias"])
+        self.attn_norm = (w[f"{att}output.LayerNorm.weight"], w[f"{att}output.LayerNorm.bias"])
+        self.up = EncoderLinear(w[f"{prefix}intermediate.dense.weight"], w[f"{prefix}intermediate.dense.bias"])
+        self.down = EncoderLinear(w[f"{prefix}output.dense.weight"], w[f"{prefix}output.dense.bias"])
+        self.out_norm = (w[f"{prefix}output.LayerNorm.weight"], w[f"{prefix}output.LayerNorm.bias"])
+
+    def linears(self) -> list[EncoderLinear]:
+        return [self.qkv, self.attn_out, self.up, self.down]
+
+
+class BertEncoder:
+    """A BERT encoder's weights and its packed forward (float32 activations throughout).
+
+    `weights`: "float32" (the checkpoint's values: hidden states equal transformers' BertModel to float32
+    rounding), "bfloat16" (every linear's weight and inputs in bfloat16, float32 sums:
+    layers/linear.EncoderLinear) or "auto" (bfloat16 where the CPU multiplies it natively, else
+    float32). The embeddings, LayerNorms, attention and pooling stay float32.
+    """
+
+    def __init__(self, cfg: BertConfig, w: dict[str, torch.Tensor], weights: str = "float32"):
+        if weights not in ENCODER_FORMATS:
+            raise ConfigError(f"encoder weights must be one of {', '.join(ENCODER_FORMATS)}, got {weights!r}")
+        w = {k.removeprefix("bert."): v.float() for k, v in w.items()}
+        need = ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight")
+        missing = [k for k in need if k not in w]
+        if missing:
+            raise ConfigError(f"the checkpoint is not a BERT encoder: missing {missing}")
+        self.cfg = cfg
+        self.word = w["embeddings.word_embeddings.weight"]
+        self.position = w["embeddings.position_embeddings.weight"]
+        self.token_type = w["embeddings.token_type_embeddings.weight"]
+        self.emb_norm = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        try:
+            self.layers = [BertLayer(w, f"encoder.layer.{i}.") for i in range(cfg.num_hidden_layers)]
+        except KeyError as exc:
+            raise ConfigError(f"the checkpoint is missing {exc.args[0]}") from exc
+        if tuple(self.word.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ConfigError(f"word_embeddings {tuple(self.word.shape)} != config's "
+                              f"({cfg.vocab_size}, {cfg.hidden_size})")
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        if weights == "auto":
+            weights = "bfloat16" if native_bfloat16() else "float32"
+        self.weights = weights
+        for layer in self.layers:
+            for lin in layer.linears():
+                lin.set_format(weights)
+
+    @classmethod
+    def from_folder(cls, path: str | Path, weights: str = "float32") -> "BertEncoder":
+        """Load config.json and every *.safetensors of an HF BERT folder. Raises ConfigError (not BERT,
+        weights missing), FileNotFoundError (no config.json or no safetensors)."""
+        import json
+
+        path = Path(path)
+        cfg = BertConfig.from_dict(json.loads((path / "config.json").read_text()))
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors file in {path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return cls(cfg, state, weights)
+
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights kept (embeddings, norms and every linear's form)."""
+        total = sum(t.numel() * t.element_size() for t in (self.word, self.position, self.token_type, *self.emb_norm))
+        for layer in self.layers:
+            total += sum(t.numel() * 4 for t in (*layer.attn_norm, *layer.out_norm))
+            total += sum(lin.nbytes for lin in layer.linears())
+        return total
+
+    def forward(self, batch: PackedBatch, chunk_rows: int = 1 << 30) -> torch.Tensor:
+        """The last layer's hidden states float32 [T, hidden_size] of a packed batch, run to the end."""
+        units = self.units(batch, lambda: chunk_rows)
+        while True:
+            try:
+                next(units)
+            except StopIteration as done:
+                return done.value
+
+    def units(self, batch: PackedBatch, chunk_rows: Callable[[], int]) -> Iterator[None]:
+        """The forward as a generator: it yields after each bounded unit of work and returns the hidden
+        states float32 [T, hidden_size]. chunk_rows() is read before each row-wise unit: the most rows
+        it covers (the caller may change it between units). Raises IndexError for a token id, type or
+        position outside the embedding tables."""
+        cfg = self.cfg
+        if batch.position_ids.numel() and int(batch.position_ids.max()) >= cfg.max_position_embeddings:
+            raise IndexError(f"a sequence is longer than max_position_embeddings ({cfg.max_position_embeddings})")
+        h = self.word[batch.input_ids] + self.position[batch.position_ids] + self.token_type[batch.token_type_ids]
+        h = F.layer_norm(h, (cfg.hidden_size,), *self.emb_norm, cfg.layer_norm_eps)
+        yield
+        t = h.shape[0]
+        for layer in self.layers:
+            qkv = torch.empty((t, 3 * cfg.hidden_size), dtype=torch.float32)
+            for rows in _chunks(t, chunk_rows):
+                qkv[rows] = layer.qkv(h[rows])
+                yield
+            ctx = torch.empty((t, cfg.hidden_size), dtype=torch.float32)
+            first = 0
+            while first < len(batch.seq_lens):
+                # Neighbours in length order, about chunk_rows padded rows a unit (padded to the longest).
+                last = first + 1
+                while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
+                    last += 1
+                self._attend(qkv, ctx, batch, first, last)
+                first = last
+                yield
+            out = torch.empty_like(h)
+            for rows in _chunks(t, chunk_rows):
+                out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
+                yield
+            h = out
+        return h
+
+    def _attend(self, qkv: torch.Tensor, ctx: torch.Tensor, batch: PackedBatch, first: int, last: int) -> None:
+        """Bidirectional attention of packed sequences first..last-1 (no cache): one SDPA call over them
+        padded to the longest, padded keys masked out; their context rows written into ctx [T, hidden]."""
+        cfg = self.cfg
+        nh, hd = cfg.num_attention_heads, cfg.head_dim
+        lens, starts = batch.seq_lens[first:last], batch.starts[first:last]
+        b, longest = last - first, lens[-1]
+        r0, r1 = starts[0], starts[-1] + lens[-1]
+        if lens[0] == longest:  # one length: the rows are already [B, L] contiguous
+            x = qkv[r0:r1].view(b, longest, 3 * cfg.hidden_size)
+            mask = None
+        else:
+            x = qkv.new_zeros((b, longest, 3 * cfg.hidden_size))
+            for i, (s, n) in enumerate(zip(starts, lens)):
+                x[i, :n] = qkv[s:s + n]
+            mask = (torch.arange(longest)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+        q, k, v = x.view(b, longest, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(hd))
+        o = o.transpose(1, 2).reshape(b, longest, cfg.hidden_size)
+        if mask is None:
+            ctx[r0:r1] = o.reshape(-1, cfg.hidden_size)
+        else:
+            for i, (s, n) in enumerate(zip(starts, lens)):
+                ctx[s:s + n] = o[i, :n]
+
+    def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
+        eps, dim = self.cfg.layer_norm_eps, (self.cfg.hidden_size,)
+        a = F.layer_norm(layer.attn_out(ctx) + residual, dim, *layer.attn_norm, eps)
+        return F.layer_norm(layer.down(self.act(layer.up(a))) + a, dim, *layer.out_norm, eps)
+
+
+def _chunks(t: int, chunk_rows: Callable[[], int]) -> Iterator[slice]:
+    start = 0
+    while start < t:
+        stop = min(t, start + max(1, chunk_rows()))
+        yield slice(start, stop)
+        start = stop
