@@ -46,7 +46,7 @@ serve: migrate model static
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 test: migrate model static browser
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider --durations=30
 
 # `make bench LLAMA_CPP_URL=http://127.0.0.1:8013 LLAMA_CPP_PID=<its pid>` adds the side-by-side with
 # llama.cpp's llama-server on the same GGUF (README, "Speed").

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inference.engine.beam_search import Beam
 from inference.engine.outputs import Failed, Finished, RequestRejected, TokenEvent
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
@@ -75,10 +76,24 @@ class FakeEngine:
         prompt_token_ids, params = request.prompt_token_ids, request.params
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected("too long")
-        handle = FakeHandle(self.script(prompt_token_ids, params, len(self.submissions)), self.delay_s)
+        events = self.script(prompt_token_ids, params, len(self.submissions))
+        if request.beam is not None:
+            events = beam_events(prompt_token_ids, events, request.beam.n)
+        handle = FakeHandle(events, self.delay_s)
         self.submissions.append(Submission(list(prompt_token_ids), params, request.request_id, request.timeout_s,
                                            handle))
         return handle
+
+
+def beam_events(prompt_ids: list[int], events: list, n: int) -> list:
+    """A beam request's events, as the engine sends them: the script's tokens become `n` beams (the same
+    output, each a little less likely than the one before) on one Finished (reason stop), or its Failed."""
+    if any(isinstance(e, Failed) for e in events):
+        return [e for e in events if isinstance(e, Failed)]
+    output = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    beams = [Beam(list(prompt_ids) + output, -0.25 * len(output) - k, False, list(output),
+                  [(-0.25, [(t, -0.25)]) for t in output]) for k in range(n)]
+    return [Finished("stop", len(prompt_ids), len(output), 0.0, 0.0, beams=beams)]
 
 
 def fake_logprobs(token_id: int, params: SamplingParams) -> tuple | None:

@@ -98,8 +98,11 @@ def test_error_classes(openai_client):
     with pytest.raises(openai.APIStatusError) as big:
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * (33 << 20)}])
     assert big.value.status_code == 413
-    with pytest.raises(openai.InternalServerError) as missing:
+    with pytest.raises(openai.BadRequestError) as chat_model:  # the embedding model is served beside it
         openai_client.embeddings.create(model=MODEL, input="hello")
+    assert chat_model.value.param == "model" and "generation model" in chat_model.value.message
+    with pytest.raises(openai.InternalServerError) as missing:
+        openai_client.moderations.create(model=MODEL, input="hello")
     assert missing.value.status_code == 501 and "does not implement" in missing.value.message
 
 
