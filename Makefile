@@ -45,8 +45,11 @@ browser: $(CHROMIUM)
 serve: migrate model static
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
+# fixtures started once there); the 30 slowest durations printed at the end.
+TEST_WORKERS ?= 2
 test: migrate model static browser
-	$(PY) -m pytest -p no:cacheprovider --durations=30
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # `make bench LLAMA_CPP_URL=http://127.0.0.1:8013 LLAMA_CPP_PID=<its pid>` adds the side-by-side with
 # llama.cpp's llama-server on the same GGUF (README, "Speed").

@@ -18,11 +18,50 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
+# Parallel test processes (pytest-xdist's workers gw0, gw1, ...) each take ports from a range of their
+# own, below Linux's ephemeral range (32768-60999): a port one process found free and handed to its server
+# is then never handed out by another process before that server binds it (with bind(0), two processes
+# can get the same port, and a server's /health poll could reach the other's server).
+WORKER_PORT_BASE = 20000
+WORKER_PORT_SPAN = 500
+_worker_ports = threading.Lock()
+_worker_next: int | None = None
+
+
+def _xdist_worker() -> int | None:
+    """The index of this pytest-xdist worker (PYTEST_XDIST_WORKER=gwN), None outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now: the kernel's choice, or under pytest-xdist the next
+    free one of this worker's range (WORKER_PORT_BASE + index * WORKER_PORT_SPAN, WORKER_PORT_SPAN ports,
+    taken in turn). Raises RuntimeError when a worker's whole range is taken."""
+    global _worker_next
+    worker = _xdist_worker()
+    if worker is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    base = WORKER_PORT_BASE + worker * WORKER_PORT_SPAN
+    with _worker_ports:
+        start = _worker_next if _worker_next is not None else 0
+        for step in range(WORKER_PORT_SPAN):
+            offset = (start + step) % WORKER_PORT_SPAN
+            if _bindable(base + offset):
+                _worker_next = offset + 1
+                return base + offset
+    raise RuntimeError(f"no free port in {base}-{base + WORKER_PORT_SPAN - 1}")
 
 
 _template_lock = threading.Lock()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.bench.live_server import free_port
 from inference.engine.checkpoints.gguf_tokenizer import build_spm_tokenizer
 
 from .spm_reference import SpmReference
@@ -105,19 +105,13 @@ def test_the_270m_tokenizer_gives_llama_cpp_rules_ids_over_a_corpus(gemma3_gguf,
     assert tok.encode("Hi", add_special_tokens=True)[0] == tok.bos_token_id == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server(gemma3_gguf, tmp_path_factory):
     """llama.cpp's llama-server on the 270M's GGUF (METRALE_LLAMA_SERVER, or the coordinator's build);
     skips when the binary is not there."""
     if not LLAMA_SERVER.is_file():
         pytest.skip(f"no llama-server binary at {LLAMA_SERVER} (set METRALE_LLAMA_SERVER)")
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("llama-server") / "log").open("w")
     proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(gemma3_gguf), "--host", "127.0.0.1", "--port", str(port),
                              "-c", "512", "-np", "1", "-t", "1"], stdout=log, stderr=subprocess.STDOUT)

@@ -85,9 +85,10 @@ BIG = 18446744073709551616  # 2**64: the report's top_n_sigma
 
 
 def test_a_top_n_sigma_of_2_to_the_64_is_converted_at_admission_and_every_request_runs(tiny_folder):
+    """ignore_eos: an unseeded draw at temperature 1 from the tiny random model may pick its end-of-sequence id."""
     engine = make_engine(tiny_folder)
-    poison = EngineRequest(prompts(1, seed=4)[0], SamplingParams(temperature=1.0, max_tokens=4, top_n_sigma=BIG),
-                           request_id=POISON)
+    params = SamplingParams(temperature=1.0, max_tokens=4, top_n_sigma=BIG, ignore_eos=True)
+    poison = EngineRequest(prompts(1, seed=4)[0], params, request_id=POISON)
     alone, (tokens, end), together = run_alone_then_together(engine, poison)
     assert isinstance(end, Finished) and len(tokens) == 4
     assert outputs(together) == outputs(alone)
@@ -105,8 +106,8 @@ def test_a_top_n_sigma_of_2_to_the_64_that_reaches_the_step_fails_that_request_a
     where torch.tensor([2, ..., 2**64]) raises "Overflow when unpacking long long" for the batch."""
     monkeypatch.setattr(SamplingParams, "for_engine", lambda self, vocab_size: self)
     engine = make_engine(tiny_folder)
-    poison = EngineRequest(prompts(1, seed=4)[0], SamplingParams(temperature=1.0, max_tokens=4, top_n_sigma=BIG),
-                           request_id=POISON)
+    params = SamplingParams(temperature=1.0, max_tokens=4, top_n_sigma=BIG, ignore_eos=True)
+    poison = EngineRequest(prompts(1, seed=4)[0], params, request_id=POISON)
     with caplog.at_level("WARNING", logger="metrale.engine"):
         alone, (_, end), together = run_alone_then_together(engine, poison, sampled_companions)
     assert isinstance(end, Failed) and "Overflow when unpacking long long" in end.message

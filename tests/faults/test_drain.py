@@ -3,6 +3,7 @@ draining, new requests get 503 in OpenAI's shape (/health its own), requests in 
 and only what is still running after the grace period is ended through the engine."""
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -24,6 +25,11 @@ class Engine:
 
 @pytest.fixture
 def fresh(monkeypatch, settings):
+    from batches import execution
+
+    # drain() stops this process's batch runs for good (execution.stopping): a flag of the test's own,
+    # so the batch tests that run after it in this process still run their batches.
+    monkeypatch.setattr(execution, "stopping", threading.Event())
     monkeypatch.setattr(drain, "_inflight", set())
     monkeypatch.setattr(drain, "_draining_since", None)
     monkeypatch.setattr(drain, "SETTLE_S", 0.2)
