@@ -7,8 +7,10 @@ stream accumulator (lib/streaming/_messages.py). Rules:
   and one block open at a time, then message_delta (stop_reason, stop_sequence, the final usage:
   output_tokens cumulative) and message_stop; the stream layer adds `ping`s (MessagesWire);
 - blocks: thinking (thinking_delta, then a signature_delta of signatures.sign(text) just before it
-  stops), text (text_delta), tool_use (`toolu_` id, input {} at the start, input_json_delta pieces
-  that join into the arguments' JSON);
+  stops), text (text_delta), tool_use (`toolu_` id, input {} at the start, one input_json_delta per
+  ToolCallArgs fragment: several while a streamed call's arguments are written, joining into the
+  arguments' JSON; a streamed call cut off stays as sent, unclosed, which the SDK's partial JSON
+  reader takes as the part it got; blocking bodies only hold whole calls);
 - text that is only whitespace opens no block until more text follows; at the end it is a text
   block only when the turn made no tool call (no stray empty text block beside a tool_use);
 - stop_reason: tool_use when the turn made a call, stop_sequence (with stop_sequence set to the

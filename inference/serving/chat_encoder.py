@@ -111,7 +111,7 @@ class ChatCompletionAssembler:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.refusal: list[str] = []
-        self.tool_calls: list[dict] = []
+        self.tool_calls: dict[int, dict] = {}   # by call index (a broken streamed call keeps its index)
         self.logprobs: list[TokenLogprob] | None = None
         self.finish: Finish | None = None
         self.error: Error | None = None
@@ -126,8 +126,8 @@ class ChatCompletionAssembler:
         elif isinstance(delta, Refusal):
             self.refusal.append(delta.text)
         elif isinstance(delta, ToolCallStart):
-            self.tool_calls.append({"id": delta.id, "type": "function",
-                                    "function": {"name": delta.name, "arguments": ""}})
+            self.tool_calls[delta.index] = {"id": delta.id, "type": "function",
+                                            "function": {"name": delta.name, "arguments": ""}}
         elif isinstance(delta, ToolCallArgs):
             self.tool_calls[delta.index]["function"]["arguments"] += delta.fragment
         elif isinstance(delta, Finish):
@@ -143,7 +143,7 @@ class ChatCompletionAssembler:
         if self.reasoning:
             message["reasoning_content"] = message["reasoning"] = "".join(self.reasoning)
         if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         logprobs = {"content": chat_logprobs(self.logprobs), "refusal": None} if self.logprobs is not None else None
         reason = self.finish.reason if self.finish else "stop"
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason}

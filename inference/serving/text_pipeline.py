@@ -33,6 +33,7 @@ class TextSpec:
     parallel_tool_calls: bool = True
     max_calls: int = DEFAULT_MAX_CALLS
     started_in_reasoning: bool = False
+    stream_arguments: bool = False
 
     @property
     def active(self) -> bool:
@@ -43,7 +44,7 @@ class TextSpec:
         """A new TextPipeline for one choice."""
         return TextPipeline(self.reasoning_parser, self.tool_parser, self.tools, self.tool_choice,
                             self.parallel_tool_calls, self.max_calls, self.started_in_reasoning,
-                            id_factory)
+                            id_factory, self.stream_arguments)
 
 
 class TextPipeline:
@@ -54,16 +55,20 @@ class TextPipeline:
     request's fields. max_calls: calls per response before `should_stop`.
     started_in_reasoning: the prompt opened the reasoning block (see
     reasoning.prompt_opens_reasoning). id_factory: tool call ids (tests).
+    stream_arguments: tool-call arguments sent as they are generated (a streamed
+    response; tool_parsers/base.py), else each call whole when it closes.
     Raises ValueError for an unknown parser name.
     """
 
     def __init__(self, reasoning_parser: str | None = None, tool_parser: str | None = None,
                  tools: list[dict] | None = None, tool_choice: str | dict | None = "auto",
                  parallel_tool_calls: bool = True, max_calls: int = DEFAULT_MAX_CALLS,
-                 started_in_reasoning: bool = False, id_factory: Callable[[], str] | None = None):
+                 started_in_reasoning: bool = False, id_factory: Callable[[], str] | None = None,
+                 stream_arguments: bool = False):
         self.tool_parser = (make_tool_parser(tool_parser, tools, tool_choice=tool_choice,
                                              parallel_tool_calls=parallel_tool_calls,
-                                             max_calls=max_calls, id_factory=id_factory)
+                                             max_calls=max_calls, id_factory=id_factory,
+                                             stream_arguments=stream_arguments)
                             if tool_parser else None)
         # Reasoning tags inside a tool call are the call's text (a file that mentions <think>).
         outside_calls = (lambda: not self.tool_parser.in_call) if self.tool_parser else None
@@ -88,6 +93,12 @@ class TextPipeline:
     def tool_calls(self) -> list[dict]:
         """Delivered calls so far: {"id", "name", "arguments" (a JSON object string)}."""
         return self.tool_parser.calls if self.tool_parser else []
+
+    @property
+    def tool_call_cut_off(self) -> bool:
+        """True when a streamed call was left open by the end of generation (its finish reason is
+        then the engine's, not tool_calls)."""
+        return self.tool_parser is not None and self.tool_parser.cut_off
 
     @property
     def rejected_tool_calls(self) -> list[dict]:

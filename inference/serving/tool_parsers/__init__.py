@@ -35,15 +35,17 @@ _BY_MODEL_TYPE = {
 def make_tool_parser(name: str, tools: list[dict] | None, *,
                      tool_choice: str | dict | None = "auto", parallel_tool_calls: bool = True,
                      max_calls: int = DEFAULT_MAX_CALLS,
-                     id_factory: Callable[[], str] | None = None) -> ToolParser:
-    """A new per-request parser. Raises ValueError naming the known parsers for an unknown name."""
+                     id_factory: Callable[[], str] | None = None,
+                     stream_arguments: bool = False) -> ToolParser:
+    """A new per-request parser (stream_arguments: send arguments as generated where the format
+    can; base.py). Raises ValueError naming the known parsers for an unknown name."""
     try:
         cls = TOOL_PARSERS[name]
     except KeyError:
         raise ValueError(f"unknown tool parser {name!r}; known: "
                          f"{', '.join(sorted(TOOL_PARSERS))}") from None
     return cls(tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-               max_calls=max_calls, id_factory=id_factory)
+               max_calls=max_calls, id_factory=id_factory, stream_arguments=stream_arguments)
 
 
 def choose_tool_parser(model_type: str, chat_template: str | None) -> str | None:

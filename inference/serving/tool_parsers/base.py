@@ -12,11 +12,43 @@ regions into deltas under one set of rules:
   was cut (so calls separated only by newlines leave no content). Whitespace
   between content and a call stays, llama3_json's `;` between two calls goes,
   and a turn without calls keeps its text exactly.
-- A call is delivered only when its region is complete: ToolCallStart, then
-  one ToolCallArgs whose fragment is the whole arguments object as compact
-  JSON. Nothing about a call is sent before it closes, so a call cut off by the
-  end of generation is never half-delivered.
-- A region that ends at `finish()` without closing is not a call. For the
+- One-shot delivery (the default, and what blocking responses use): a call is
+  delivered only when its region is complete: ToolCallStart, then one
+  ToolCallArgs whose fragment is the whole arguments object as compact JSON
+  (`json.dumps(..., ensure_ascii=False, separators=(",", ":"))`, after schema
+  coercion). Nothing about a call is sent before it closes, so a call cut off by
+  the end of generation is never half-delivered.
+- Streamed arguments (`stream_arguments=True`, what streamed responses use),
+  for the formats that define `_new_stream` (hermes, llama3_json, qwen3_coder,
+  and mistral's `NAME[ARGS]{...}` form): a CallStream reads the open region.
+  Once it knows the call's name and its arguments have begun (hermes /
+  llama3_json: `"name"` read, then the `"arguments"` / `"parameters"` object
+  opened; qwen3_coder: `<function=NAME>` read; mistral: the `{` after
+  `[ARGS]`), the call is committed if that name is offered and the call limit
+  allows it (else the region is read one-shot as before): ToolCallStart goes
+  out, then ToolCallArgs pieces as they become final: `{`, each argument once
+  its value is complete (coerced by its property schema), and a string value
+  that no coercion can change while it is written (json_stream.py has the
+  rules). The closing `}` waits for the region's end, where the one-shot
+  `_parse` gives the verdict: a valid call whose compact arguments start with
+  what was sent gets the rest as its last piece, so a call's pieces always
+  join into exactly the one-shot arguments. A committed call is never
+  withdrawn: when the verdict is not that call (invalid JSON, a repeated key,
+  not a call after all: a committed llama3_json object is not content) or the
+  region is cut off at `finish()`, nothing more is sent for it; it is recorded
+  in `rejected`, not in `calls`, and the client keeps what it got (a prefix of
+  an object, never closed, so it never parses as a complete one; vLLM and
+  OpenAI also leave a cut-off call as sent). A call cut off this way sets
+  `cut_off`: the turn's finish reason is then the engine's (length at
+  max_tokens), not tool_calls. Call indices count started calls, so a call
+  after a broken one does not reuse its index. The other formats stay
+  one-shot: mistral's JSON list and pythonic's list are valid only as a whole
+  (one bad element rejects them all, or makes pythonic's text content);
+  poolside_v1's values are JSON-or-raw, and a repeated key or a stray text
+  anywhere rejects the call; glm47 (fail-closed) replaces a call's arguments
+  by a refusal that only its end can decide.
+- A region that ends at `finish()` without closing is not a call (a committed
+  streamed call stays as sent: above). For the
   tag formats (hermes, qwen3_coder, mistral, poolside_v1) it is dropped and
   recorded in `rejected`: its markup is unmistakably a call, and the original
   server cuts orphan tool markup out of content. For the speculative formats
@@ -36,16 +68,16 @@ regions into deltas under one set of rules:
 """
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from ..deltas import Content, StreamDelta, ToolCallArgs, ToolCallStart
 from ..markers import WHITESPACE, next_marker
 from ..sanitizer import LeakMarkers
+from .json_stream import compact
 from .schema import ToolSchemas
 
 DEFAULT_MAX_CALLS = 12
@@ -87,6 +119,25 @@ class Scanner(Protocol):
         """The end (exclusive) of the complete call region, or None while more text is needed."""
 
 
+class CallStream(Protocol):
+    """Reads one open call region as it grows (streamed arguments, see the module doc)."""
+
+    name: str | None   # the call's name, once its arguments have begun
+
+    def advance(self, region: str) -> str:
+        """The arguments' newly final compact-JSON text (never before `name` is set)."""
+
+
+@dataclass(slots=True)
+class _OpenCall:
+    """A committed streamed call: the pieces sent of its arguments."""
+
+    index: int
+    id: str
+    name: str
+    sent: list[str] = field(default_factory=list)
+
+
 class ToolParser:
     """Per-request streaming tool-call parser (see the module doc for the rules).
 
@@ -98,7 +149,9 @@ class ToolParser:
     ToolCallStart, ToolCallArgs); `calls` lists the delivered calls as
     {"id", "name", "arguments"} with arguments a JSON object string;
     `rejected` lists {"name", "reason"} for markup that was not delivered;
-    `should_stop` tells the caller to end the response.
+    `should_stop` tells the caller to end the response. stream_arguments: send a
+    call's arguments as they are generated where the format can (module doc);
+    `cut_off` tells that a streamed call was left open by the end of generation.
     """
 
     name: ClassVar[str] = ""
@@ -111,17 +164,22 @@ class ToolParser:
 
     def __init__(self, tools: list[dict] | None = None, *, tool_choice: str | dict | None = "auto",
                  parallel_tool_calls: bool = True, max_calls: int = DEFAULT_MAX_CALLS,
-                 id_factory: Callable[[], str] | None = None):
+                 id_factory: Callable[[], str] | None = None, stream_arguments: bool = False):
         self.schemas = ToolSchemas(tools, tool_choice)
+        self.stream_arguments = stream_arguments
         self.calls_enabled = tool_choice != "none" and bool(self.schemas.names)
         self.max_calls = max_calls if parallel_tool_calls else min(max_calls, 1)
         self.calls: list[dict] = []
         self.rejected: list[dict] = []
         self.should_stop = False
+        self.cut_off = False
+        self._started = 0                      # calls started (delivered, or streamed and broken)
         self._new_id = id_factory or new_call_id
         self._detecting = not self.speculative or bool(self.schemas.names)
         self._buf = ""
         self._scanner: Scanner | None = None   # set while inside a call region
+        self._stream: CallStream | None = None # set while an open region is read as it grows
+        self._open: _OpenCall | None = None    # the committed streamed call of that region
         self._pending = ""                     # trailing whitespace (separators) not yet sent
         self._content_started = False          # some non-whitespace content was sent
         self._after_call = False               # only separators since the last call region
@@ -148,7 +206,11 @@ class ToolParser:
         out = self._drain(final=True)
         if self._scanner is not None and not self.should_stop:
             region, self._buf, self._scanner = self._buf, "", None
-            self._truncated(region, out)
+            if self._open is not None:
+                self._end_streamed(None, "the call was cut off before it closed", out)
+                self.cut_off = True
+            else:
+                self._truncated(region, out)
         if self._pending and not self._cut_any:
             out.append(Content(self._pending))
         self._pending = ""
@@ -169,6 +231,10 @@ class ToolParser:
     def _parse(self, region: str) -> ParseResult:
         raise NotImplementedError
 
+    def _new_stream(self) -> CallStream | None:
+        """A reader of the growing region, for formats whose arguments stream (None: one-shot)."""
+        return None
+
     # -- the state machine -------------------------------------------------------------------
 
     def _drain(self, final: bool) -> list[StreamDelta]:
@@ -183,20 +249,65 @@ class ToolParser:
                     break
                 self._content(self._buf[:start], out)
                 self._buf = self._buf[start:]
-                at_limit = self.calls_enabled and len(self.calls) >= self.max_calls
+                at_limit = self.calls_enabled and self._started >= self.max_calls
                 if at_limit and not self.speculative:
                     self._stop()
                     break
                 self._scanner = self._new_scanner()
+                self._stream = self._new_stream() \
+                    if self.stream_arguments and self.calls_enabled and not at_limit else None
             end = self._scanner.advance(self._buf)
             if end is None:
+                self._stream_open_call(out)
                 break
             region, self._buf, self._scanner = self._buf[:end], self._buf[end:], None
             self._complete(region, out)
         return out
 
+    def _stream_open_call(self, out: list[StreamDelta]) -> None:
+        """Commit the open region's call once its name is known, then send what became final."""
+        if self._stream is None:
+            return
+        fragment = self._stream.advance(self._buf)
+        if self._open is None:
+            name = self._stream.name
+            if name is None:
+                return
+            if name not in self.schemas.allowed or self._started >= self.max_calls:
+                self._stream = None   # read whole at its end, as one-shot
+                return
+            self._open = _OpenCall(self._started, self._new_id(), name)
+            self._started += 1
+            out.append(ToolCallStart(index=self._open.index, id=self._open.id, name=name))
+        if fragment:
+            out.append(ToolCallArgs(index=self._open.index, fragment=fragment))
+            self._open.sent.append(fragment)
+
+    def _end_streamed(self, result: ParseResult | None, reason: str,
+                      out: list[StreamDelta]) -> None:
+        """The verdict on a committed streamed call: the rest of its arguments, or it stays
+        broken (recorded in `rejected` with `reason`, or the verdict's own)."""
+        call, self._open, self._stream = self._open, None, None
+        self._call_boundary()
+        if isinstance(result, list) and len(result) == 1 and not result[0].refused \
+                and result[0].name == call.name:
+            arguments, sent = compact(result[0].arguments), "".join(call.sent)
+            if arguments.startswith(sent):
+                if len(arguments) > len(sent):
+                    out.append(ToolCallArgs(index=call.index, fragment=arguments[len(sent):]))
+                self.calls.append({"id": call.id, "name": call.name, "arguments": arguments})
+                return
+            reason = "the arguments sent differ from the call's (a repeated key)"
+        elif isinstance(result, Rejected):
+            reason = result.reason
+        self.rejected.append({"name": call.name, "reason": reason})
+
     def _complete(self, region: str, out: list[StreamDelta]) -> None:
         result = self._parse(region)
+        if self._open is not None:
+            self._end_streamed(result, "the region is not one call to the tool streamed", out)
+            return
+        self._stream = None
         if isinstance(result, NotACall):
             self._content(region, out)
             return
@@ -229,12 +340,13 @@ class ToolParser:
             self._reject(Rejected(f'tool "{call.name}" is not offered; offered: {offered}',
                                   call.name), out)
             return
-        if len(self.calls) >= self.max_calls:
+        if self._started >= self.max_calls:
             self._stop()
             return
-        index = len(self.calls)
+        index = self._started
+        self._started += 1
         call_id = self._new_id()
-        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+        arguments = compact(call.arguments)
         out.append(ToolCallStart(index=index, id=call_id, name=call.name))
         out.append(ToolCallArgs(index=index, fragment=arguments))
         self.calls.append({"id": call_id, "name": call.name, "arguments": arguments})
@@ -242,7 +354,7 @@ class ToolParser:
     def _stop(self) -> None:
         self.should_stop = True
         self._buf = ""
-        self._scanner = None
+        self._scanner = self._stream = self._open = None
 
     # -- content and the whitespace next to calls --------------------------------------------
 

@@ -13,7 +13,7 @@ from ..markers import skip_whitespace
 from ..sanitizer import LeakMarkers
 from .base import ParseResult, Rejected, ToolParser
 from .extent import JsonExtent
-from .jsoncalls import calls_from_json, decode_first
+from .jsoncalls import JsonCallStream, calls_from_json, decode_first
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -64,6 +64,9 @@ class HermesToolParser(ToolParser):
 
     def _new_scanner(self) -> _HermesScanner:
         return _HermesScanner()
+
+    def _new_stream(self) -> JsonCallStream:
+        return JsonCallStream(self.schemas, OPEN)
 
     def _parse(self, region: str) -> ParseResult:
         body = region[len(OPEN):]

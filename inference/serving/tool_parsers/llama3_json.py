@@ -17,7 +17,7 @@ from ..markers import WHITESPACE, skip_whitespace
 from ..sanitizer import LeakMarkers
 from .base import NOT_A_CALL, ParseResult, Rejected, ToolParser
 from .extent import JsonExtent
-from .jsoncalls import call_from_json, decode_first
+from .jsoncalls import JsonCallStream, call_from_json, decode_first
 
 PYTHON_TAG = "<|python_tag|>"
 _CANDIDATE = re.compile(r"[{<]")
@@ -87,6 +87,9 @@ class Llama3JsonToolParser(ToolParser):
 
     def _new_scanner(self) -> _Llama3Scanner:
         return _Llama3Scanner()
+
+    def _new_stream(self) -> JsonCallStream:
+        return JsonCallStream(self.schemas, PYTHON_TAG)
 
     def _parse(self, region: str) -> ParseResult:
         body = region[len(PYTHON_TAG):] if region.startswith(PYTHON_TAG) else region

@@ -7,6 +7,10 @@ JSON list `[{"name", "arguments"}]` after the marker; from v11 one
 `[TOOL_CALLS]` is a control token: the detokenizer must keep special tokens
 for this parser to see it. Leak markers: a hallucinated
 `[TOOL_RESULTS]...[/TOOL_RESULTS]` block and a stray `[ARGS]` / `[CALL_ID]`.
+
+Streamed arguments (base.py): the `NAME[ARGS]{...}` form streams (`_MistralStream` commits
+at the object's `{` after `[ARGS]`); the JSON-list form stays one-shot, since one bad element
+rejects the whole list.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from ..markers import next_marker, skip_whitespace
 from ..sanitizer import LeakMarkers
 from .base import ParsedCall, ParseResult, Rejected, ToolParser
 from .extent import JsonExtent
+from .json_stream import ArgumentsStream
 from .jsoncalls import calls_from_json, decode_first
 from .schema import coerce_arguments
 
@@ -54,6 +59,39 @@ class _MistralScanner:
         return self._json.advance(buf)
 
 
+class _MistralStream:
+    """A `[TOOL_CALLS]NAME[ARGS]{...}` region read as it grows: `name` at the `{`, then its JSON."""
+
+    def __init__(self, schemas):
+        self._schemas = schemas
+        self._arguments: ArgumentsStream | None = None
+        self._dead = False
+        self.name: str | None = None
+
+    def advance(self, region: str) -> str:
+        if self._arguments is not None:
+            return self._arguments.advance(region)
+        if self._dead:
+            return ""
+        head = skip_whitespace(region, len(TOOL_CALLS))
+        if head == len(region):
+            return ""
+        j = region.find(ARGS, head)
+        if region[head] in "{[" or j < 0:
+            self._dead = region[head] in "{["
+            return ""
+        i = skip_whitespace(region, j + len(ARGS))
+        if i == len(region):
+            return ""
+        name = region[head:j].partition(CALL_ID)[0].strip()
+        if region[i] != "{" or not name:
+            self._dead = True
+            return ""
+        self.name = name
+        self._arguments = ArgumentsStream(i, self._schemas.properties(name))
+        return self._arguments.advance(region)
+
+
 class MistralToolParser(ToolParser):
     """`[TOOL_CALLS]` calls in either Mistral tokenizer generation's spelling."""
 
@@ -64,6 +102,9 @@ class MistralToolParser(ToolParser):
 
     def _new_scanner(self) -> _MistralScanner:
         return _MistralScanner()
+
+    def _new_stream(self) -> _MistralStream:
+        return _MistralStream(self.schemas)
 
     def _parse(self, region: str) -> ParseResult:
         body = region[len(TOOL_CALLS):].lstrip()
