@@ -248,7 +248,8 @@ def run_steps(folder, prompt, decode, *, weights, kv_dtype, window_pool=True, fu
     the prompt in chunks of 16, then one decode step per token, each in the one call ModelRunner.execute
     makes for an all-decode step (decode_logits). fused=False: the same weights through the torch layers."""
     engine = make_engine(folder, weights=weights, prefill_weights=prefill, kv_cache_dtype=kv_dtype, block_size=8,
-                         window_pool=window_pool, max_num_batched_tokens=16, enable_prefix_caching=False)
+                         window_pool=window_pool, max_num_batched_tokens=16, enable_prefix_caching=False,
+                         speculative="off")
     runner, model = engine.runner, engine.runner.model
     assert (runner.fused is not None) == fused or not fused
     if not fused:
