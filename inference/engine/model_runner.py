@@ -197,6 +197,11 @@ class ModelRunner:
                                                     device=dev)
             lens = torch.tensor(row_lens, device=dev)
             meta.decode_lens = lens
+            if window:
+                meta.window_starts = torch.tensor([max(0, n - window) - f * bs for n, f in zip(row_lens, firsts)],
+                                                  dtype=torch.long, device=dev)
+                meta.window_lens = torch.tensor([n - f * bs for n, f in zip(row_lens, firsts)], dtype=torch.long,
+                                                device=dev)
             if window or not self.decode_kernel:
                 at = (torch.arange(width * bs, device=dev).unsqueeze(0)
                       + torch.tensor(firsts, device=dev).unsqueeze(1) * bs)  # each key's position

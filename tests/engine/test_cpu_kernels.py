@@ -101,6 +101,38 @@ def test_every_instruction_set_path_of_decode_attention_matches_sdpa(extra, kv_d
         assert (out - ref).abs().max().item() <= 1e-5, (extra, n_heads, head_dim)
 
 
+@pytest.mark.parametrize("extra", [()] + _narrower_builds())
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_decode_attention_from_each_rows_first_key_matches_sdpa_over_its_keys(extra, kv_dtype):
+    """seq_starts (a sliding window starting inside a table's first block): keys [start, len) attended,
+    on every instruction-set path of this machine; rows of one table in a group (different starts and
+    lens), a lone row, head_dim 64 / 128 (vector paths) and 48 (portable everywhere)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(extra)))
+    c_p, c_l, c_i = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.metrale_paged_decode_attention_strided.argtypes = [c_p, c_l] + [c_p] * 6 + [
+        c_l, c_i, c_i, c_i, c_i, c_l, ctypes.c_float, c_i, c_i]
+    g = torch.Generator().manual_seed(6)
+    for n_heads, n_kv, head_dim in ((9, 3, 64), (8, 1, 128), (4, 2, 48)):
+        k_cache = as_cache(torch.randn(40, 16, n_kv, head_dim, generator=g) * 3, kv_dtype)
+        v_cache = as_cache(torch.randn(40, 16, n_kv, head_dim, generator=g), kv_dtype)
+        shared = torch.randperm(40, generator=g)[:7]
+        lens = torch.tensor([40, 41, 42, 60, 100, 17, 5, 33])
+        starts = torch.tensor([9, 10, 15, 0, 99, 16, 0, 1])
+        tables = torch.stack([shared] * 5 + [torch.randperm(40, generator=g)[:7] for _ in range(3)])
+        q = torch.randn(len(lens), n_heads, head_dim, generator=g)
+        for rows in (slice(None), slice(5, 6), slice(0, 3)):
+            qs, ts, ls, ss = q[rows].contiguous(), tables[rows].contiguous(), lens[rows].contiguous(), starts[rows].contiguous()
+            out = torch.empty_like(qs)
+            lib.metrale_paged_decode_attention_strided(
+                qs.data_ptr(), n_heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(), ts.data_ptr(), ls.data_ptr(),
+                ss.data_ptr(), out.data_ptr(), len(ls), n_heads, n_kv, head_dim, 16, 7, head_dim ** -0.5,
+                kernels.kv_dtype_code(kv_dtype), 2)
+            ref = reference_decode_attention(qs, k_cache, v_cache, ts, ls, ss)
+            assert (out - ref).abs().max().item() <= 1e-5, (extra, n_heads, head_dim, rows)
+
+
 def test_int8_linear_keeps_zero_rows_zero_and_does_not_hide_inf_or_nan():
     q, scale = quantize_int8(torch.randn(40, 27))
     packed, scale = kernels.int8_pack(q), scale.float()
@@ -120,16 +152,16 @@ def as_cache(x: torch.Tensor, kv_dtype: torch.dtype) -> torch.Tensor:
     return kv_quant.quantize(x) if kv_dtype == torch.int8 else x.to(kv_dtype)
 
 
-def reference_decode_attention(q, k_cache, v_cache, tables, lens):
-    """SDPA over each sequence's gathered blocks (the values the cache holds, in float32), one
-    sequence at a time."""
+def reference_decode_attention(q, k_cache, v_cache, tables, lens, starts=None):
+    """SDPA over each sequence's gathered blocks (the values the cache holds, in float32), keys
+    [starts[d], lens[d]) of its table (starts None: from 0), one sequence at a time."""
     n_kv, head_dim = k_cache.shape[2], q.shape[2]
     group = q.shape[1] // n_kv
     out = []
     for d in range(q.shape[0]):
-        length = int(lens[d])
-        k = kv_quant.load(k_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[:length].transpose(0, 1)
-        v = kv_quant.load(v_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[:length].transpose(0, 1)
+        first, length = 0 if starts is None else int(starts[d]), int(lens[d])
+        k = kv_quant.load(k_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[first:length].transpose(0, 1)
+        v = kv_quant.load(v_cache[tables[d]], torch.float32).reshape(-1, n_kv, head_dim)[first:length].transpose(0, 1)
         qd = q[d].view(n_kv, group, head_dim)
         out.append(F.scaled_dot_product_attention(qd, k, v).reshape(-1, head_dim))
     return torch.stack(out)

@@ -1,20 +1,27 @@
 """Gemma 3 through the whole engine: continuous batching, chunked prefill, prefix-cache hits and
 preemption give transformers' greedy tokens on a tiny random Gemma 3 whose prompts pass its
-24-token sliding window; the GGUF import of a tiny gemma3 file; the real 270M where pulled."""
+24-token sliding window; the compiled decode step against the torch layers (int8, Q8_0 / Q4_1
+blocks, K-quant super-blocks; both KV pools); the GGUF import of a tiny gemma3 file; the real
+270M where pulled."""
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from inference.engine import kernels
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.config import ModelConfig
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.sequence import Sequence
 
 from .test_async_engine import LLMEngine_block_bytes, collect, make_engine
 from .tiny_models import make_tiny_model
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
 
 NEW = 12  # tokens generated per request
 
@@ -198,3 +205,150 @@ def test_rope_tables_grown_on_demand_equal_the_full_ones():
     for a, b in zip(full.tables(positions, torch.float32), grown.tables(positions, torch.float32)):
         assert torch.equal(a, b)
     assert grown.cos.shape[0] == 251 and torch.equal(grown.cos, full.cos[:251])
+
+
+# The linears of kquant_gemma: fused q/k/v and gate/up become stacks of two K-quant formats.
+KQ_GEMMA = {"q_proj": "q4_k", "k_proj": "q4_k", "v_proj": "q6_k", "o_proj": "q5_k", "gate_proj": "q4_k",
+            "up_proj": "q5_k", "down_proj": "q6_k"}
+
+
+@pytest.fixture(scope="module")
+def gemma64_folders(tmp_path_factory):
+    """A tiny Gemma 3 with head_dim 64 (the attention's vector paths) at hidden 256 (whole K-quant
+    super-blocks), its logits capped at 2 (so a missing cap shows), as floats and with its linears as
+    K-quant super-blocks (KQ_GEMMA; the tied embedding float): {"float": folder, "kquant": folder}."""
+    from safetensors.torch import load_file, save_file
+
+    from inference.engine.layers.blocks import BlockWeight, quantization_config
+
+    from .kquants import quantize_kquant
+
+    tmp = tmp_path_factory.mktemp("gemma64")
+    floats = make_tiny_model("gemma3", tmp / "float", hidden_size=256, intermediate_size=512, head_dim=64,
+                             final_logit_softcapping=2.0)
+    state = load_file(floats / "model.safetensors")
+    formats = {}
+    for name in list(state):
+        fmt = KQ_GEMMA.get(name.split(".")[-2])
+        if fmt:
+            state.update(BlockWeight.from_gguf(quantize_kquant(state.pop(name).numpy(), fmt), fmt).tensors(name))
+            formats[name] = fmt
+    out = tmp / "kquant"
+    shutil.copytree(floats, out)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = quantization_config(formats)
+    (out / "config.json").write_text(json.dumps(config))
+    return {"float": floats, "kquant": out}
+
+
+def run_steps(folder, prompt, decode, *, weights, kv_dtype, window_pool=True, fused=True, prefill="model"):
+    """Logits float32 [len(prompt) + len(decode), V] through an engine's block manager (both pools
+    with window_pool, window blocks released as the window passes them) and runner, block size 8:
+    the prompt in chunks of 16, then one decode step per token, each in the one call ModelRunner.execute
+    makes for an all-decode step (decode_logits). fused=False: the same weights through the torch layers."""
+    engine = make_engine(folder, weights=weights, prefill_weights=prefill, kv_cache_dtype=kv_dtype, block_size=8,
+                         window_pool=window_pool, max_num_batched_tokens=16, enable_prefix_caching=False,
+                         speculative="off")
+    runner, model = engine.runner, engine.runner.model
+    assert (runner.fused is not None) == fused or not fused
+    if not fused:
+        runner.fused, runner.fused_prefill = None, False
+    seq = Sequence("r", list(prompt), SamplingParams(temperature=0, max_tokens=len(decode) + 1))
+    engine.scheduler.add(seq)
+    rows = []
+
+    def advance(batch):
+        for s, n in batch.items:
+            s.num_computed_tokens += n
+        engine.block_manager.cache_full_blocks(seq)
+
+    while seq.num_computed_tokens < len(prompt):
+        batch = engine.scheduler.schedule()
+        rows.append(runner.forward_logits(batch))
+        advance(batch)
+    for tok in decode:
+        seq.token_ids.append(tok)
+        batch = engine.scheduler.schedule()
+        assert batch.num_decodes == 1
+        ids, positions, meta, sample_rows = runner.prepare(batch)
+        if fused:
+            _, logits = model.decode_logits(ids, positions, meta, runner.fused, sample_rows)
+        else:
+            hidden = model(ids, positions, runner.kv_caches, meta, None)
+            logits = model.compute_logits(hidden[sample_rows], model.compact_rows(1, 1))
+        rows.append(logits)
+        advance(batch)
+    return torch.cat(rows)
+
+
+# The Llama step's bounds (test_cpu_kernels.test_fused_decode_layers_match_the_torch_layers): bfloat16
+# KV: a 1e-7 difference before the cast can round a K/V element one bf16 step apart; int8 KV: one int8 step.
+# float32 KV: 2e-4 here (Llama's 1e-4): Gemma's six norms a layer give the torch and compiled sums more
+# 1-ulp differences, which int8 activations' rounding turns into 1e-4 steps (measured: 1.4e-4 over 20
+# steps at hidden 256; Qwen3 at the same size 7e-5).
+BOUND = {"float32": 2e-4, "bfloat16": 5e-3, "int8": 1e-2}
+# Block forms quantise activations per 32 (or 256): a value that the two paths' 1-ulp difference moves
+# across a rounding edge changes that block's integer by one, a logit by up to ~5e-3 (measured 4.5e-3 on
+# 2 of 20 steps; on the others 2e-7): the max gets this bound (3e-2 with a bfloat16 or int8 KV cache,
+# whose rounding of the K/V such a step wrote carries into later steps: measured 2.7e-2 for the K-quants
+# on bfloat16), the median step the KV dtype's.
+BLOCK_FLIP = {"float32": 1e-2, "bfloat16": 3e-2, "int8": 3e-2}
+
+
+@needs_kernels
+@pytest.mark.parametrize("form, kv_dtype, window_pool", [
+    *[(form, kv, True) for form in ("int8", "q8", "q4", "kquant") for kv in BOUND],
+    *[(form, "float32", False) for form in ("int8", "q8", "q4", "kquant")]])
+def test_the_compiled_decode_step_gives_the_torch_layers_logits(gemma64_folders, form, kv_dtype, window_pool):
+    """A 40-token prompt, then 20 decode steps past the 24-token window (its first key inside a block
+    of 8) through the compiled step and through the torch layers on the same weights: int8, Q8_0 and
+    Q4_1 blocks of the float model (q8, q4), the K-quant folder's super-blocks; the window layers in
+    their own pool (released blocks cut from the tables) or in the full one."""
+    folder = gemma64_folders["kquant" if form == "kquant" else "float"]
+    weights = "auto" if form == "kquant" else form
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, 320, (40,), generator=g).tolist()
+    decode = torch.randint(3, 320, (20,), generator=g).tolist()
+    kw = dict(weights=weights, kv_dtype=kv_dtype, window_pool=window_pool)
+    fused, plain = run_steps(folder, prompt, decode, **kw), run_steps(folder, prompt, decode, fused=False, **kw)
+    per_step = (fused - plain).abs().amax(-1)
+    assert per_step.max().item() <= (BOUND[kv_dtype] if form == "int8" else BLOCK_FLIP[kv_dtype])
+    assert per_step.median().item() <= BOUND[kv_dtype]
+    if form == "int8" and kv_dtype == "float32":  # and near transformers' float32 (int8 weights on decode rows)
+        from .test_model_parity import reference_logits
+
+        ref = reference_logits(folder, prompt + decode)
+        assert (fused[:len(prompt)] - ref[:len(prompt)]).abs().max().item() <= 1e-4
+        assert (fused - ref).abs().max().item() <= 0.05
+
+
+@needs_kernels
+def test_head_dim_16_and_prompt_rows_take_the_compiled_step_too(gemma_folder):
+    """The 16-wide heads (the attention's portable path) and, with int8 prefill, the prompt rows of
+    short contexts through the compiled layers, against the torch layers on the same int8 weights."""
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(3, 320, (45,), generator=g).tolist()
+    decode = torch.randint(3, 320, (12,), generator=g).tolist()
+    for prefill in ("model", "same"):
+        kw = dict(weights="int8", kv_dtype="float32", prefill=prefill)
+        fused, plain = run_steps(gemma_folder, prompt, decode, **kw), run_steps(gemma_folder, prompt, decode,
+                                                                                  fused=False, **kw)
+        assert (fused - plain).abs().max().item() <= 1e-4 if prefill == "model" else 1e-3
+
+
+@needs_kernels
+def test_the_engine_on_the_compiled_step_gives_the_torch_layers_greedy_tokens(gemma64_folders):
+    """Six requests (steps of 1 to 6 decode rows: the step's few-rows and shared forms) past the window,
+    prefix hits, chunked prefill: the same greedy tokens on the compiled step as on the torch layers."""
+    folder = gemma64_folders["float"]
+    ps = prompts([10, 23, 40, 70, 33, 51], seed=5) + prompts([70], seed=5)[-1:]
+    outs = []
+    for fused in (True, False):
+        engine = make_engine(folder, weights="int8", block_size=8, max_num_batched_tokens=32, speculative="off")
+        assert engine.runner.fused is not None
+        if not fused:
+            engine.runner.fused = None
+        outs.append([tokens for tokens, _ in run_all(engine, ps)])
+        assert pools_whole(engine)
+    assert outs[0] == outs[1]

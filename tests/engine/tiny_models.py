@@ -35,12 +35,12 @@ def make_tiny_model(arch: str, folder: Path, **overrides) -> Path:
         cfg = transformers.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False, **overrides)
         cls = transformers.Qwen3ForCausalLM
     elif arch == "gemma3":
-        cfg = transformers.Gemma3TextConfig(
-            **{**COMMON, "num_hidden_layers": 4}, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
-            final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0, **overrides)
+        cfg = transformers.Gemma3TextConfig(**{
+            **COMMON, "num_hidden_layers": 4, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 24,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+            "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "pad_token_id": 0, **overrides})
         cfg.architectures = ["Gemma3ForCausalLM"]
         cls = transformers.Gemma3ForCausalLM
     else:

@@ -46,6 +46,9 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_paged_decode_attention.argtypes = [_P, _P, _P, _P, _P, _P, _L, _I, _I, _I, _I, _L,
                                                        ctypes.c_float, _I, _I]
         lib.metrale_paged_decode_attention.restype = None
+        lib.metrale_paged_decode_attention_strided.argtypes = [_P, _L, _P, _P, _P, _P, _P, _P, _L, _I, _I, _I, _I, _L,
+                                                               ctypes.c_float, _I, _I]
+        lib.metrale_paged_decode_attention_strided.restype = None
         lib.metrale_int8_linear.argtypes = [_P, _P, _P, _P, _L, _L, _L, _I]
         lib.metrale_int8_linear.restype = None
         lib.metrale_int8_pack.argtypes = [_P, _P, _L, _L]
@@ -106,23 +109,26 @@ def kv_dtype_code(dtype: torch.dtype) -> int:
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           seq_starts: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·Kᵀ·scale)·V for one new token per sequence, reading K/V through block tables.
 
     q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
     head_dim] float32 or bfloat16, or int8 [..., head_dim + 4] (layers/kv_quant.py); block_tables: int64 [D, width]; seq_lens: int64 [D]
-    (tokens attended, the new one included). Returns float32 [D, n_heads, head_dim].
-    Raises RuntimeError if the kernels are unavailable.
+    (tokens attended, the new one included); seq_starts: int64 [D], each row's first key in its
+    table (a sliding window; None: key 0). Keys [seq_starts, seq_lens) of the table are attended.
+    Returns float32 [D, n_heads, head_dim]. Raises RuntimeError if the kernels are unavailable.
     """
     lib = _required()
     q = q.contiguous()
     d, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
     out = torch.empty_like(q)
-    lib.metrale_paged_decode_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(),
-        out.data_ptr(), d, n_heads, n_kv, head_dim, block_size, block_tables.shape[1], scale,
-        kv_dtype_code(k_cache.dtype), torch.get_num_threads())
+    starts = None if seq_starts is None else seq_starts.contiguous()
+    lib.metrale_paged_decode_attention_strided(
+        q.data_ptr(), n_heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        seq_lens.data_ptr(), None if starts is None else starts.data_ptr(), out.data_ptr(), d, n_heads, n_kv,
+        head_dim, block_size, block_tables.shape[1], scale, kv_dtype_code(k_cache.dtype), torch.get_num_threads())
     return out
 
 

@@ -89,6 +89,12 @@ static inline void key_rows(const char **krows, int n, long t0, long len, const 
 
 #define GROUP_ROWS 32 /* rows of one block table the vector attentions serve together */
 
+/* A row's first key (seq_starts: NULL, every row from its table's first key; a sliding window
+ * whose first position falls inside its table's first block starts later). The keys before it
+ * are scored like the others (so a key's score never depends on the row) but take no part in
+ * the maximum, the softmax or P·V. */
+static inline long first_key(const int64_t *seq_starts, long d) { return seq_starts ? seq_starts[d] : 0; }
+
 /* Prefetches the bytes [off, off + n) of the cache rows of tokens [t0, t0 + 16) (those below len):
  * the vector attentions ask for the block after the one they read, which sits elsewhere in the
  * pool (a block table's blocks are not adjacent), so the hardware prefetchers do not find it. */
@@ -175,9 +181,10 @@ static long avx2_scratch_floats(int R, long max_len, int head_dim) {
  * row is widened with one instruction per 8 values. Each K and V row is fetched once for
  * all R rows (the later rows read it from L1). Per (row, head) the operations and their
  * order are the same whatever R, [j0, j1) or the other rows are, so the same bits. */
-static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
-                        const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0, int j1,
-                        int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
+static void attend_avx2(const float *q, long q_stride, const int64_t *lens, const int64_t *starts, int R,
+                        const void *k_cache, const void *v_cache, const int64_t *table, float *out, long o_stride,
+                        int n_kv, int j0, int j1, int group, int head_dim, int kv_dtype, int block_size, float scale,
+                        float *scratch) {
     const long hb = head_bytes(kv_dtype, head_dim), tbytes = (long)n_kv * hb;
     long max_len = 0;
     for (int r = 0; r < R; r++) max_len = lens[r] > max_len ? lens[r] : max_len;
@@ -221,9 +228,10 @@ static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int 
                 float sc[8];
                 score8(qp + r * head_dim, rows, head_dim, kv_dtype, scale, sc);
                 float *dst = scores + r * ls + t0, mx = maxs[r];
+                const long st = first_key(starts, r);
                 for (int u = 0; u < cnt; u++) {
                     dst[u] = sc[u];
-                    if (sc[u] > mx) mx = sc[u];
+                    if (t0 + u >= st && sc[u] > mx) mx = sc[u];
                 }
                 maxs[r] = mx;
             }
@@ -233,7 +241,7 @@ static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int 
             float *row = scores + r * ls;
             const __m256 mx = _mm256_set1_ps(maxs[r]);
             __m256 e8 = _mm256_setzero_ps();
-            long t = 0;
+            long t = first_key(starts, r);
             for (; t + 8 <= len; t += 8) {
                 const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), mx));
                 _mm256_storeu_ps(row + t, e);
@@ -260,13 +268,14 @@ static void attend_avx2(const float *q, long q_stride, const int64_t *lens, int 
                 const char *vblock = (const char *)v_cache + table[tb] * block_size * tbytes + off;
                 for (int r = 0; r < R; r++) {
                     const long len = lens[r];
+                    const long st = first_key(starts, r);
                     if (t_first >= len) continue;
                     const long t_end = t_first + block_size < len ? t_first + block_size : len;
                     const float *p = scores + r * ls;
                     float *ar = acc + r * 64;
                     __m256 a8[8];
                     for (int c = 0; c < 8; c++) a8[c] = _mm256_load_ps(ar + 8 * c);
-                    for (long t = t_first; t < t_end; t++) {
+                    for (long t = t_first > st ? t_first : st; t < t_end; t++) {
                         const char *v = vblock + (t - t_first) * tbytes;
                         const __m256 pt = _mm256_set1_ps(kv_dtype == 2 ? p[t] * int8_scale(v, head_dim) : p[t]);
                         for (int c = 0; c < 4; c++) {
@@ -362,6 +371,11 @@ static inline __attribute__((always_inline)) void pv_heads(const float *scores, 
     }
 }
 
+/* The lanes of 16 keys from t0 at or after the first key st (all of them when st <= t0). */
+static inline __mmask16 from_first(long st, long t0) {
+    return st <= t0 ? (__mmask16)0xffff : st - t0 >= 16 ? (__mmask16)0 : (__mmask16)~((1u << (st - t0)) - 1u);
+}
+
 /* exp(row[t] - mx) in place for t < len (exp16), 16 at a time; returns their sum (in lane order,
  * then the lanes added: the same steps for every caller, so the same bits). */
 static inline float softmax_numerators(float *row, long len, float mx) {
@@ -374,6 +388,12 @@ static inline float softmax_numerators(float *row, long len, float mx) {
         acc = _mm512_add_ps(acc, e);
     }
     return _mm512_reduce_add_ps(acc);
+}
+
+/* A row's softmax over its keys [st, len) (softmax_numerators), the ones before st given 0. */
+static inline float softmax_from(float *row, long st, long len, float mx) {
+    for (long t = 0; t < st; t++) row[t] = 0.f;
+    return softmax_numerators(row + st, len - st, mx);
 }
 
 /* One block of cnt <= 16 tokens of P·V for HB heads of one row: acc[h] (head_dim floats each,
@@ -421,7 +441,8 @@ static long avx512_scratch_floats(int R, int nq, long max_len, int head_dim) {
  * rows widened once. Per (row, head) the operations and their order are the same whatever R,
  * [j0, j1) or the other rows are, and the same as attend_avx512_row's (one row), so the same
  * bits (one row takes attend_avx512_row). */
-static void attend_avx512(const float *q, long q_stride, const int64_t *lens, int R, const void *k_cache,
+static void attend_avx512(const float *q, long q_stride, const int64_t *lens, const int64_t *starts, int R,
+                          const void *k_cache,
                           const void *v_cache, const int64_t *table, float *out, long o_stride, int n_kv, int j0,
                           int j1, int group, int head_dim, int kv_dtype, int block_size, float scale, float *scratch) {
     const int nq = j1 - j0;
@@ -461,14 +482,14 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
                 dots = _mm512_mul_ps(dots, vscale);
                 const long at = (long)(r * nq + j - j0);
                 _mm512_mask_storeu_ps(scores + at * ls + t0, m, dots);
-                maxs[at] = fmaxf(maxs[at], _mm512_mask_reduce_max_ps(m, dots));
+                maxs[at] = fmaxf(maxs[at], _mm512_mask_reduce_max_ps(m & from_first(first_key(starts, r), t0), dots));
             }
         }
     }
     for (int r = 0; r < R; r++) {
         const long len = lens[r];
         for (int i = 0; i < nq; i++)
-            sums[r * nq + i] = softmax_numerators(scores + (long)(r * nq + i) * ls, len, maxs[r * nq + i]);
+            sums[r * nq + i] = softmax_from(scores + (long)(r * nq + i) * ls, first_key(starts, r), len, maxs[r * nq + i]);
     }
     /* P·V for several rows, 16 tokens at a time: their V rows widened to float32 once for every
      * row and head, then each (row, head) adds them in token order into its sums (in registers
@@ -515,6 +536,7 @@ static void attend_avx512(const float *q, long q_stride, const int64_t *lens, in
  * scores: (h1 - h0) * group * len floats, then 16 * head_dim + 16 for a block of K rows widened
  * once per KV head. */
 static void attend_avx512_row(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
+                          long st,
                           float *out, int n_kv, int h0, int h1, int group, int head_dim, int block_size, float scale,
                           int kv_dtype, float *scores) {
     const int nh = (h1 - h0) * group;
@@ -551,10 +573,10 @@ static void attend_avx512_row(const float *q, const void *k_cache, const void *v
             dots = _mm512_mul_ps(dots, vscale);
             const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
             _mm512_mask_storeu_ps(scores + j * len + t0, m, dots);
-            maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m, dots));
+            maxs[j] = fmaxf(maxs[j], _mm512_mask_reduce_max_ps(m & from_first(st, t0), dots));
         }
     }
-    for (int j = 0; j < nh; j++) sums[j] = softmax_numerators(scores + j * len, len, maxs[j]);
+    for (int j = 0; j < nh; j++) sums[j] = softmax_from(scores + j * len, st, len, maxs[j]);
     for (int g = 0; g < h1 - h0; g++)
         for (int s = 0; s < head_dim; s += 64)
             for (int b = 0; b < group; b += 4) {
@@ -577,7 +599,7 @@ static void attend_avx512_row(const float *q, const void *k_cache, const void *v
  * (h1 - h0) * group * head_dim accumulators. The operations for one (d, head) are the
  * same whatever [h0, h1) is. */
 static void attend(const float *q, const void *k_cache, const void *v_cache, const int64_t *table, long len,
-                   float *out, int n_heads, int n_kv, int h0, int h1, int head_dim, int block_size, float scale,
+                   long st, float *out, int n_heads, int n_kv, int h0, int h1, int head_dim, int block_size, float scale,
                    int kv_dtype, float *scratch) {
     const int group = n_heads / n_kv;
     const int nh = (h1 - h0) * group; /* query heads handled here */
@@ -587,7 +609,7 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     const float *qh = q + (long)h0 * group * head_dim;
     float maxs[256], sums[256];
     for (int j = 0; j < nh; j++) maxs[j] = -INFINITY;
-    for (long t = 0; t < len; t++) {
+    for (long t = st; t < len; t++) {
         const long slot = table[t / block_size] * block_size + t % block_size;
         const float *k = load_heads(k_cache, slot, n_kv, h0, h1, head_dim, kv_dtype, kbuf);
         for (int j = 0; j < nh; j++) {
@@ -604,14 +626,14 @@ static void attend(const float *q, const void *k_cache, const void *v_cache, con
     for (int j = 0; j < nh; j++) {
         float sum = 0.f;
         float *row = scores + j * len;
-        for (long t = 0; t < len; t++) {
+        for (long t = st; t < len; t++) {
             row[t] = expf(row[t] - maxs[j]);
             sum += row[t];
         }
         sums[j] = sum;
     }
     memset(acc, 0, sizeof(float) * (size_t)nh * head_dim);
-    for (long t = 0; t < len; t++) {
+    for (long t = st; t < len; t++) {
         const long slot = table[t / block_size] * block_size + t % block_size;
         const float *v = load_heads(v_cache, slot, n_kv, h0, h1, head_dim, kv_dtype, kbuf);
         for (int j = 0; j < nh; j++) {
@@ -641,7 +663,9 @@ static void nan_heads(float *out, long o_stride, long rows, int j0, int j1, int 
  * q: float32 [D, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv,
  * head_dim] in float32 (kv_dtype 0) or bfloat16 (1), or int8 (2) as [..., n_kv, head_dim + 4]
  * bytes (each head's int8 values, then its float32 scale); block_tables: int64 [D, width];
- * seq_lens: int64 [D] (tokens to attend, the new one included); out: float32 [D,
+ * seq_lens: int64 [D] (tokens to attend, the new one included); seq_starts: int64 [D] or NULL,
+ * each row's first key in its table (keys [seq_starts[d], seq_lens[d]) attended: a sliding
+ * window that starts inside the table's first block; NULL: every row from key 0); out: float32 [D,
  * n_heads, head_dim]. Grouped-query head h reads KV head h / (n_heads / n_kv).
  * softmax(q k^T * scale) v in float32. The vector paths (head_dim a multiple of 64) serve
  * consecutive rows with the same block table (a sequence's verify or prompt rows) as one
@@ -657,9 +681,9 @@ static void nan_heads(float *out, long o_stride, long rows, int j0, int j1, int 
  * at a time, each thread with its own scratch. The _strided form runs it on nthreads threads.
  */
 void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
-                                         const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
-                                         int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,
-                                         int kv_dtype) {
+                                         const int64_t *block_tables, const int64_t *seq_lens,
+                                         const int64_t *seq_starts, float *out, long D, int n_heads, int n_kv,
+                                         int head_dim, int block_size, long width, float scale, int kv_dtype) {
     const int nthreads = omp_get_num_threads();
     long max_len = 0;
     for (long d = 0; d < D; d++)
@@ -707,12 +731,12 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
                 }
                 if (n == 1) {
                     attend_avx512_row(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
-                                      out + d * n_heads * head_dim, n_kv, h0, h1, group, head_dim, block_size, scale,
+                                      first_key(seq_starts, d), out + d * n_heads * head_dim, n_kv, h0, h1, group, head_dim, block_size, scale,
                                       kv_dtype, scratch);
                     continue;
                 }
                 for (int h = h0; h < h1; h++)
-                    attend_avx512(q + d * q_stride, q_stride, seq_lens + d, (int)n, k_cache, v_cache,
+                    attend_avx512(q + d * q_stride, q_stride, seq_lens + d, seq_starts ? seq_starts + d : NULL, (int)n, k_cache, v_cache,
                                   block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
                                   h * group, (h + 1) * group, group, head_dim, kv_dtype, block_size, scale, scratch);
             }
@@ -733,7 +757,8 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
                     nan_heads(out + d * n_heads * head_dim, (long)n_heads * head_dim, starts[g + 1] - d, j0, j1, head_dim);
                     continue;
                 }
-                attend_avx2(q + d * q_stride, q_stride, seq_lens + d, (int)(starts[g + 1] - d), k_cache, v_cache,
+                attend_avx2(q + d * q_stride, q_stride, seq_lens + d, seq_starts ? seq_starts + d : NULL,
+                            (int)(starts[g + 1] - d), k_cache, v_cache,
                             block_tables + d * width, out + d * n_heads * head_dim, (long)n_heads * head_dim, n_kv,
                             j0, j1, group, head_dim, kv_dtype, block_size, scale, scratch);
             }
@@ -758,7 +783,7 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
                 continue;
             }
             attend(q + d * q_stride, k_cache, v_cache, block_tables + d * width, seq_lens[d],
-                   out + d * n_heads * head_dim, n_heads, n_kv, h0, h1, head_dim, block_size, scale, kv_dtype,
+                   first_key(seq_starts, d), out + d * n_heads * head_dim, n_heads, n_kv, h0, h1, head_dim, block_size, scale, kv_dtype,
                    scratch);
         }
         free(scratch);
@@ -766,19 +791,20 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
 }
 
 void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
-                                            const int64_t *block_tables, const int64_t *seq_lens, float *out,
-                                            long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
-                                            float scale, int kv_dtype, int nthreads) {
+                                            const int64_t *block_tables, const int64_t *seq_lens,
+                                            const int64_t *seq_starts, float *out, long D, int n_heads, int n_kv,
+                                            int head_dim, int block_size, long width, float scale, int kv_dtype,
+                                            int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    metrale_paged_decode_attention_team(q, q_stride, k_cache, v_cache, block_tables, seq_lens, out, D, n_heads, n_kv,
-                                        head_dim, block_size, width, scale, kv_dtype);
+    metrale_paged_decode_attention_team(q, q_stride, k_cache, v_cache, block_tables, seq_lens, seq_starts, out, D,
+                                        n_heads, n_kv, head_dim, block_size, width, scale, kv_dtype);
 }
 
 void metrale_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,
                                     const int64_t *block_tables, const int64_t *seq_lens, float *out,
                                     long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
                                     float scale, int kv_dtype, int nthreads) {
-    metrale_paged_decode_attention_strided(q, (long)n_heads * head_dim, k_cache, v_cache, block_tables, seq_lens, out,
+    metrale_paged_decode_attention_strided(q, (long)n_heads * head_dim, k_cache, v_cache, block_tables, seq_lens, NULL, out,
                                            D, n_heads, n_kv, head_dim, block_size, width, scale, kv_dtype, nthreads);
 }
 

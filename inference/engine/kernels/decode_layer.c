@@ -1,14 +1,18 @@
-/* The Llama-family decoder layers for decode rows (and short prompts' rows), a whole step in one call:
+/* The Llama-family and Gemma 3 decoder layers for decode rows (and short prompts' rows), a whole
+ * step in one call:
  *   h = RMSNorm(x) ; qkv = h W_qkv (+ bias) ; (q, k per-head RMSNorm) ; RoPE ;
  *   K/V written at the rows' slots ; attention through the block tables ;
- *   x += attn W_o ; h = RMSNorm(x) ; x += (silu(h W_gate) * h W_up) W_down
+ *   x += (RMSNorm of) attn W_o ; h = RMSNorm(x) ; x += (RMSNorm of) (act(h W_gate) * h W_up) W_down
  * for every layer, with each linear in its weight format (metrale_weight_linear_team: per-channel
  * int8 or GGUF blocks, block_gemm.c) and float32 activations between the GEMMs (each GEMM
  * quantises its input rows itself). One call replaces the ~40 small torch ops a layer costs at
  * batch sizes where each takes longer to dispatch than to compute, and one parallel region the
  * ~6 a layer's kernels would open each. Every row is computed independently of the others (batch
  * invariance). Rules: transformers' modeling_llama.py (RMSNorm statistics in float32,
- * rotate-half RoPE, SwiGLU), Qwen2 qkv bias, Qwen3 q/k norm.
+ * rotate-half RoPE, SwiGLU), Qwen2 qkv bias, Qwen3 q/k norm; modeling_gemma3.py (the norms of the
+ * attention's and the MLP's outputs before their residual adds, GELU-tanh, sliding-window layers
+ * with their own RoPE tables and KV pool: the step's `window` view). Gemma's (1 + weight) norm
+ * scales come precomputed (layers/fused_decode.py), so every norm here is weight * x / rms.
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,17 +29,31 @@ typedef struct {
     const float *q_norm, *k_norm;               /* [head_dim] or NULL */
     void *k_cache, *v_cache;                    /* [num_blocks, block_size, n_kv, head_dim] (int8: head_dim + 4 bytes) */
     const metrale_lora_layer *lora;             /* resident LoRA adapters, or NULL */
+    const float *post_attn_norm, *post_ff_norm; /* [hidden] or NULL: norms of the attention's and MLP's outputs */
+    int sliding;                                /* 1: attends through the step's window view */
 } metrale_layer;
 
+/* What a layer attends through: the full layers' view, or the sliding-window layers' (their RoPE
+ * tables, and in a pool of their own their slots and block tables, each cut to the blocks the
+ * window reaches). */
 typedef struct {
-    long M, width;
-    int hidden, n_heads, n_kv, head_dim, inter, block_size, kv_dtype, nthreads;
-    float eps, scale;
     const float *cos, *sin;                     /* [max_positions, head_dim]: RoPE's tables */
-    const int64_t *positions;                   /* [M] each row's position (its row of cos and sin) */
     const int64_t *slots;                       /* [M] flat KV slot of each row's new token */
     const int64_t *block_tables;                /* [M, width] */
-    const int64_t *seq_lens;                    /* [M] */
+    const int64_t *seq_lens;                    /* [M] keys of the table each row attends up to */
+    const int64_t *seq_starts;                  /* [M] its first key in the table, or NULL (0) */
+    long width;
+} metrale_view;
+
+#define ACT_SILU 0
+#define ACT_GELU_TANH 1
+
+typedef struct {
+    long M;
+    int hidden, n_heads, n_kv, head_dim, inter, block_size, kv_dtype, nthreads, act;
+    float eps, scale;
+    metrale_view full, window;
+    const int64_t *positions;                   /* [M] each row's position (its row of cos and sin) */
     float *scratch;                             /* metrale_decode_scratch_floats(S) floats */
     const int64_t *lora_slots;                  /* [M] each row's adapter slot (-1: none), or NULL */
     /* After the layers: x <- final_norm(x) when final_norm is not NULL, then, when head is not NULL,
@@ -137,6 +155,37 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
     for (; i < n; i++) a[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
+/* gelu_tanh(g) * u for n values: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) u
+ * (torch's gelu(approximate="tanh"), transformers' gelu_pytorch_tanh). */
+static void geglu(const float *g, const float *u, float *a, long n) {
+    const float c = 0.7978845608028654f;
+    for (long i = 0; i < n; i++) {
+        const float x = g[i];
+        a[i] = 0.5f * x * (1.f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+/* The gated MLP's activation of one row: act(gate) * up, gate and up the halves of gu ([2n]). */
+static void gated(const metrale_step *S, const float *gu, float *a, long n) {
+    if (S->act == ACT_GELU_TANH) geglu(gu, gu + n, a, n);
+    else swiglu(gu, gu + n, a, n);
+}
+
+/* x += y, or x += RMSNorm(y) where the layer normalises its sublayer's output (norm not NULL; tmp:
+ * n floats, which may be y itself). */
+static void add_output(float *x, const float *y, const float *norm, float *tmp, long n, float eps) {
+    if (norm) {
+        rms_norm(y, norm, tmp, n, eps);
+        y = tmp;
+    }
+    for (long i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* The view a layer attends through. */
+static const metrale_view *view_of(const metrale_layer *L, const metrale_step *S) {
+    return L->sliding ? &S->window : &S->full;
+}
+
 /* The rows' adapter updates after a GEMM (lora.c). */
 #define LORA_ADD(which, in, out) \
     if (L->lora && S->lora_slots) metrale_lora_add_team(L->lora, which, S->lora_slots, in, out, M)
@@ -146,9 +195,10 @@ static void swiglu(const float *g, const float *u, float *a, long n) {
 static void rope_and_write(const metrale_layer *L, const metrale_step *S, float *row, long m) {
     const int hd = S->head_dim, nh = S->n_heads, nkv = S->n_kv;
     const long qs = (long)nh * hd, kvs = (long)nkv * hd, qkvs = qs + 2 * kvs;
+    const metrale_view *V = view_of(L, S);
     if (L->qkv_bias)
         for (long i = 0; i < qkvs; i++) row[i] += L->qkv_bias[i];
-    const float *c = S->cos + S->positions[m] * hd, *s = S->sin + S->positions[m] * hd;
+    const float *c = V->cos + S->positions[m] * hd, *s = V->sin + S->positions[m] * hd;
     for (int j = 0; j < nh; j++) {
         float *qh = row + (long)j * hd;
         if (L->q_norm) rms_norm(qh, L->q_norm, qh, hd, S->eps);
@@ -159,8 +209,17 @@ static void rope_and_write(const metrale_layer *L, const metrale_step *S, float 
         if (L->k_norm) rms_norm(kh, L->k_norm, kh, hd, S->eps);
         rope(kh, c, s, hd);
     }
-    write_kv(L->k_cache, S->slots[m], row + qs, nkv, hd, S->kv_dtype);
-    write_kv(L->v_cache, S->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
+    write_kv(L->k_cache, V->slots[m], row + qs, nkv, hd, S->kv_dtype);
+    write_kv(L->v_cache, V->slots[m], row + qs + kvs, nkv, hd, S->kv_dtype);
+}
+
+/* The layer's attention of every row (its qkv rows) into attn [M, n_heads * head_dim]. */
+static void attend_rows(const metrale_layer *L, const metrale_step *S, const float *qkv, float *attn) {
+    const metrale_view *V = view_of(L, S);
+    const long qkvs = (long)(S->n_heads + 2 * S->n_kv) * S->head_dim;
+    metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, V->block_tables, V->seq_lens, V->seq_starts,
+                                        attn, S->M, S->n_heads, S->n_kv, S->head_dim, S->block_size, V->width, S->scale,
+                                        S->kv_dtype);
 }
 
 /* One layer for S->M rows, the work of every thread of the step's team; x: float32 [M, hidden],
@@ -187,24 +246,22 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
     LORA_ADD(METRALE_LORA_QKV, h, qkv);
 #pragma omp for schedule(static)
     for (long m = 0; m < M; m++) rope_and_write(L, S, qkv + m * qkvs, m);
-    metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M, nh,
-                                        nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype);
+    attend_rows(L, S, qkv, attn);
     metrale_weight_linear_team(&L->o, attn, proj, M, H, qs, gemm);
     LORA_ADD(METRALE_LORA_O, attn, proj);
 #pragma omp for schedule(static)
     for (long m = 0; m < M; m++) {
-        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+        add_output(x + m * H, proj + m * H, L->post_attn_norm, proj + m * H, H, S->eps);
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
     metrale_weight_linear_team(&L->gate_up, h, gu, M, 2 * I, H, gemm);
     LORA_ADD(METRALE_LORA_GATE_UP, h, gu);
 #pragma omp for schedule(static)
-    for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
+    for (long m = 0; m < M; m++) gated(S, gu + m * 2 * I, act + m * I, I);
     metrale_weight_linear_team(&L->down, act, proj, M, H, I, gemm);
     LORA_ADD(METRALE_LORA_DOWN, act, proj);
 #pragma omp for schedule(static)
-    for (long m = 0; m < M; m++)
-        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+    for (long m = 0; m < M; m++) add_output(x + m * H, proj + m * H, L->post_ff_norm, proj + m * H, H, S->eps);
 }
 
 /* Steps of at most LEAN_ROWS rows without adapters take decode_layer_lean. */
@@ -243,21 +300,20 @@ static void decode_layer_lean(const metrale_layer *L, const metrale_step *S, lea
     metrale_weight_tiles_team(&L->qkv, h, qkv, M, qkvs, H, own->q);
 #pragma omp single
     for (long m = 0; m < M; m++) rope_and_write(L, S, qkv + m * qkvs, m);
-    metrale_paged_decode_attention_team(qkv, qkvs, L->k_cache, L->v_cache, S->block_tables, S->seq_lens, attn, M, nh,
-                                        nkv, hd, S->block_size, S->width, S->scale, S->kv_dtype);
+    attend_rows(L, S, qkv, attn);
     metrale_weight_quantize(&L->o, attn, M, qs, own->q);
     metrale_weight_tiles_team(&L->o, attn, proj, M, H, qs, own->q);
+    /* proj is the team's: each thread normalises its own copy (act and h are free here). */
     for (long m = 0; m < M; m++) {
-        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+        add_output(x + m * H, proj + m * H, L->post_attn_norm, act, H, S->eps);
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
     metrale_weight_quantize(&L->gate_up, h, M, H, own->q);
     metrale_weight_tiles_team(&L->gate_up, h, gu, M, 2 * I, H, own->q);
-    for (long m = 0; m < M; m++) swiglu(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
+    for (long m = 0; m < M; m++) gated(S, gu + m * 2 * I, act + m * I, I);
     metrale_weight_quantize(&L->down, act, M, I, own->q);
     metrale_weight_tiles_team(&L->down, act, proj, M, H, I, own->q);
-    for (long m = 0; m < M; m++)
-        for (long i = 0; i < H; i++) x[m * H + i] += proj[m * H + i];
+    for (long m = 0; m < M; m++) add_output(x + m * H, proj + m * H, L->post_ff_norm, h, H, S->eps);
 }
 
 /* Runs S->M rows through n_layers layers (L: [n_layers]) in one parallel region of S->nthreads

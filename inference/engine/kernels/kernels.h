@@ -76,9 +76,10 @@ static inline __m512 exp16(__m512 x) {
 #endif
 
 void metrale_paged_decode_attention_strided(const float *q, long q_stride, const void *k_cache, const void *v_cache,
-                                            const int64_t *block_tables, const int64_t *seq_lens, float *out,
-                                            long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
-                                            float scale, int kv_dtype, int nthreads);
+                                            const int64_t *block_tables, const int64_t *seq_lens,
+                                            const int64_t *seq_starts, float *out, long D, int n_heads, int n_kv,
+                                            int head_dim, int block_size, long width, float scale, int kv_dtype,
+                                            int nthreads);
 void metrale_int8_linear(const float *x, const int8_t *packed, const float *scale, float *y, long M, long N, long K,
                          int nthreads);
 
@@ -142,7 +143,7 @@ void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scra
                      float *y, long n, long ldy);
 void metrale_kq_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out);
 void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
-                                         const int64_t *block_tables, const int64_t *seq_lens, float *out, long D,
-                                         int n_heads, int n_kv, int head_dim, int block_size, long width, float scale,
-                                         int kv_dtype);
+                                         const int64_t *block_tables, const int64_t *seq_lens,
+                                         const int64_t *seq_starts, float *out, long D, int n_heads, int n_kv,
+                                         int head_dim, int block_size, long width, float scale, int kv_dtype);
 #endif

@@ -49,6 +49,9 @@ class AttentionMetadata:
     window: the sliding-window (local) layers' metadata when it differs from this one (some row's
     context is longer than the window): the same slots, each row's block table cut to the blocks
     its window touches and masked to the window (ModelRunner.prepare); None: local layers use this.
+    window_starts, window_lens: int64 [D] where the decode rows' tables are cut to a window: each
+    row's first key and its keys' end in its cut table (the compiled kernel attends keys
+    [window_starts, window_lens) of decode_block_tables); None otherwise.
     """
 
     slot_mapping: torch.Tensor
@@ -58,6 +61,8 @@ class AttentionMetadata:
     decode_lens: torch.Tensor | None = None
     prefills: list[PrefillSlice] = field(default_factory=list)
     window: "AttentionMetadata | None" = None
+    window_starts: torch.Tensor | None = None
+    window_lens: torch.Tensor | None = None
 
     def prefill_part(self) -> "AttentionMetadata":
         """The metadata of the prefill rows alone, as if the decodes were not in the batch."""

@@ -1,4 +1,5 @@
-"""Decode rows through whole decoder layers in one compiled call each (kernels/decode_layer.c).
+"""Decode rows through whole decoder layers in one compiled call each (kernels/decode_layer.c): the
+Llama family's layers and Gemma 3's (its output norms, GELU-tanh, sliding-window layers).
 
 At small batches a decode step is dominated by dispatching ~40 small torch ops per
 layer, not by arithmetic. `FusedDecoder` hands each layer's decode rows to one C
@@ -25,7 +26,18 @@ _P = ctypes.c_void_p
 class _Layer(ctypes.Structure):
     _fields_ = [("ln1", _P), ("ln2", _P)] + [(name, kernels.KernelWeight.Struct) for name in (
         "qkv", "o", "gate_up", "down")] + [(name, _P) for name in ("qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache",
-                                                                   "lora")]
+                                                                   "lora", "post_attn_norm", "post_ff_norm")] + [
+        ("sliding", ctypes.c_int)]
+
+
+class _View(ctypes.Structure):
+    """decode_layer.c metrale_view: what a layer attends through (the full layers', the window layers')."""
+    _fields_ = [(name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "seq_starts")] + [
+        ("width", ctypes.c_long)]
+
+
+# decode_layer.c ACT_*: the gated MLP's activation by the config's hidden_activation.
+ACTIVATION_CODES = {"silu": 0, "gelu_pytorch_tanh": 1}
 
 
 def decode_weight(lin, compact: bool) -> kernels.KernelWeight | None:
@@ -35,12 +47,11 @@ def decode_weight(lin, compact: bool) -> kernels.KernelWeight | None:
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [("M", ctypes.c_long), ("width", ctypes.c_long)] + [
+    _fields_ = [("M", ctypes.c_long)] + [
         (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
-                                          "kv_dtype", "nthreads")] + [
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
-        (name, _P) for name in ("cos", "sin", "positions", "slots", "block_tables", "seq_lens", "scratch",
-                                "lora_slots", "final_norm", "head", "logit_rows")] + [
+                                          "kv_dtype", "nthreads", "act")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("full", _View), ("window", _View)] + [
+        (name, _P) for name in ("positions", "scratch", "lora_slots", "final_norm", "head", "logit_rows")] + [
         ("n_logit_rows", ctypes.c_long), ("vocab", ctypes.c_long), ("logits", _P)]
 
 
@@ -49,11 +60,14 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 class FusedDecoder:
-    """Runs decode (and short prompts') rows through every layer of a fused Llama-family model with kernel weights.
+    """Runs decode (and short prompts') rows through every layer of a fused Llama-family or Gemma 3
+    model with kernel weights.
 
     Built once per model and KV cache set; `run(x, positions, meta)` updates x (float32
     [D, hidden], the embedded decode rows) in place through all layers, writing their
-    K/V at meta.slot_mapping[:D]. Raises RuntimeError if the kernels are unavailable.
+    K/V at meta.slot_mapping[:D] (a sliding-window layer's at meta.window's slots when it has
+    them). Each layer names its norms (`fused_norms`) and each norm its factor (`factor()`:
+    Gemma's 1 + weight, computed here once). Raises RuntimeError if the kernels are unavailable.
     """
 
     def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -68,29 +82,33 @@ class FusedDecoder:
         self._scratch_floats.restype = ctypes.c_long
         cfg = model.config
         self.cfg = cfg
+        # The full layers' RoPE tables and the window layers' (their own base, Gemma 3); grown tables
+        # are pointed at again (_point_rope).
         self.rotary = model.rotary
+        self.rotary_local = getattr(model, "rotary_local", model.rotary)
         self._keep = []  # tensors the structs point into
         layers = []
         compact = model.compact_decode
         for layer, (k_cache, v_cache) in zip(model.model.layers, kv_caches):
             attn, mlp = layer.self_attn, layer.mlp
+            norms = layer.fused_norms()
             tensors = dict(
-                ln1=layer.input_layernorm.weight.detach().contiguous(),
-                ln2=layer.post_attention_layernorm.weight.detach().contiguous(),
+                **{name: None if norm is None else norm.factor() for name, norm in norms.items()},
                 qkv_bias=None if attn.qkv.bias is None else attn.qkv.bias.float().contiguous(),
-                q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach().contiguous(),
-                k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach().contiguous(),
+                q_norm=None if attn.q_norm is None else attn.q_norm.factor(),
+                k_norm=None if attn.k_norm is None else attn.k_norm.factor(),
                 k_cache=k_cache, v_cache=v_cache)
             weights = {name: decode_weight(lin, compact).struct for name, lin in (
                 ("qkv", attn.qkv), ("o", attn.out), ("gate_up", mlp.gate_up), ("down", mlp.down))}
             self._keep.append(tensors)
-            layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights))
+            layers.append(_Layer(**{k: _ptr(v) for k, v in tensors.items()}, **weights, sliding=int(attn.sliding)))
         # One array for the one call a step makes; layers/lora.LoraSlots writes its elements' `lora`.
         self.layers = (_Layer * len(layers))(*layers)
         self.kv_dtype = kernels.kv_dtype_code(kv_caches[0][0].dtype)
-        self.final_norm = model.model.norm.weight.detach().contiguous()
+        self.act = ACTIVATION_CODES[cfg.hidden_activation]
+        self.final_norm = model.model.norm.factor()
         self.head = decode_weight(model.head, compact)
-        self.cos, self.sin = self.rotary.cos.float().contiguous(), self.rotary.sin.float().contiguous()
+        self._point_rope()
         # layers/lora.LoraSlots points each layer's `lora` at its adapters and sets this per step:
         # int64 [D] the rows' adapter slots (-1: none), or None when no row has an adapter.
         self.lora_slots: torch.Tensor | None = None
@@ -102,6 +120,8 @@ class FusedDecoder:
             return False
         if not getattr(model, "fused_decode", False):  # a layer the compiled step does not compute
             return False
+        if getattr(getattr(model, "config", None), "hidden_activation", "silu") not in ACTIVATION_CODES:
+            return False
         if next(model.parameters()).dtype != torch.float32 or next(model.parameters()).device.type != "cpu":
             return False
         layers = getattr(getattr(model, "model", None), "layers", None)
@@ -111,6 +131,31 @@ class FusedDecoder:
         return all(lin is not None and decode_weight(lin, compact) is not None for layer in layers
                    for lin in (layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up, layer.mlp.down))
 
+    def _point_rope(self) -> None:
+        """(Re)read the RoPE tables' float32 rows (after RotaryEmbedding grew them)."""
+        self.rope = [(r.cos.float().contiguous(), r.sin.float().contiguous()) for r in (self.rotary, self.rotary_local)]
+
+    def _cover(self, positions: torch.Tensor) -> None:
+        """Grow the RoPE tables that do not reach the step's last position yet."""
+        if any(r.cos.shape[0] < r.max_positions for r in (self.rotary, self.rotary_local)):
+            last = int(positions.max())
+            if any(r.cover(last) for r in (self.rotary, self.rotary_local)):
+                self._point_rope()
+
+    @staticmethod
+    def _view(rope, meta, d: int, keep: list) -> _View:
+        """The view of the step's first d rows through `meta` (a layer group's AttentionMetadata):
+        with a window, each row's table cut to its window (its keys [window_starts, window_lens))."""
+        tables = meta.decode_block_tables.contiguous()
+        windowed = meta.window_lens is not None
+        lens = (meta.window_lens if windowed else meta.decode_lens).contiguous()
+        starts = meta.window_starts.contiguous() if windowed else None
+        slots = meta.slot_mapping[:d].contiguous()
+        keep += [tables, lens, starts, slots]
+        return _View(cos=rope[0].data_ptr(), sin=rope[1].data_ptr(), slots=slots.data_ptr(),
+                     block_tables=tables.data_ptr(), seq_lens=lens.data_ptr(), seq_starts=_ptr(starts),
+                     width=tables.shape[1])
+
     def run(self, x: torch.Tensor, positions: torch.Tensor, meta, logit_rows: list[int] | None = None
             ) -> torch.Tensor | None:
         """Run the decode rows through every layer and the final norm, in place; with `logit_rows`,
@@ -118,22 +163,24 @@ class FusedDecoder:
 
         x: float32 [D, hidden], contiguous (the embedded decode rows), normalised on return;
         positions: int64 [D]; meta: the step's AttentionMetadata (its first D slots, decode block
-        tables and decode_lens are read). K/V of the new tokens are written into the layers'
+        tables and decode_lens are read; the sliding-window layers read meta.window's where it is
+        set). K/V of the new tokens are written into the layers'
         caches. logit_rows: indices into x's rows. Returns float32 [len(logit_rows), vocab], or None
         without logit_rows.
         """
         cfg = self.cfg
         d = x.shape[0]
         positions = positions.contiguous()
-        tables = meta.decode_block_tables.contiguous()
-        lens = meta.decode_lens.contiguous()
-        slots = meta.slot_mapping[:d].contiguous()
-        step = _Step(M=d, width=tables.shape[1], hidden=cfg.hidden_size, n_heads=cfg.num_attention_heads,
+        self._cover(positions)
+        keep = []
+        full = self._view(self.rope[0], meta, d, keep)
+        window = full if meta.window is None and self.rotary_local is self.rotary else self._view(
+            self.rope[1], meta.window if meta.window is not None else meta, d, keep)
+        step = _Step(M=d, hidden=cfg.hidden_size, n_heads=cfg.num_attention_heads,
                      n_kv=cfg.num_key_value_heads, head_dim=cfg.head_dim, inter=cfg.intermediate_size,
                      block_size=self._keep[0]["k_cache"].shape[1], kv_dtype=self.kv_dtype,
-                     nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
-                     cos=self.cos.data_ptr(), sin=self.sin.data_ptr(), positions=positions.data_ptr(),
-                     slots=slots.data_ptr(), block_tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
+                     nthreads=torch.get_num_threads(), act=self.act, eps=cfg.rms_norm_eps, scale=cfg.attention_scale,
+                     full=full, window=window, positions=positions.data_ptr(),
                      lora_slots=_ptr(self.lora_slots), final_norm=self.final_norm.data_ptr())
         logits = rows = None
         if logit_rows:

@@ -16,6 +16,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    def factor(self) -> torch.Tensor:
+        """The per-element factor of the normalised values (y = factor * x / rms), float32 [dim],
+        contiguous: what the compiled decode step multiplies by (layers/fused_decode.py)."""
+        return self.weight.detach().float().contiguous()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()

@@ -46,8 +46,8 @@ class RotaryEmbedding(torch.nn.Module):
     q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: int64 [T];
     cos, sin: [T, 1, head_dim] in the activations' dtype.
     `first_rows`: build only the tables' first rows and grow them (doubling, up to max_positions)
-    when `tables` meets a later position: the same values, resident only as far as contexts go
-    (for a model whose compiled decode step does not read `cos` / `sin` directly).
+    when `tables` (or `cover`) meets a later position: the same values, resident only as far as
+    contexts go (the compiled decode step covers its positions before it reads `cos` / `sin`).
     """
 
     def __init__(self, head_dim: int, max_positions: int, rope_theta: float, rope_scaling: dict | None,
@@ -65,11 +65,16 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
 
+    def cover(self, last: int) -> bool:
+        """Grow the tables (doubling, up to max_positions) to hold position `last`; True when they grew."""
+        if last < self.cos.shape[0] or self.cos.shape[0] >= self.max_positions:
+            return False
+        self._build(min(self.max_positions, max(last + 1, 2 * self.cos.shape[0])))
+        return True
+
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.numel() and self.cos.shape[0] < self.max_positions:
-            last = int(positions.max())
-            if last >= self.cos.shape[0]:
-                self._build(min(self.max_positions, max(last + 1, 2 * self.cos.shape[0])))
+            self.cover(int(positions.max()))
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod

@@ -39,6 +39,10 @@ class GemmaRMSNorm(RMSNorm):
         super().__init__(dim, eps)
         self.weight = nn.Parameter(torch.zeros(dim))
 
+    def factor(self) -> torch.Tensor:
+        """1 + weight, float32 [dim]: computed once (layers/fused_decode.py reads it at load), not per step."""
+        return (1.0 + self.weight.detach().float()).contiguous()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -69,6 +73,12 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
+    def fused_norms(self) -> dict:
+        """The compiled step's norms (kernels/decode_layer.c metrale_layer): ln1 before the attention,
+        ln2 before the MLP, and the norms of their outputs."""
+        return dict(ln1=self.input_layernorm, ln2=self.pre_feedforward_layernorm,
+                    post_attn_norm=self.post_attention_layernorm, post_ff_norm=self.post_feedforward_layernorm)
+
     def forward(self, x, rope, k_cache, v_cache, meta, compact: slice | None = None):
         x = x + self.post_attention_layernorm(
             self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, compact))
@@ -87,9 +97,8 @@ class Gemma3Model(nn.Module):
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """Gemma 3's causal LM; the interface is LlamaForCausalLM's (forward, compute_logits, fuse,
-    set_weights). Its decode rows take the torch layers (no compiled decode step for this layer)."""
-
-    fused_decode = False
+    set_weights, decode_logits). Its decode rows take the compiled decode step where the weights
+    allow it (layers/fused_decode.py), the embedding scale and the logits' cap outside it."""
 
     @staticmethod
     def build_model(cfg: ModelConfig) -> nn.Module:
@@ -120,6 +129,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def compute_logits(self, hidden: torch.Tensor, compact: slice | None = None) -> torch.Tensor:
         """float32 [N, vocab_size]; cap * tanh(logits / cap) with final_logit_softcapping set."""
-        logits = super().compute_logits(hidden, compact)
+        return self._cap(super().compute_logits(hidden, compact))
+
+    def decode_logits(self, input_ids, positions, meta, fused, logit_rows: list[int]):
+        """LlamaForCausalLM.decode_logits with the logits capped as compute_logits caps them."""
+        hidden, logits = super().decode_logits(input_ids, positions, meta, fused, logit_rows)
+        return hidden, self._cap(logits)
+
+    def _cap(self, logits: torch.Tensor | None) -> torch.Tensor | None:
         cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None or logits is None else torch.tanh(logits / cap) * cap

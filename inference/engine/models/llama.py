@@ -149,6 +149,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def fused_norms(self) -> dict:
+        """The compiled step's norms (kernels/decode_layer.c metrale_layer): ln1 before the attention,
+        ln2 before the MLP; no norms of their outputs."""
+        return dict(ln1=self.input_layernorm, ln2=self.post_attention_layernorm, post_attn_norm=None,
+                    post_ff_norm=None)
+
     def forward(self, x, rope, k_cache, v_cache, meta, compact: slice | None = None):
         x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, compact)
         return x + self.mlp(self.post_attention_layernorm(x), compact)
