@@ -2,7 +2,7 @@
 from asgiref.sync import async_to_sync
 from django.contrib import admin, messages
 
-from inference import runtime
+from inference.operations import runtime
 
 from . import registry
 from .models import Adapter, ServedModel

@@ -1,5 +1,6 @@
-"""The adapters app's config: startup adapters load when the runtime is ready (inference.runtime.runtime_ready), and
-the servers serve the operators' ServedModel choice (runtime.model_choice, swap_watch)."""
+"""The adapters app's config: startup adapters load when the runtime is ready
+(inference.operations.runtime.runtime_ready), and the servers serve the operators' ServedModel choice
+(runtime.model_choice, swap_watch)."""
 from django.apps import AppConfig
 
 
@@ -9,7 +10,7 @@ class AdaptersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from inference import runtime
+        from inference.operations import runtime
 
         from . import swap_watch
         from .registry import load_startup_adapters

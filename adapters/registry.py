@@ -175,7 +175,7 @@ def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> No
 
 
 def _flush_loop() -> None:
-    from inference import runtime
+    from inference.operations import runtime
 
     while True:
         time.sleep(FLUSH_INTERVAL_S)

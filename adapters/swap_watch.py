@@ -1,4 +1,5 @@
-"""Every server follows the ServedModel row: when it names another folder or name, swap to it (inference.swap)."""
+"""Every server follows the ServedModel row: when it names another folder or name, swap to it
+(inference.operations.swap)."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +10,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError
 
-from inference import runtime, swap
+from inference.operations import runtime, swap
 
 from .models import ServedModel
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpResponse
 
-from inference.api import operator_endpoint
+from inference.http.api import operator_endpoint
 from inference.serving.errors import ApiError, bad_request, not_found
 from inference.serving.json_body import parse_json_body
-from inference.views import allow, ready_runtime
+from inference.http.views import allow, ready_runtime
 
 from . import registry
 

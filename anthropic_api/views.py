@@ -10,10 +10,10 @@ import time
 
 from django.http import JsonResponse
 
-from inference.api import openai_endpoint
+from inference.http.api import openai_endpoint
 from inference.serving.errors import ANTHROPIC, not_found
 from inference.serving.prepare import cpu_work, prepare, prompt_ids
-from inference.views import allow, cache_salt_of, ready_runtime, respond
+from inference.http.views import allow, cache_salt_of, ready_runtime, respond
 
 from . import protocol
 from .mapping import generation_request

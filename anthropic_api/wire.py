@@ -1,4 +1,5 @@
-"""One Messages request's answer over the shared `inference.views.respond` flow: SSE events with pings, or the body.
+"""One Messages request's answer over the shared `inference.http.views.respond` flow: SSE events
+with pings, or the body.
 
 `MessagesWire` has the wire interface `respond` takes (`stream`, `frames(run)`, `body(run)`): every
 frame is `event: NAME` + `data: JSON` (the SDK dispatches on the event line), `ping` right after

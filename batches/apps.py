@@ -8,7 +8,7 @@ class BatchesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from inference import heartbeat, runtime
+        from inference.operations import heartbeat, runtime
 
         from . import housekeeping
 

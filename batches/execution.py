@@ -1,7 +1,7 @@
 """Who runs a batch, and where: the claim, the embedded runner thread, Celery dispatch, orphans taken over.
 
 A batch is run by the process that claims it (Batch.worker = heartbeat.process_id()); a
-process may claim a batch nobody owns, or one whose owner is gone (inference/heartbeat.py:
+process may claim a batch nobody owns, or one whose owner is gone (inference/operations/heartbeat.py:
 stopped, silent past METRALE["HEARTBEAT_GRACE_S"], or a dead pid on this machine), so two
 replicas never both run one. Without CELERY_BROKER_URL (the embedded default) the server's own
 process runs its batches on a background thread, one at a time, on its engine; with a broker
@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from inference import heartbeat, runtime
+from inference.operations import heartbeat, runtime
 
 from .models import Batch
 from .store import ACTIVE

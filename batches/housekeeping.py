@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from inference import heartbeat
+from inference.operations import heartbeat
 
 from . import execution, store
 from .models import Batch
@@ -19,7 +19,7 @@ _last_purge = 0.0
 
 
 def on_runtime_starting(**_kwargs) -> None:
-    """Receiver of inference.runtime.runtime_starting: start this process's heartbeat, then hand on
+    """Receiver of inference.operations.runtime.runtime_starting: start this process's heartbeat, then hand on
     the batches a process that is gone left unfinished (embedded: run here; with a broker: queued
     again, with those never queued)."""
     try:
@@ -30,7 +30,7 @@ def on_runtime_starting(**_kwargs) -> None:
 
 
 def on_process_beat(**_kwargs) -> None:
-    """Receiver of inference.heartbeat.process_beat: hand on orphaned batches; every
+    """Receiver of inference.operations.heartbeat.process_beat: hand on orphaned batches; every
     METRALE["PURGE_INTERVAL_S"], purge expired files and batches."""
     global _last_purge
     execution.hand_on_orphans()

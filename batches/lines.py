@@ -16,8 +16,8 @@ from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.engine.request import BATCH_PRIORITY
 from inference.serving.errors import ApiError
 from inference.serving.prepare import cpu_work
-from inference.surfaces import SURFACES
-from inference.views import engine_refusal
+from inference.http.surfaces import SURFACES
+from inference.http.views import engine_refusal
 from responses_api import protocol as responses_protocol
 from responses_api.service import responses_call
 

@@ -2,7 +2,7 @@
 
 Source: OpenAI API reference, "Files" (FileObject) and "Batch" (the Batch object, its
 status machine and request_counts); ../shared/reference/contracts-next.md section 2.
-A file and a batch are StoredObjects (inference/stored_objects.py): owned by one tenant,
+A file and a batch are StoredObjects (inference/stored/objects.py): owned by one tenant,
 expiring. A batch's results are written one line at a time, keyed by (batch, custom_id), so a
 batch picked up again after its worker died never runs or writes a line twice.
 """
@@ -14,7 +14,7 @@ from datetime import datetime
 from django.core.files.storage import storages
 from django.db import models
 
-from inference.stored_objects import StoredObject
+from inference.stored.objects import StoredObject
 
 
 def files_storage():

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from inference import runtime
+from inference.operations import runtime
 from inference.engine.outputs import EngineOverloaded
 from inference.serving.prepare import cpu_work
 

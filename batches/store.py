@@ -1,6 +1,6 @@
 """Tenant-scoped ORM work of the Files and Batch APIs (synchronous; views run it with sync_to_async).
 
-Every lookup starts from `owned_by(tenant)` (inference/stored_objects.py), so another tenant's
+Every lookup starts from `owned_by(tenant)` (inference/stored/objects.py), so another tenant's
 id is a 404. Status changes are conditional UPDATEs (`transition`), so the API's cancel and a
 runner's progress never overwrite each other, and each `<status>_at` is set once, on entry.
 """
@@ -14,7 +14,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from inference.serving.errors import ApiError, not_found
-from inference.stored_objects import cursor_page
+from inference.stored.objects import cursor_page
 
 from .models import ENTERED_AT, Batch, BatchResult, BatchUsage, Purpose, Status, StoredFile, new_id
 

@@ -1,7 +1,7 @@
 """URLs of the Files and Batch APIs."""
 from django.urls import path
 
-from inference.api import by_method
+from inference.http.api import by_method
 
 from . import views
 

@@ -1,7 +1,7 @@
 """Thin async views of the Files and Batch APIs: parse, scope to the tenant, call the store, answer JSON or the file's bytes.
 
 Source: OpenAI API reference, "Files" and "Batch". Every view is an openai_endpoint (auth,
-limits, errors); another tenant's id is a 404 (inference.stored_objects).
+limits, errors); another tenant's id is a 404 (inference.stored.objects).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from django.db import transaction
 from django.http import FileResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 
-from inference.api import openai_endpoint
+from inference.http.api import openai_endpoint
 from inference.serving.errors import ApiError, bad_request
 from inference.serving.prepare import cpu_work
 from inference.serving.protocol import validate
-from inference.stored_objects import tenant_of
+from inference.stored.objects import tenant_of
 
 from . import execution, protocol, store
 

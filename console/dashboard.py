@@ -1,11 +1,11 @@
 """The admin's live engine dashboard page (staff only): the template and script that watch the websocket
-`/ws/admin/dashboard/` (inference/dashboard.py; message schema in ARCHITECTURE.md)."""
+`/ws/admin/dashboard/` (inference/operations/dashboard.py; message schema in ARCHITECTURE.md)."""
 from __future__ import annotations
 
 from django.contrib import admin
 from django.template.response import TemplateResponse
 
-from inference import runtime
+from inference.operations import runtime
 
 
 def dashboard(request):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from inference.checks import site_routes
+from inference.operations.checks import site_routes
 
 # Views that answer routes nobody serves (501 not implemented, 404 unknown): not listed.
 _FALLBACKS = {"not_implemented", "unknown_route"}
@@ -21,7 +21,7 @@ class Route:
 
 
 def _methods(view) -> tuple[str, ...]:
-    per_method = getattr(view, "method_views", None)  # inference.api.by_method
+    per_method = getattr(view, "method_views", None)  # inference.http.api.by_method
     if per_method:
         return tuple(per_method)
     found = _METHOD.match((view.__doc__ or "").strip())

@@ -6,8 +6,8 @@ from django.conf import settings
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
-from inference import runtime
-from inference.auth import staff_session_user
+from inference.operations import runtime
+from inference.tenancy.auth import staff_session_user
 
 from .routes import api_routes
 

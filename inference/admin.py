@@ -9,8 +9,8 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from .models import ApiKey, RateLimitContext, RequestLogEntry, ServerProcess, StoredChatCompletion, Tenant
-from .ratelimiting.headers import format_duration
-from .ratelimiting.buckets import seconds_until
+from .tenancy.ratelimiting.headers import format_duration
+from .tenancy.ratelimiting.buckets import seconds_until
 
 
 def json_column(field: str, description: str):
@@ -28,7 +28,7 @@ def json_column(field: str, description: str):
 
 
 class StoredObjectAdmin(admin.ModelAdmin):
-    """The admin of what clients stored through the API (inference.stored_objects.StoredObject):
+    """The admin of what clients stored through the API (inference.stored.objects.StoredObject):
     newest first, searched by id, metadata and tenant name (subclasses filter by tenant too); it can
     be read and deleted, never made or edited here (the API wrote it; it is the record)."""
 

@@ -8,4 +8,4 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the system checks)
+        from .operations import checks  # noqa: F401  (registers the system checks)

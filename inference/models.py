@@ -9,8 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from . import apikeys
-from .ratelimiting.limits import Limits, default_limits
+from .tenancy import apikeys
+from .tenancy.ratelimiting.limits import Limits, default_limits
 
 
 class Tenant(models.Model):
@@ -175,12 +175,12 @@ class RateLimitContext(models.Model):
     def usage(self):
         """The live view (ratelimiting.buckets.Usage): bucket levels, leases in flight and the
         denials of the last hour, read from the cache now."""
-        from .ratelimiting import clock
-        from .ratelimiting.store import get_store
+        from .tenancy.ratelimiting import clock
+        from .tenancy.ratelimiting.store import get_store
 
         return get_store().peek(self.scope, self.limits(), now=clock.now())
 
 
-from .stored_completions import StoredChatCompletion  # noqa: E402,F401  (its own module: one model, one job)
-from .heartbeat import ServerProcess  # noqa: E402,F401  (its own module: the process heartbeat)
-from .request_log import RequestLogEntry  # noqa: E402,F401  (its own module: the request log)
+from .stored.completions import StoredChatCompletion  # noqa: E402,F401  (its own module: one model, one job)
+from .operations.heartbeat import ServerProcess  # noqa: E402,F401  (its own module: the process heartbeat)
+from .operations.request_log import RequestLogEntry  # noqa: E402,F401  (its own module: the request log)

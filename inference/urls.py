@@ -2,9 +2,10 @@
 embeddings, models, tokenize, health (readiness), health/live (liveness) and /metrics."""
 from django.urls import path
 
-from . import stored_views, views
-from .metrics_view import metrics_view
-from .api import by_method
+from .stored import views as stored_views
+from .http import views
+from .operations.metrics_view import metrics_view
+from .http.api import by_method
 
 urlpatterns = [
     path("health", views.health),

@@ -1,6 +1,6 @@
 """ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
-guard (inference.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
-inference.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
+guard (inference.http.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
+inference.http.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
 live dashboard (inference/routing.py), and the two rules daphne's HTTP layer needs before any
 application sees a request (LimitedRequest).
 
@@ -28,10 +28,10 @@ sys.setswitchinterval(0.0005)
 from daphne import http_protocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from inference import runtime  # noqa: E402
-from inference.cors import cors_headers  # noqa: E402
-from inference.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
-from inference.error_shapes import shape_for_path  # noqa: E402
+from inference.operations import runtime  # noqa: E402
+from inference.http.cors import cors_headers  # noqa: E402
+from inference.http.middleware import ApiAsgiGuard, body_limit_bytes, request_id_from  # noqa: E402
+from inference.http.error_shapes import shape_for_path  # noqa: E402
 
 from . import spooled_body  # noqa: E402
 
@@ -43,8 +43,8 @@ class LimitedRequest(http_protocol.WebRequest):
     the application, then daphne queues all of it at once in 8 KiB messages (a 256 MiB chunked body
     cost +247 MB of RSS). Here a body over its limit (middleware.body_limit_bytes), by its Content-Length or
     as its chunks are counted, is dropped as it arrives (nothing is kept) and answered with a 413 in
-    the route's error shape (inference.error_shapes) once the client has sent it (a client still sending would see a reset instead),
-    (with the CORS headers of every answer of its path: inference.cors)
+    the route's error shape (inference.http.error_shapes) once the client has sent it (a client still sending would see a reset instead),
+    (with the CORS headers of every answer of its path: inference.http.cors)
     or at once, before any of it is sent, when the client asked `Expect: 100-continue`; then the
     connection closes. A body twisted spooled to a file reaches the application as it reads it
     (spooled_body.py), not queued whole. And twisted parses multipart and urlencoded POST bodies itself,
@@ -129,8 +129,8 @@ from channels.routing import URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from daphne import cli as daphne_cli  # noqa: E402
 
-from inference import replica  # noqa: E402
-from inference.observe import ObservedRequests, QuietScrapesAccessLog  # noqa: E402
+from inference.operations import replica  # noqa: E402
+from inference.http.observe import ObservedRequests, QuietScrapesAccessLog  # noqa: E402
 from inference.routing import websocket_urlpatterns  # noqa: E402
 
 # daphne builds its access log from this name after loading the application: /metrics scrapes stay out.

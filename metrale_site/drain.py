@@ -75,8 +75,8 @@ def gate(app):
 
 
 async def _refuse(scope, send) -> None:
-    from inference.cors import cors_headers
-    from inference.error_shapes import shape_for_path
+    from inference.http.cors import cors_headers
+    from inference.http.error_shapes import shape_for_path
 
     status = 503
     if scope["path"].rstrip("/") == "/health":
@@ -110,7 +110,7 @@ async def drain() -> None:
     """Drain this process (see the module doc); returns once nothing of it is left running or
     every bound passed. Does not stop the reactor."""
     global _draining_since
-    from inference import heartbeat, runtime
+    from inference.operations import heartbeat, runtime
     from responses_api import live
 
     if _draining_since is not None:

@@ -38,7 +38,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "inference.middleware.ApiRequestMiddleware",
+    "inference.http.middleware.ApiRequestMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "corsheaders.middleware.CorsMiddleware",
     "metrale_site.static_files.AsyncWhiteNoiseMiddleware",
@@ -114,7 +114,7 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "metrale"}}
 
 # The channel layer: the dashboard's websocket and operator commands between replicas
-# (inference/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
+# (inference/operations/replica.py). In memory within one process; channels-redis over REDIS_URL, so any
 # replica's dashboard reaches every other replica.
 # channels-redis waits for messages with BZPOPMIN for up to 5 s; redis-py (8.x) gives up reading a
 # socket after 5 s by default, which ended every such wait with a TimeoutError: reads get 30 s here.
@@ -283,7 +283,7 @@ METRALE = {
     "STORE_TTL_S": envduration_s("METRALE_STORE_TTL", 30 * 86400),
     # How often expired stored items are purged (the in-process housekeeping thread, or Celery beat).
     "PURGE_INTERVAL_S": envduration_s("METRALE_PURGE_INTERVAL", 3600),
-    # Every server process records a heartbeat this often (inference/heartbeat.py)...
+    # Every server process records a heartbeat this often (inference/operations/heartbeat.py)...
     "HEARTBEAT_INTERVAL_S": envduration_s("METRALE_HEARTBEAT_INTERVAL", 5),
     # ...and its unfinished work is taken over (failed) once it has not beaten for this long.
     # Keep it several intervals long: a process too busy to beat in time loses its work.
@@ -292,7 +292,7 @@ METRALE = {
     # they end in-band with an error (metrale_site/drain.py).
     "SHUTDOWN_GRACE_S": envduration_s("METRALE_SHUTDOWN_GRACE", 15),
     # While a model swap that drains the old model first has no model installed, a request waits up
-    # to this long for the new one (inference.views.ready_runtime), and at most SWAP_WAIT_MAX requests
+    # to this long for the new one (inference.http.views.ready_runtime), and at most SWAP_WAIT_MAX requests
     # wait at once; past either, 503 model_not_loaded with Retry-After.
     "SWAP_WAIT_S": envduration_s("METRALE_SWAP_WAIT", 30),
     "SWAP_WAIT_MAX": envint("METRALE_SWAP_WAIT_MAX", 64),
@@ -305,7 +305,7 @@ METRALE = {
     # Include request and response bodies in the file's lines (prompts and outputs: opt in).
     "REQUEST_LOG_BODIES": envbool("METRALE_REQUEST_LOG_BODIES", False),
     # Also write every request (without bodies) to the database table the admin shows
-    # (inference.request_log.RequestLogEntry, all replicas); on by default when REQUEST_LOG is set.
+    # (inference.operations.request_log.RequestLogEntry, all replicas); on by default when REQUEST_LOG is set.
     "REQUEST_LOG_DB": envbool("METRALE_REQUEST_LOG_DB", bool(envstr("METRALE_REQUEST_LOG"))),
     # Rows of the request log table older than this are deleted (seconds or "7d"). Default 7 days.
     "REQUEST_LOG_DB_TTL_S": envduration_s("METRALE_REQUEST_LOG_DB_TTL", 7 * 86400),
@@ -374,12 +374,12 @@ CELERY_BEAT_SCHEDULE = {
 # Django refuses larger bodies itself; the API middleware answers 413 first, in OpenAI's shape.
 DATA_UPLOAD_MAX_MEMORY_SIZE = METRALE["MAX_REQUEST_BYTES"]
 
-# Every line names the request it belongs to ("-" outside one): inference.request_context.
+# Every line names the request it belongs to ("-" outside one): inference.http.request_context.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "inference.request_context.RequestIdFilter"},
-                "model_state": {"()": "inference.runtime.ModelStateFilter"}},
+    "filters": {"request_id": {"()": "inference.http.request_context.RequestIdFilter"},
+                "model_state": {"()": "inference.operations.runtime.ModelStateFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
                              "filters": ["request_id"]}},

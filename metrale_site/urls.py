@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from inference.urls import fallback_urlpatterns
-from inference.views import unknown_route
+from inference.http.views import unknown_route
 
 urlpatterns = [
     path("", include("console.urls")),

@@ -9,8 +9,8 @@ class ResponsesApiConfig(AppConfig):
 
     def ready(self):
         # Connecting a receiver loads nothing; the work runs when the runtime starts.
-        from inference.heartbeat import process_beat
-        from inference.runtime import runtime_starting
+        from inference.operations.heartbeat import process_beat
+        from inference.operations.runtime import runtime_starting
 
         from .housekeeping import on_process_beat, on_runtime_starting
 

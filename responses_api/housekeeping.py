@@ -12,7 +12,7 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from inference import heartbeat
+from inference.operations import heartbeat
 
 from . import store
 
@@ -23,7 +23,7 @@ _lock = threading.Lock()
 
 
 def on_runtime_starting(**_kwargs) -> None:
-    """Receiver of inference.runtime.runtime_starting (sent from the model-loading thread).
+    """Receiver of inference.operations.runtime.runtime_starting (sent from the model-loading thread).
 
     Starts this process's heartbeat (its row exists before it takes any work), marks failed the
     unfinished responses of processes that are gone (store.fail_unfinished), then, without
@@ -40,7 +40,7 @@ def on_runtime_starting(**_kwargs) -> None:
 
 
 def on_process_beat(**_kwargs) -> None:
-    """Receiver of inference.heartbeat.process_beat (sent from the heartbeat thread): fail the
+    """Receiver of inference.operations.heartbeat.process_beat (sent from the heartbeat thread): fail the
     unfinished responses of processes that are gone, and forget processes gone for a day."""
     store.fail_unfinished()
     heartbeat.prune()

@@ -1,7 +1,7 @@
 """Stored responses (with their items and stream events) and conversations (with their items).
 
 Each belongs to its tenant and expires `METRALE["STORE_TTL_S"]` seconds after it was created
-(responses) or last written (conversations): see inference.stored_objects, and
+(responses) or last written (conversations): see inference.stored.objects, and
 store.purge_expired.
 Source for the shapes: OpenAI API reference, "Responses" and "Conversations".
 """
@@ -13,7 +13,7 @@ import secrets
 from django.db import models
 from django.utils import timezone
 
-from inference.stored_objects import StoredObject, expiry_from
+from inference.stored.objects import StoredObject, expiry_from
 
 
 def new_id(prefix: str) -> str:

@@ -122,7 +122,7 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
                   priority: int = 0) -> PreparedResponse:
     """Prepare a validated request after its context items through the shared pipeline
     (inference.serving.prepare). cache_salt keeps the tenant's prefix-cache blocks apart from
-    other tenants' (see inference.auth); priority: EngineRequest.priority (batch lines above 0).
+    other tenants' (see inference.tenancy.auth); priority: EngineRequest.priority (batch lines above 0).
 
     Raises ApiError 400 for an input item id already in the conversation, an empty input, and
     what the pipeline raises (template, context length, grammar).
@@ -355,7 +355,7 @@ async def responses_call(req: dict, rt, *, tenant: Tenant, request_id: str | Non
 
 @dataclass(slots=True)
 class BlockingResponse:
-    """A prepared response answered as a blocking request would be (inference.surfaces.Call's shape)."""
+    """A prepared response answered as a blocking request would be (inference.http.surfaces.Call's shape)."""
 
     p: PreparedResponse
     param: str = "input"
@@ -372,7 +372,7 @@ def start_background(p: PreparedResponse, run: ResponseRun, lease=None) -> live.
     """Run a stored, queued response's `run` (made with record_events and the live entry's
     publish, see live_run) as a task on the running event loop (daphne's); returns its live
     entry, which followers tail and POST .../cancel cancels. lease: the request's
-    inference.api.GenerationLease, handed off to the task, which settles it when it ends.
+    inference.http.api.GenerationLease, handed off to the task, which settles it when it ends.
 
     The task runs in a fresh context with its own ThreadSensitiveContext, so its database work
     happens on a thread of its own that ends with it, not on the creating request's.

@@ -1,6 +1,6 @@
 """Read and write stored responses and conversations (synchronous ORM; views call it through
 sync_to_async). Every lookup starts from the tenant's own objects (`owned_by(tenant)`, see
-inference.stored_objects), so another tenant's id is a 404. `tenant` is an inference.models.Tenant.
+inference.stored.objects), so another tenant's id is a 404. `tenant` is an inference.models.Tenant.
 
 Source: OpenAI API reference ("Retrieve/Delete a model response", "List input items",
 "Conversations"); ../shared/reference/metrale-behaviour.md section 2.6 (error codes
@@ -17,11 +17,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from inference import heartbeat
+from inference.operations import heartbeat
 from inference.models import Tenant
 from inference.serving.errors import bad_request, not_found
-from inference.stored_completions import purge_expired as purge_expired_chat_completions
-from inference.stored_objects import cursor_page
+from inference.stored.completions import purge_expired as purge_expired_chat_completions
+from inference.stored.objects import cursor_page
 
 from .encoder import ResponsesEventEncoder, terminal_events
 from .models import (
@@ -379,7 +379,7 @@ def _page(qs, limit: int, order: str, after: str | None) -> dict:
 
 def fail_unfinished(now=None) -> int:
     """Mark failed (fail_response) every unfinished response that no process can still be
-    generating: those whose process is gone (inference.heartbeat.live_process_ids: it stopped,
+    generating: those whose process is gone (inference.operations.heartbeat.live_process_ids: it stopped,
     stopped beating, or died on this machine), and any whose request deadline
     (METRALE["REQUEST_TIMEOUT_S"]) passed more than ORPHAN_GRACE_S ago. Returns how many.
 

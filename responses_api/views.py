@@ -14,12 +14,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import JsonResponse
 
-from inference.api import admit, by_method, openai_endpoint
+from inference.http.api import admit, by_method, openai_endpoint
 from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.serving.errors import bad_request
 from inference.serving.prepare import cpu_work
-from inference.stored_objects import tenant_of
-from inference.views import cache_salt_of, engine_refusal, ready_runtime, sse_response
+from inference.stored.objects import tenant_of
+from inference.http.views import cache_salt_of, engine_refusal, ready_runtime, sse_response
 
 from . import live, protocol, service, store
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from inference.request_context import current_record
+from inference.http.request_context import current_record
 
 from .beam_search import BeamChoices
 from .deltas import Error, Finish, StreamDelta, Usage

@@ -72,7 +72,7 @@ class ErrorShape:
 
     A route's shape is a property of its view (`api.openai_endpoint(error_shape=...)`); every layer
     that answers for a route (the endpoint wrapper, the middleware, the ASGI guard, daphne's body
-    limit, the drain gate) asks `inference.error_shapes.shape_for_path` and words its error here."""
+    limit, the drain gate) asks `inference.http.error_shapes.shape_for_path` and words its error here."""
 
     name = "openai"
 

@@ -24,7 +24,7 @@ from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.outputs import Failed, Finished, TokenEvent
 from inference.engine.request import EngineRequest
 from inference.engine.speculative import PredictionMatch
-from inference.metrics import count_tool_calls
+from inference.operations.metrics import count_tool_calls
 
 from .assembly import resolve_finish_reason
 from .deltas import Content, Error, Finish, Reasoning, StreamDelta, TokenLogprob, Usage

@@ -31,7 +31,7 @@ from inference.engine.grammar import GrammarSpec
 from inference.engine.grammar_state import StructuredOutput
 
 from inference.engine.request import EngineRequest
-from inference.request_context import in_request_context
+from inference.http.request_context import in_request_context
 
 from .errors import ApiError
 from .logprobs import spelling_for
@@ -249,7 +249,7 @@ async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
 async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
     """Everything between a validated request and the engine (steps in the module doc).
 
-    rt: the process runtime (inference.runtime.Runtime). request_id: engine requests are named
+    rt: the process runtime (inference.operations.runtime.Runtime). request_id: engine requests are named
     `<request_id>-<choice>`. cache_salt: the tenant's prefix-cache salt.
 
     Raises ApiError: 404 for an unknown model name; 400 for a template that fails, out-of-vocabulary

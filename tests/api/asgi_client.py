@@ -13,7 +13,7 @@ from django.core import signals
 from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 
-from inference.middleware import ApiAsgiGuard
+from inference.http.middleware import ApiAsgiGuard
 
 
 class AsgiRequest:

@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from inference import runtime
+from inference.operations import runtime
 from inference.engine.tokenizer import Tokenizer
 from inference.models import ApiKey, RateLimitContext, Tenant
-from inference.ratelimiting import clock
-from inference.runtime import Runtime
+from inference.tenancy.ratelimiting import clock
+from inference.operations.runtime import Runtime
 
 from .asgi_client import request_signals_keep_the_connection
 from .fake_engine import FakeEngine, reply
@@ -27,7 +27,7 @@ EMBEDDING_MODEL = "all-minilm-l6-v2"
 def no_model_loading(monkeypatch):
     """In-process API tests never load the real model: a stray background load would replace a
     test's fake runtime mid-test. Tests that need an engine install a fake one (fake_rt)."""
-    from inference import runtime
+    from inference.operations import runtime
 
     monkeypatch.setattr(runtime, "start_loading", lambda: None)
 
@@ -193,8 +193,8 @@ def real_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asg
     `<think>` (test_chat_reasoning.THINKING_TEMPLATE), so the `think` parser reads its reasoning."""
     import time
 
-    from inference import runtime
-    from inference.runtime import Runtime
+    from inference.operations import runtime
+    from inference.operations.runtime import Runtime
 
     from .test_chat_reasoning import THINKING_TEMPLATE
 
@@ -218,7 +218,7 @@ def embed_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, minilm_model, monke
     """The process runtime: the real SmolLM2 engine with all-MiniLM-L6-v2 beside it (its runner's units on
     the engine's thread)."""
     from inference.engine.embedding_runner import EmbeddingRunner
-    from inference.runtime import EmbeddingService
+    from inference.operations.runtime import EmbeddingService
 
     runner = EmbeddingRunner(minilm_model)
     smollm2_engine.attach_embeddings(runner)

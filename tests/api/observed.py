@@ -7,8 +7,8 @@ import json
 from django.core.handlers.asgi import ASGIHandler
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.middleware import ApiAsgiGuard
-from inference.observe import ObservedRequests
+from inference.http.middleware import ApiAsgiGuard
+from inference.http.observe import ObservedRequests
 
 from .asgi_client import AsgiRequest, serve
 from .fake_engine import Answer

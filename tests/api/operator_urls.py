@@ -2,7 +2,7 @@
 from django.http import JsonResponse
 from django.urls import path
 
-from inference.api import operator_endpoint
+from inference.http.api import operator_endpoint
 from metrale_site.urls import urlpatterns as site_urlpatterns
 
 

@@ -6,7 +6,7 @@ import json
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from inference.api import admit, openai_endpoint
+from inference.http.api import admit, openai_endpoint
 
 # Tests open a gate (an asyncio.Event) by name to let a held stream finish.
 gates: dict[str, asyncio.Event] = {}

@@ -9,10 +9,10 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.test import Client
 
-from inference import apikeys
-from inference.auth import Principal
+from inference.tenancy import apikeys
+from inference.tenancy.auth import Principal
 from inference.models import ApiKey, RateLimitContext
-from inference.ratelimit import acquire
+from inference.tenancy.ratelimit import acquire
 from inference.serving.errors import ApiError
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import json
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 
-from inference.middleware import ApiAsgiGuard
+from inference.http.middleware import ApiAsgiGuard
 
 from .asgi_client import AsgiRequest, serve
 from .fake_engine import call

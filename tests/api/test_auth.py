@@ -5,8 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference.checks import guarded_routes
-from inference.error_shapes import shape_for_path
+from inference.operations.checks import guarded_routes
+from inference.http.error_shapes import shape_for_path
 from inference.serving.errors import ANTHROPIC
 from inference.models import ApiKey, Tenant
 
@@ -115,7 +115,7 @@ def test_health_stays_open(client, require_auth, fake_rt, monkeypatch):
     ready = client.get("/health")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready" and ready.json()["model"] == "smollm2-135m-instruct"
-    from inference import runtime
+    from inference.operations import runtime
 
     monkeypatch.setattr(runtime, "_runtime", None)
     monkeypatch.setattr(runtime, "_error", None)
@@ -158,6 +158,6 @@ def test_each_tenant_has_its_own_prefix_cache_salt(make_tenant):
 
 
 def test_every_guarded_route_goes_through_openai_endpoint():
-    from inference.checks import check_guarded_routes
+    from inference.operations.checks import check_guarded_routes
 
     assert check_guarded_routes(None) == []

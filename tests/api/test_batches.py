@@ -233,13 +233,13 @@ def test_a_resumed_batch_runs_only_the_lines_not_yet_written(fake_rt, as_tenant)
 
 def test_a_batch_owned_by_a_live_process_is_not_claimed(fake_rt, as_tenant):
     from batches import execution
-    from inference import heartbeat
+    from inference.operations import heartbeat
 
     tc = as_tenant()
     batch = batch_of(tc, jsonl(chat_line("a")))
     heartbeat.beat()
     Batch.objects.filter(pk=batch["id"]).update(worker="elsewhere:1:abcd")
-    from inference.heartbeat import ServerProcess
+    from inference.operations.heartbeat import ServerProcess
     ServerProcess.objects.create(id="elsewhere:1:abcd", host="elsewhere", pid=1, started_at=timezone.now(),
                                  last_beat_at=timezone.now())
     assert not execution.claim(batch["id"])
@@ -318,7 +318,7 @@ def test_the_purge_deletes_expired_files_with_their_content_and_ended_batches(fa
 
 def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant, monkeypatch):
     from batches import execution, runner
-    from inference import runtime
+    from inference.operations import runtime
 
     tc = as_tenant()
     batch = batch_of(tc, jsonl(chat_line("a")))

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from inference import apikeys
+from inference.tenancy import apikeys
 from inference.models import ApiKey, RateLimitContext, Tenant
 
 pytestmark = pytest.mark.django_db

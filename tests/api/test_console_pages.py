@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference import runtime
+from inference.operations import runtime
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from corsheaders.conf import conf as cors_conf
 
-from inference import runtime
+from inference.operations import runtime
 from inference.bench.live_server import ROOT
 
 pytestmark = pytest.mark.django_db

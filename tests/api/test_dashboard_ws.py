@@ -1,4 +1,4 @@
-"""The live dashboard's websocket (inference/dashboard.py) with channels' WebsocketCommunicator: staff only,
+"""The live dashboard's websocket (inference/operations/dashboard.py) with channels' WebsocketCommunicator: staff only,
 snapshots of the real engine while a request runs, cancel and the replica selector through the
 (in-memory) channel layer."""
 import asyncio
@@ -11,8 +11,8 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 
-from inference import replica
-from inference.dashboard import CLOSE_NOT_STAFF
+from inference.operations import replica
+from inference.operations.dashboard import CLOSE_NOT_STAFF
 from inference.routing import websocket_urlpatterns
 
 from .asgi_client import serve

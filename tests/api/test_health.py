@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from inference import runtime
+from inference.operations import runtime
 
 pytestmark = pytest.mark.django_db
 

@@ -51,7 +51,7 @@ def call(method, path, body=None, headers=None, raw=None):
 
 @pytest.fixture
 def lora_rt(real_rt, settings):
-    from inference.runtime import fingerprint_settings
+    from inference.operations.runtime import fingerprint_settings
     from inference.serving.fingerprint import model_fingerprint
 
     settings.METRALE = {**settings.METRALE, "ALLOW_RUNTIME_LORA": True}

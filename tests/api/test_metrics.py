@@ -6,7 +6,7 @@ import time
 import pytest
 
 from inference.engine.stats import ITL_BUCKETS_S, REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
-from inference.observe import QuietScrapesAccessLog
+from inference.http.observe import QuietScrapesAccessLog
 
 from .asgi_client import serve
 from .fake_engine import reply

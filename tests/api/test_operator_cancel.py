@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from inference import replica
+from inference.operations import replica
 
 from .asgi_client import serve
 from .observed import call, request, scrape, value

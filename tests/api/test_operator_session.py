@@ -6,9 +6,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from inference.auth import OPERATORS_TENANT_NAME
+from inference.tenancy.auth import OPERATORS_TENANT_NAME
 from inference.models import Tenant
-from inference.stored_completions import StoredChatCompletion
+from inference.stored.completions import StoredChatCompletion
 
 pytestmark = pytest.mark.django_db
 

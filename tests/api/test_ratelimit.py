@@ -2,9 +2,9 @@
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from inference.auth import Principal
+from inference.tenancy.auth import Principal
 from inference.models import RateLimitContext
-from inference.ratelimit import acquire, debit_request
+from inference.tenancy.ratelimit import acquire, debit_request
 from inference.serving.errors import ApiError
 
 pytestmark = pytest.mark.django_db
@@ -176,7 +176,7 @@ def test_a_client_gone_during_admission_leaves_nothing_behind(frozen_clock, make
     import threading
     import time
 
-    from inference.ratelimiting.redis_store import RedisStore
+    from inference.tenancy.ratelimiting.redis_store import RedisStore
 
     from .conftest import use_redis
 

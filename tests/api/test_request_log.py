@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference import request_log
-from inference.request_context import RequestIdFilter
-from inference.request_log import RequestLogEntry, RequestLogWriter
+from inference.operations import request_log
+from inference.http.request_context import RequestIdFilter
+from inference.operations.request_log import RequestLogEntry, RequestLogWriter
 
 from .fake_engine import reply
 from .observed import call, scrape, value

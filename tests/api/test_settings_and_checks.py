@@ -8,10 +8,10 @@ import pytest
 from django.http import JsonResponse
 from django.urls import path
 
-from inference.auth import bearer_token
-from inference.checks import check_guarded_routes, check_rate_limit_cache
-from inference.ratelimiting.headers import format_duration
-from inference.ratelimiting.limits import Limits, default_limits
+from inference.tenancy.auth import bearer_token
+from inference.operations.checks import check_guarded_routes, check_rate_limit_cache
+from inference.tenancy.ratelimiting.headers import format_duration
+from inference.tenancy.ratelimiting.limits import Limits, default_limits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def test_bearer_token(header, token):
 
 
 def test_an_unknown_parser_setting_is_a_system_check_error(settings):
-    from inference.checks import check_parser_settings
+    from inference.operations.checks import check_parser_settings
 
     assert check_parser_settings(None) == []
     settings.METRALE = {**settings.METRALE, "TOOL_CALL_PARSER": "hermes", "REASONING_PARSER": "none"}
@@ -109,7 +109,7 @@ def test_an_unknown_parser_setting_is_a_system_check_error(settings):
 
 def test_a_bad_engine_setting_is_an_error_with_an_id_and_a_missing_model_folder_only_a_warning(
         settings, tmp_path):
-    from inference.checks import check_engine_settings
+    from inference.operations.checks import check_engine_settings
 
     settings.METRALE = {**settings.METRALE, "DTYPE": "float64"}
     [error] = check_engine_settings(None)
@@ -131,7 +131,7 @@ def test_migrate_runs_on_a_fresh_machine_whose_model_is_not_pulled_yet(tmp_path)
 
 def test_the_engine_config_is_built_from_the_settings_in_one_place(settings):
     from inference.engine.config import EngineConfig
-    from inference.runtime import engine_config
+    from inference.operations.runtime import engine_config
 
     settings.METRALE = {**settings.METRALE, "MAX_NUM_SEQS": 7, "WEIGHTS": None}
     config = engine_config()

@@ -7,10 +7,10 @@ from django.contrib.admin.utils import quote
 from django.urls import path
 from django.utils import timezone
 
-from inference.checks import check_guarded_routes
+from inference.operations.checks import check_guarded_routes
 from inference.models import StoredChatCompletion
-from inference.api import by_method
-from inference.stored_views import retrieve
+from inference.http.api import by_method
+from inference.stored.views import retrieve
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 LIST = "/v1/chat/completions"

@@ -1,10 +1,10 @@
-"""inference.swap on stand-in runtimes: a failed load leaves the old model serving, a swap that does not fit
+"""inference.operations.swap on stand-in runtimes: a failed load leaves the old model serving, a swap that does not fit
 drains the old model first (503 model_not_loaded meanwhile), and the served-model row is followed."""
 import threading
 
 import pytest
 
-from inference import runtime, swap
+from inference.operations import runtime, swap
 
 from .fake_engine import call
 

@@ -6,7 +6,7 @@ guarded route with a parameter, and every one whose GET answers a list. Each is 
 tenants' real keys: read, list (the owner's objects do not appear), update, delete, cancel, and use
 as `previous_response_id` / `conversation` in POST /v1/responses. A route found here that this test
 cannot exercise (a parameter it has no object for, no method served, an owner that cannot reach its
-own object) fails it, so a new stored route cannot slip past the rule in inference.stored_objects.
+own object) fails it, so a new stored route cannot slip past the rule in inference.stored.objects.
 """
 import re
 
@@ -14,10 +14,10 @@ import pytest
 from django.apps import apps
 
 from anthropic_api import views as anthropic_views
-from inference import views as inference_views
-from inference.checks import guarded_routes
+from inference.http import views as inference_views
+from inference.operations.checks import guarded_routes
 from inference.models import StoredChatCompletion, Tenant
-from inference.stored_objects import StoredObject, tenant_of
+from inference.stored.objects import StoredObject, tenant_of
 from batches.models import Batch, StoredFile
 from responses_api.models import Conversation, ConversationItem, StoredResponse
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from inference.bench.live_server import LiveServer
-from inference.runtime import ENGINE_DIED_EXIT_STATUS
+from inference.operations.runtime import ENGINE_DIED_EXIT_STATUS
 
 pytestmark = pytest.mark.e2e
 

@@ -86,7 +86,7 @@ def test_a_bfloat16_kv_cache_keeps_smollm2s_distributions_on_the_default_path(sm
 def test_the_default_kv_cache_is_bfloat16_and_the_pool_holds_twice_the_tokens(tmp_path):
     """The same byte budget holds twice as many blocks in bfloat16 as in float32 (and so the longest
     request the pool fits doubles); float32 stays selectable."""
-    from inference.runtime import engine_config
+    from inference.operations.runtime import engine_config
 
     assert EngineConfig(model_path="x").kv_cache_dtype == "bfloat16"
     assert engine_config({"MODEL": "x", "KV_CACHE_DTYPE": None}).kv_cache_dtype == "bfloat16"

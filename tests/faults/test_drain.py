@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from inference import runtime
+from inference.operations import runtime
 from metrale_site import drain
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from inference.bench.live_server import ROOT, LiveServer, free_port
-from inference.runtime import ENGINE_DIED_EXIT_STATUS
+from inference.operations.runtime import ENGINE_DIED_EXIT_STATUS
 
 from .live import answering, wait_for
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference import runtime
+from inference.operations import runtime
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.config import EngineConfig
 from inference.engine.tokenizer import Tokenizer
-from inference.runtime import Runtime
+from inference.operations.runtime import Runtime
 from tests.api.asgi_client import AsgiRequest
 from tests.stream_checks import TERMINAL, check_chat_stream, check_responses_stream, sse_data
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from hypothesis import given, settings
 
-from inference import runtime
-from inference.runtime import Runtime
+from inference.operations import runtime
+from inference.operations.runtime import Runtime
 from tests.api.fake_engine import call
 from tests.api.conftest import smollm2_engine  # noqa: F401
 

@@ -8,7 +8,7 @@ import secrets
 import httpx
 import pytest
 
-from inference import replica
+from inference.operations import replica
 from inference.bench.live_server import LiveServer
 
 from .conftest import deployment_env, pg_rows, postgres_database, redis_server_url

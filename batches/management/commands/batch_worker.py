@@ -7,7 +7,7 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference import heartbeat, runtime
+from inference.operations import heartbeat, runtime
 
 
 class Command(BaseCommand):

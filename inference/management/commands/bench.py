@@ -85,7 +85,7 @@ class Command(BaseCommand):
                **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
-        from inference.runtime import engine_config
+        from inference.operations.runtime import engine_config
 
         if lora_only and skip_lora:
             raise CommandError("--lora-only and --skip-lora leave nothing to run.")

@@ -44,7 +44,7 @@ class Command(BaseCommand):
         from inference.bench.live_server import LiveServer, free_port
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.kernels.build import cpuinfo_field
-        from inference.runtime import embedding_folder
+        from inference.operations.runtime import embedding_folder
 
         folder = embedding_folder(embedding_model)
         if not (folder / "config.json").is_file():

@@ -35,7 +35,7 @@ class Command(BaseCommand):
         from inference.engine.kernels.build import cpuinfo_field
         from inference.engine.llm_engine import LLMEngine
         from inference.engine.tokenizer import Tokenizer
-        from inference.runtime import engine_config
+        from inference.operations.runtime import engine_config
 
         path = Path(text)
         if not path.is_file():

@@ -31,7 +31,7 @@ class Command(BaseCommand):
         from inference.engine.kernels.build import cpuinfo_field
         from inference.engine.llm_engine import LLMEngine
         from inference.engine.tokenizer import Tokenizer
-        from inference.runtime import engine_config
+        from inference.operations.runtime import engine_config
 
         base = replace(engine_config(), kv_cache_bytes=256 << 20, max_model_len=2048)
         tokenizer = Tokenizer.from_folder(base.model_path)

@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from inference.models import RateLimitContext, Tenant
-from inference.ratelimiting.limits import default_limits
+from inference.tenancy.ratelimiting.limits import default_limits
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """manage.py revoke_api_key PREFIX: revoke a key by its shown prefix (or the full key)."""
 from django.core.management.base import BaseCommand, CommandError
 
-from inference import apikeys
+from inference.tenancy import apikeys
 from inference.models import ApiKey
 
 

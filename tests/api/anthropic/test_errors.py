@@ -6,10 +6,10 @@ import json
 import pytest
 
 from anthropic_api import views as anthropic_views
-from inference.api import by_method, openai_endpoint
-from inference.checks import check_guarded_routes
+from inference.http.api import by_method, openai_endpoint
+from inference.operations.checks import check_guarded_routes
 from inference.engine.outputs import EngineOverloaded
-from inference.error_shapes import shape_for_path
+from inference.http.error_shapes import shape_for_path
 from inference.serving.errors import ANTHROPIC, OPENAI
 
 from ..test_asgi_guard import Driver
@@ -206,7 +206,7 @@ def test_the_error_shape_is_read_from_the_route():
 
 
 def test_w002_flags_one_url_with_two_error_shapes(monkeypatch):
-    from inference import checks
+    from inference.operations import checks
 
     mixed = by_method(GET=openai_endpoint(anthropic_views.unknown_route.__wrapped__),
                       POST=anthropic_views.unknown_route)

@@ -9,8 +9,8 @@ from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.utils import timezone
 
-from inference import heartbeat
-from inference.heartbeat import ServerProcess
+from inference.operations import heartbeat
+from inference.operations.heartbeat import ServerProcess
 from inference.models import StoredChatCompletion, Tenant
 from responses_api import store, tasks
 from responses_api.models import (
@@ -182,7 +182,7 @@ def test_the_heartbeat_records_this_process_and_the_admin_lists_it(settings, adm
 
 
 def test_the_runtime_start_signal_runs_the_restart_rule(settings, monkeypatch):
-    from inference.runtime import runtime_starting
+    from inference.operations.runtime import runtime_starting
 
     dead = make_process("thishost:1:dead", pid=dead_pid(), namespace=heartbeat.pid_namespace())
     make_response("resp_dead", status="in_progress", worker=dead, background=True)
@@ -274,7 +274,7 @@ def test_the_loading_thread_closes_the_connections_its_receivers_opened():
     from django.db import connections
     from django.dispatch import Signal
 
-    from inference import runtime
+    from inference.operations import runtime
 
     used = []
 

@@ -4,10 +4,10 @@ from django.core.checks import Error, Warning, register
 from django.core.cache import caches
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from .ratelimiting.store import is_shared_atomically
-from .serving.errors import OPENAI
+from ..tenancy.ratelimiting.store import is_shared_atomically
+from ..serving.errors import OPENAI
 
-# Paths that must go through inference.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
+# Paths that must go through inference.http.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
 GUARDED_PREFIXES = ("v1/", "tokenize", "detokenize")
 
 
@@ -46,11 +46,11 @@ def check_guarded_routes(app_configs, **kwargs):
     """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting (neither
     api.openai_endpoint nor api.operator_endpoint), or one URL
     whose method views (api.by_method) answer in different error shapes (the route has one shape,
-    which every layer reads from its view: inference.error_shapes)."""
+    which every layer reads from its view: inference.http.error_shapes)."""
     problems = []
     for route, view in guarded_routes():
         if not (getattr(view, "openai_endpoint", False) or getattr(view, "operator_endpoint", False)):
-            problems.append(Warning(f"The view for {route!r} is not wrapped by inference.api.openai_endpoint: it "
+            problems.append(Warning(f"The view for {route!r} is not wrapped by inference.http.api.openai_endpoint: it "
                                     "skips auth, rate limits and the x-ratelimit-* headers.", id="metrale.W002"))
         shapes = {getattr(v, "error_shape", OPENAI) for v in getattr(view, "method_views", {}).values()}
         if len(shapes) > 1:
@@ -63,7 +63,7 @@ def check_guarded_routes(app_configs, **kwargs):
 @register()
 def check_parser_settings(app_configs, **kwargs):
     """E001: METRALE_TOOL_CALL_PARSER or METRALE_REASONING_PARSER names no known parser."""
-    from .serving.text_setup import check_parser_names
+    from ..serving.text_setup import check_parser_names
 
     return [Error(problem, id="metrale.E001") for problem in check_parser_names()]
 
@@ -75,7 +75,7 @@ def check_engine_settings(app_configs, **kwargs):
     machine `migrate` runs before `pull_model` has fetched the model, and must not be blocked."""
     from inference.engine.config import ConfigError
     from inference.engine.model_folder import ModelFolder
-    from inference.runtime import engine_config
+    from inference.operations.runtime import engine_config
 
     try:
         config = engine_config()

@@ -1,4 +1,4 @@
-"""GET /metrics: the Prometheus text exposition of inference.metrics (vLLM's series and Metrale's own)."""
+"""GET /metrics: the Prometheus text exposition of inference.operations.metrics (vLLM's series and Metrale's own)."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
 from . import metrics  # noqa: F401  (registers the engine collector)
-from .api import error_response
-from .auth import authenticate_operator
-from .serving.errors import ApiError
+from ..http.api import error_response
+from ..tenancy.auth import authenticate_operator
+from ..serving.errors import ApiError
 
 
 @csrf_exempt  # it changes nothing: another method gets its 405 in JSON, not the CSRF page

@@ -16,7 +16,7 @@ from django.http import JsonResponse
 
 from .cors import cors_headers
 from .error_shapes import shape_for_path
-from .serving.errors import ApiError
+from ..serving.errors import ApiError
 
 log = logging.getLogger("metrale.api")
 

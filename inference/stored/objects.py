@@ -19,13 +19,13 @@ from django.db import models
 from django.utils import timezone
 
 if TYPE_CHECKING:
-    from .models import Tenant
+    from ..models import Tenant
 
 
 def tenant_of(request) -> Tenant:
     """The Tenant (inference.models.Tenant) that owns what `request` reads and writes.
 
-    `request.principal` is set by inference.api.openai_endpoint for every /v1 request: the
+    `request.principal` is set by inference.http.api.openai_endpoint for every /v1 request: the
     key's tenant, or the built-in "default" tenant when METRALE["REQUIRE_AUTH"] is off. Raises
     AttributeError for a request that did not go through openai_endpoint (a programming error:
     no stored object may be reached without an owner).

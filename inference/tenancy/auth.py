@@ -23,8 +23,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import apikeys
-from .models import ApiKey, Tenant
-from .serving.errors import ApiError
+from ..models import ApiKey, Tenant
+from ..serving.errors import ApiError
 
 # last_used is written at most this often per key, so a busy key costs no write per request.
 LAST_USED_RESOLUTION = timedelta(minutes=1)

@@ -33,12 +33,13 @@ from collections.abc import Callable
 
 from django.http import JsonResponse, StreamingHttpResponse
 
-from .auth import authenticate, authenticate_operator
-from .ratelimit import Lease, RateLimited, acquire, current_headers, debit_request
+from ..tenancy.auth import authenticate, authenticate_operator
+from ..tenancy.ratelimit import Lease, RateLimited, acquire, current_headers, debit_request
 from .request_context import note_tenant
-from .serving.errors import OPENAI, ApiError, ErrorShape
+from ..serving.errors import OPENAI, ApiError, ErrorShape
 
-logger = logging.getLogger(__name__)
+# The name it logged under before inference/ was grouped (log filters select it).
+logger = logging.getLogger("inference.api")
 
 
 def error_response(error: ApiError, shape: ErrorShape = OPENAI, request_id: str | None = None) -> JsonResponse:
@@ -49,7 +50,7 @@ def error_response(error: ApiError, shape: ErrorShape = OPENAI, request_id: str 
 
 
 class GenerationLease:
-    """The one owner of a generating request's rate-limit lease (inference.ratelimit.Lease).
+    """The one owner of a generating request's rate-limit lease (inference.tenancy.ratelimit.Lease).
 
     `settle()` ends it, exactly once, charging `used_tokens()` (prompt + completion tokens really
     processed, however the request ended: finished, error, client gone, cancelled) and freeing
@@ -98,7 +99,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
     generates=False: one request is debited before the view runs (models, tokenize, stored
     objects). generates=True: the view calls `admit` itself. error_shape: how the route words
     its errors (serving/errors.OPENAI or ANTHROPIC); every layer reads it from the view
-    (inference.error_shapes)."""
+    (inference.http.error_shapes)."""
     if view is None:
         return functools.partial(openai_endpoint, generates=generates, error_shape=error_shape)
 

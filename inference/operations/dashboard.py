@@ -2,7 +2,7 @@
 
 Message schema: ARCHITECTURE.md, "The live dashboard's websocket". The consumer watches one
 replica at a time (its own process first): it joins that replica's snapshot group and tells
-the replica's agent (inference/replica.py) it is watched every WATCH_RENEW_S, forwards the
+the replica's agent (inference/operations/replica.py) it is watched every WATCH_RENEW_S, forwards the
 snapshots at most MAX_SNAPSHOTS_PER_S per second, and sends an operator's `cancel` to the
 watched replica's agent through the channel layer, which answers with `cancel_result`.
 """

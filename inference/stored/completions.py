@@ -4,7 +4,7 @@ Source: OpenAI API reference, "List Chat Completions" (filters `model` and `meta
 `after`, `limit` 1-100 default 20, `order` asc by creation time by default; a list object with
 first_id, last_id, has_more), "Get chat completion", "Update chat completion" (only `metadata`),
 "Get chat messages" (the request's messages, each with an id, paginated the same way) and
-"Delete chat completion". An id unknown to the caller's tenant is a 404 (inference.stored_objects);
+"Delete chat completion". An id unknown to the caller's tenant is a 404 (inference.stored.objects);
 a completion expires like a stored response (METRALE["STORE_TTL_S"] after it was made).
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from django.db import connection, models
 from django.db.models.expressions import RawSQL
 
-from .serving.errors import bad_request, not_found
-from .stored_objects import StoredObject, cursor_page
+from ..serving.errors import bad_request, not_found
+from .objects import StoredObject, cursor_page
 
 if TYPE_CHECKING:
-    from .models import Tenant
+    from ..models import Tenant
 
 
 class StoredChatCompletion(StoredObject):

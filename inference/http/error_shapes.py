@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.urls import Resolver404, resolve
 
-from .serving.errors import OPENAI, ErrorShape
+from ..serving.errors import OPENAI, ErrorShape
 
 
 def shape_of_view(view) -> ErrorShape:

@@ -163,7 +163,7 @@ class EngineCollector:
         return []
 
     def collect(self):
-        from inference import runtime
+        from inference.operations import runtime
 
         rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
         if rt is not None and getattr(getattr(rt.engine, "engine", None), "stats", None) is not None:

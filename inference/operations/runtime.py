@@ -159,7 +159,7 @@ restart work here (responses_api fails the responses a dead process left unfinis
 runtime_ready = Signal()
 """Sent from the loading thread with `runtime=` the loaded Runtime, before it is served (/health
 answers "loading" until the receivers return): the adapters app loads the startup adapters here.
-`swap=True` when it is the new model of a swap (inference.swap), not the process's first."""
+`swap=True` when it is the new model of a swap (inference.operations.swap), not the process's first."""
 
 
 def served_model_name() -> str:

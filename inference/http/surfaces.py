@@ -13,15 +13,15 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .serving import chat
-from .serving import embeddings as embeddings_api
-from .serving.errors import ApiError, not_found
-from .serving.model_names import served_names
-from .serving import completions as legacy_completions
-from .serving.choices import Choices
-from .serving.deltas import Usage
-from .serving.prepare import Prepared, cpu_work, prepare
-from .stored_completions import save_chat_completion
+from ..serving import chat
+from ..serving import embeddings as embeddings_api
+from ..serving.errors import ApiError, not_found
+from ..serving.model_names import served_names
+from ..serving import completions as legacy_completions
+from ..serving.choices import Choices
+from ..serving.deltas import Usage
+from ..serving.prepare import Prepared, cpu_work, prepare
+from ..stored.completions import save_chat_completion
 
 
 @dataclass(slots=True)

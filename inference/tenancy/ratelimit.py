@@ -16,14 +16,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache.backends.locmem import LocMemCache
 
-from .metrics import RATE_LIMITED
-from .models import RateLimitContext
+from ..operations.metrics import RATE_LIMITED
+from ..models import RateLimitContext
 from .ratelimiting import clock
 from .ratelimiting.buckets import Snapshot
 from .ratelimiting.headers import provider_ratelimit_headers, ratelimit_headers, retry_after_s
 from .ratelimiting.limits import Limits
 from .ratelimiting.store import get_store
-from .serving.errors import ApiError
+from ..serving.errors import ApiError
 
 # A lease left behind by a crashed process frees itself this long after the request's deadline.
 LEASE_SLACK_S = 60.0

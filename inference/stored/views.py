@@ -2,7 +2,7 @@
 (their URLs hand each HTTP method to its view with api.by_method).
 
 Source: OpenAI API reference, "List Chat Completions", "Get chat completion", "Update chat completion",
-"Get chat messages", "Delete chat completion". Another tenant's id is a 404 (inference.stored_objects).
+"Get chat messages", "Delete chat completion". Another tenant's id is a 404 (inference.stored.objects).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import re
 from django.http import JsonResponse
 from rest_framework import serializers
 
-from . import stored_completions as stored
-from .api import openai_endpoint
-from .serving.fields import MetadataField
-from .serving.protocol import parse_json_body, validate
-from .stored_objects import tenant_of
+from . import completions as stored
+from ..http.api import openai_endpoint
+from ..serving.fields import MetadataField
+from ..serving.protocol import parse_json_body, validate
+from .objects import tenant_of
 
 METADATA_FILTER = re.compile(r"metadata\[(.*)\]")
 

@@ -17,19 +17,19 @@ import time
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from . import runtime, swap
+from ..operations import runtime, swap
 from .api import admit, openai_endpoint
 from .surfaces import chat_call, completions_call, embeddings_call
-from .engine.outputs import EngineOverloaded, RequestRejected
+from ..engine.outputs import EngineOverloaded, RequestRejected
 from .request_context import current_record
-from .serving import chat, tokenize
-from .serving import embeddings as embeddings_api
-from .serving import completions as legacy_completions
-from .serving.choices import Choices
-from .serving.errors import ApiError, not_found
-from .serving.model_names import find_model, model_cards, model_object
-from .serving.prepare import Prepared, cpu_work
-from .stored_objects import tenant_of
+from ..serving import chat, tokenize
+from ..serving import embeddings as embeddings_api
+from ..serving import completions as legacy_completions
+from ..serving.choices import Choices
+from ..serving.errors import ApiError, not_found
+from ..serving.model_names import find_model, model_cards, model_object
+from ..serving.prepare import Prepared, cpu_work
+from ..stored.objects import tenant_of
 
 log = logging.getLogger("metrale.api")
 

@@ -20,10 +20,11 @@ from daphne.access import AccessLogGenerator
 from django.conf import settings
 from django.urls import Resolver404, resolve
 
-from . import heartbeat, request_context, request_log
-from .metrics import HTTP_REQUESTS
+from ..operations import heartbeat, request_log
+from . import request_context
+from ..operations.metrics import HTTP_REQUESTS
 from .middleware import is_api_path, request_id_from
-from .request_log import RequestRecord
+from ..operations.request_log import RequestRecord
 
 log = logging.getLogger("metrale")
 

@@ -1,1 +1,0 @@
-"""Token-bucket rate limiting: limits, bucket math, and the cache-backed stores (the facade is inference.ratelimit)."""

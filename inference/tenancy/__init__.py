@@ -1,0 +1,1 @@
+"""Who is calling and how much they may: API keys, authentication, rate limits."""
