@@ -11,18 +11,8 @@ import pytest
 from inference.serving.deltas import Content, ToolCallArgs, ToolCallStart
 
 from .streaming import (
-    CALL, C, R, merge, make_pipeline, run, smollm2_tokenizer_path, token_pieces)
+    CALL, C, R, merge, make_pipeline, run, token_pieces)
 from .tool_call_cases import ALL_CASES
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    path = smollm2_tokenizer_path()
-    if not path.exists():
-        pytest.skip(f"no SmolLM2 tokenizer at {path}; run `manage.py pull_model "
-                    "smollm2-135m-instruct` to test token-boundary splits")
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
 
 
 @pytest.mark.parametrize(("parser", "case", "text", "expected", "kwargs"), ALL_CASES,

@@ -17,7 +17,7 @@ from inference.serving.deltas import ToolCallArgs, ToolCallStart
 from inference.serving.tool_parsers.json_stream import ArgumentsStream, compact
 from inference.serving.tool_parsers.schema import coerce_arguments
 
-from .streaming import TOOLS, C, merge, make_pipeline, run, smollm2_tokenizer_path, token_pieces
+from .streaming import TOOLS, C, merge, make_pipeline, run, token_pieces
 from .tool_call_cases import ALL_CASES
 
 STREAMING = ("hermes", "llama3_json", "qwen3_coder", "mistral")
@@ -48,16 +48,6 @@ def test_it_streams_to_the_one_shot_deltas_however_the_text_is_split(parser, cas
         expected = CUT_OFF[parser]
     for pieces in splits(text):
         assert merge(run(streamed(parser, **kwargs), pieces)) == expected, pieces
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    path = smollm2_tokenizer_path()
-    if not path.exists():
-        pytest.skip(f"no SmolLM2 tokenizer at {path}; run `manage.py pull_model "
-                    "smollm2-135m-instruct` to test token-boundary splits")
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
 
 
 # Several arguments each, coerced ones among them; the text before the closing markup.
