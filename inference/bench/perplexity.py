@@ -47,6 +47,12 @@ def chunk_tokens(tokens: list[int], n_ctx: int, bos_id: int | None = None, max_c
     return out
 
 
+def chunk_bos(tokens: list[int], bos_token_id: int | None) -> int | None:
+    """The BOS id llama-perplexity opens every chunk with: the tokenizer's, where its encoding of the
+    text starts with it (the tokenizer adds one: Gemma's does, SmolLM2's does not), else None."""
+    return bos_token_id if tokens and bos_token_id is not None and tokens[0] == bos_token_id else None
+
+
 def engine_perplexity(engine, tokens: list[int], n_ctx: int = 512, bos_id: int | None = None,
                       max_chunks: int | None = None) -> Perplexity:
     """Perplexity of `tokens` through an LLMEngine (llama-perplexity's rule, module docstring): one

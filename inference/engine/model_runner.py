@@ -273,7 +273,8 @@ class ModelRunner:
             if logits is None:
                 logits = self.model.compute_logits(hidden[rows], compact)
             t2 = time.perf_counter()
-            main = torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
+            # Without verify rows the logits are the sampled rows already (a copy would cost a vocabulary a row).
+            main = logits if not verify_rows else torch.cat([logits[:nd], logits[nd + len(verify_rows):]])
             seqs = [batch.items[i][0] for i in items]
             # Drafts whose every row can be sampled now (verify.stateless) join the step's one sampler call;
             # those the sampler would leave as they are (verify.argmax_only) take their argmax in one call.

@@ -31,7 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("--gguf", default="", help="the GGUF file for --llama-perplexity")
 
     def handle(self, *args, text, n_ctx, chunks, skip_exact, llama_perplexity, gguf, **options):
-        from inference.bench.perplexity import engine_perplexity
+        from inference.bench.perplexity import chunk_bos, engine_perplexity
         from inference.engine.kernels.build import cpuinfo_field
         from inference.engine.llm_engine import LLMEngine
         from inference.engine.tokenizer import Tokenizer
@@ -44,6 +44,7 @@ class Command(BaseCommand):
                        kv_cache_bytes=256 << 20)
         tokenizer = Tokenizer.from_folder(base.model_path)
         tokens = tokenizer.encode(path.read_text(), add_special_tokens=True)
+        bos_id = chunk_bos(tokens, tokenizer.bos_token_id)  # Gemma scores a chunk without BOS 46% worse
         out = self.stdout.write
         out(f"{path} ({len(tokens)} tokens), chunks of {n_ctx}, the second half of each scored; CPU "
             f"{cpuinfo_field('model name') or 'unknown'}")
@@ -54,7 +55,7 @@ class Command(BaseCommand):
         for label, config in runs:
             t0 = time.perf_counter()
             engine = LLMEngine(config)
-            result = engine_perplexity(engine, tokens, n_ctx, max_chunks=chunks)
+            result = engine_perplexity(engine, tokens, n_ctx, bos_id, max_chunks=chunks)
             figures[label] = result.value
             out(f"{label:<12} (weights {config.weights}, KV {config.kv_cache_dtype}): PPL {result.value:.4f} over "
                 f"{result.scored} tokens in {result.chunks} chunks ({time.perf_counter() - t0:.0f} s)")
