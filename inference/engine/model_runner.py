@@ -292,8 +292,8 @@ class ModelRunner:
                     early.append((i, len(extra_seqs), k))
                     extra_seqs += [seq] * k
                     extra_logits.append(block)
-                else:
-                    result.draft_logits[i] = block
+                else:  # kept past this call (a retried step's parts): the fused step's logits are reused
+                    result.draft_logits[i] = block.clone()
             if extra_logits:
                 main = torch.cat([main, *extra_logits])
             sampled = self.sampler(main, seqs + extra_seqs)

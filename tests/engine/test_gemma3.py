@@ -274,6 +274,7 @@ def run_steps(folder, prompt, decode, *, weights, kv_dtype, window_pool=True, fu
         ids, positions, meta, sample_rows = runner.prepare(batch)
         if fused:
             _, logits = model.decode_logits(ids, positions, meta, runner.fused, sample_rows)
+            logits = logits.clone()  # the compiled step reuses its logits buffer
         else:
             hidden = model(ids, positions, runner.kv_caches, meta, None)
             logits = model.compute_logits(hidden[sample_rows], model.compact_rows(1, 1))

@@ -426,15 +426,19 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
 
 #endif
 
-/* Output channels of one tile for rows [m0, m1): the fast path. */
+/* Output channels of one tile for rows [m0, m1): the fast path. With amx (metrale_amx_begin called by
+ * this thread), whole groups of 16 rows on the tile unit (amx_gemm.c: the same bits), the rest here. */
 static void tile_fast(const metrale_weight *W, long t, long KB, const int8_t *a, const float *dx, const int32_t *asum,
-                      const float *sa, long m0, long m1, float *y, long N, long ldy) {
+                      const float *sa, long m0, long m1, float *y, long N, long ldy, int amx) {
     const long cb = codes_per_tile_block(W->format);
     const uint8_t *qs = (const uint8_t *)W->qs + t * KB * cb;
     const uint16_t *dh = (const uint16_t *)W->d + t * KB * BT;
     const uint16_t *mh = W->m ? (const uint16_t *)W->m + t * KB * BT : NULL;
     const long K = KB * 32, n0 = t * BT;
     const int nc = (int)(N - n0 < BT ? N - n0 : BT);
+    if (amx)
+        m0 += metrale_amx_block_rows(W->format, qs, cb, dh, mh, KB, a + m0 * K, K, dx + m0 * KB, sa + m0 * KB, m1 - m0,
+                                     y + m0 * ldy + n0, ldy, nc);
     for (long m = m0; m < m1; m += BR) {
         const int rows = (int)(m1 - m < BR ? m1 - m : BR);
         float acc[BR * BT] __attribute__((aligned(64)));
@@ -569,6 +573,9 @@ static void block_tiles_team(const metrale_weight *W, const float *x, float *y, 
     const long KB = K / 32;
     const block_rows r = block_parts(scratch, M, K);
     const weight_parts p = parts_of(W, N);
+    int amx = M >= 16 && metrale_amx_ready();
+    for (int c = 0; c < p.count; c++) amx &= !p.w[c]->exact;
+    if (amx) metrale_amx_begin();
     for (long m0 = 0; m0 < M; m0 += BMC) {
         const long m1 = m0 + BMC < M ? m0 + BMC : M;
 #pragma omp for schedule(guided)
@@ -578,11 +585,12 @@ static void block_tiles_team(const metrale_weight *W, const float *x, float *y, 
             const metrale_weight *P = p.w[c];
             float *yc = y + p.col[c];
             const long tc = t - p.tile0[c];
-            if (metrale_is_kquant(P->format)) metrale_kq_tile(P, tc, x, scratch, M, K, m0, m1, yc, p.n[c], N);
+            if (metrale_is_kquant(P->format)) metrale_kq_tile(P, tc, x, scratch, M, K, m0, m1, yc, p.n[c], N, amx);
             else if (P->exact) tile_exact(P, tc, KB, x, m0, m1, yc, p.n[c], N);
-            else tile_fast(P, tc, KB, r.a, r.dx, r.asum, r.sa, m0, m1, yc, p.n[c], N);
+            else tile_fast(P, tc, KB, r.a, r.dx, r.asum, r.sa, m0, m1, yc, p.n[c], N, amx);
         }
     }
+    if (amx) metrale_amx_end();
 }
 
 long metrale_weight_scratch_bytes(long M, long K) {

@@ -138,9 +138,24 @@ int metrale_is_kquant(int format);
 long metrale_kq_scratch_bytes(long M, long K);
 void metrale_kq_quantize(const float *x, long M, long K, void *scratch);
 void metrale_kq_quantize_team(const float *x, long M, long K, void *scratch);
-/* Tile t of W's n output channels for rows [m0, m1) into y (ldy floats a row). */
+/* Tile t of W's n output channels for rows [m0, m1) into y (ldy floats a row); amx: whole groups of 16
+ * rows on the tile unit (the thread has called metrale_amx_begin). */
 void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scratch, long M, long K, long m0, long m1,
-                     float *y, long n, long ldy);
+                     float *y, long n, long ldy, int amx);
+/* Intel AMX (amx_gemm.c). metrale_amx_ready: 1 where this build has the AMX paths and Linux granted the
+ * process the tile registers (asked once), else 0. metrale_amx_begin / _end: a thread's tile
+ * configuration loaded / released around the calls below. metrale_amx_block_rows (the Q4_0 / Q4_1 /
+ * Q5_0 / Q5_1 / Q8_0 tile at qs, block_gemm.c's layout and quantised rows) and metrale_amx_kq_rows (the
+ * K-quant tile at p, kquant_gemm.c's) compute the whole groups of 16 of `rows` rows into y (ldy floats a
+ * row, nc channels) and return how many rows they computed (a multiple of 16; 0 where they cannot). */
+int metrale_amx_ready(void);
+void metrale_amx_begin(void);
+void metrale_amx_end(void);
+long metrale_amx_block_rows(int format, const uint8_t *qs, long cb, const uint16_t *dh, const uint16_t *mh, long KB,
+                            const int8_t *a, long K, const float *dx, const float *sa, long rows, float *y, long ldy,
+                            int nc);
+long metrale_amx_kq_rows(int format, const uint8_t *p, long stride, long KS, const int8_t *a, long K, const float *dx,
+                         const int16_t *bs32, long rows, float *y, long ldy, int nc);
 void metrale_kq_rows(const metrale_weight *W, long K, const int64_t *ids, long n, float *out);
 void metrale_paged_decode_attention_team(const float *q, long q_stride, const void *k_cache, const void *v_cache,
                                          const int64_t *block_tables, const int64_t *seq_lens,

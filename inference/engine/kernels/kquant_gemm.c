@@ -448,10 +448,13 @@ static inline __attribute__((always_inline)) void kq_rows_avx2(int format, const
 
 /* Output channels of tile t for rows [m0, m1): the fast path. */
 static void kq_tile_fast(const metrale_weight *W, long t, long KS, const kq_rows *q, long m0, long m1, float *y,
-                         long N, long ldy) {
+                         long N, long ldy, int amx) {
     const long stride = metrale_kq_stride(W->format), K = KS * QK, n0 = t * KT;
     const uint8_t *p = (const uint8_t *)W->qs + t * KS * stride;
     const int nc = (int)(N - n0 < KT ? N - n0 : KT);
+    if (amx) /* whole groups of 16 rows on the tile unit (amx_gemm.c: the same bits) */
+        m0 += metrale_amx_kq_rows(W->format, p, stride, KS, q->a + m0 * K, K, q->dx + m0 * KS, q->bs32 + m0 * KS * 8,
+                                  m1 - m0, y + m0 * ldy + n0, ldy, nc);
     for (long m = m0; m < m1; m += KBR) {
         const int rows = (int)(m1 - m < KBR ? m1 - m : KBR);
         float acc[KBR * KT] __attribute__((aligned(64)));
@@ -535,10 +538,10 @@ static void kq_tile_exact(const metrale_weight *W, long t, long KS, const float 
 }
 
 void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scratch, long M, long K, long m0, long m1,
-                     float *y, long n, long ldy) {
+                     float *y, long n, long ldy, int amx) {
     const kq_rows q = kq_parts(scratch, M, K);
     if (W->exact) kq_tile_exact(W, t, K / QK, x, m0, m1, y, n, ldy);
-    else kq_tile_fast(W, t, K / QK, &q, m0, m1, y, n, ldy);
+    else kq_tile_fast(W, t, K / QK, &q, m0, m1, y, n, ldy, amx);
 }
 
 void metrale_kq_quantize_team(const float *x, long M, long K, void *scratch) {
