@@ -9,3 +9,6 @@ class InferenceConfig(AppConfig):
 
     def ready(self):
         from .operations import checks  # noqa: F401  (registers the system checks)
+        from .tenancy import recent
+
+        recent.connect()

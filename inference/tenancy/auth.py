@@ -22,7 +22,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from . import apikeys
+from . import apikeys, recent
 from ..models import ApiKey, Tenant
 from ..serving.errors import ApiError
 
@@ -59,11 +59,10 @@ def _unauthorized(message: str, code: str) -> ApiError:
 async def authenticate(request) -> Principal:
     """The Principal of `request`, or ApiError(401) per the module's rules.
 
-    Costs one indexed query (key by prefix, with its tenant), plus a write of last_used at most
-    once a minute per key."""
+    Costs one indexed query (key by prefix, with its tenant) unless this process looked the same
+    token up within recent.TTL_S, plus a write of last_used at most once a minute per key."""
     if not settings.METRALE["REQUIRE_AUTH"]:
-        tenant, _ = await Tenant.objects.aget_or_create(name=Tenant.DEFAULT_NAME)
-        return Principal(tenant, None, tenant.prefix_cache_salt)
+        return await _named_tenant(Tenant.DEFAULT_NAME)
 
     token = bearer_token(request.headers.get("Authorization")) or request.headers.get("x-api-key", "").strip()
     if not token and "Authorization" not in request.headers:
@@ -79,16 +78,27 @@ async def authenticate(request) -> Principal:
     return Principal(key.tenant, key, key.tenant.prefix_cache_salt)
 
 
+async def _named_tenant(name: str) -> Principal:
+    """The Principal of the built-in tenant `name` (made when first needed), remembered (recent.py)."""
+    principal = recent.recall(("tenant", name))
+    if principal is None:
+        tenant, _ = await Tenant.objects.aget_or_create(name=name)
+        principal = recent.remember(("tenant", name), Principal(tenant, None, tenant.prefix_cache_salt))
+    return principal
+
+
 async def usable_key(token: str) -> ApiKey:
     """The ApiKey (with its tenant) that `token` is, when it may be used now; else ApiError 401
     `invalid_api_key` (unknown, revoked, expired, tenant inactive). Stamps last_used at most once
-    a minute."""
-    key = None
-    if apikeys.looks_like_key(token):
+    a minute. The row is remembered by its token's digest for recent.TTL_S; the checks run on every call."""
+    digest = apikeys.hash_key(token)
+    key = recent.recall(("key", digest))
+    if key is None and apikeys.looks_like_key(token):
         key = await (ApiKey.objects.select_related("tenant")
                      .filter(prefix=apikeys.key_prefix(token)).afirst())
     if not apikeys.key_matches(token, key.key_hash if key else None):
         raise _unauthorized("Incorrect API key provided.", "invalid_api_key")
+    recent.remember(("key", digest), key)
     now = timezone.now()
     refusal = key.refusal(now)
     if refusal:
@@ -140,8 +150,7 @@ async def _operators_session(request) -> Principal | None:
     refusal = csrf_refusal(request)
     if refusal:
         raise ApiError(403, refusal, type="invalid_request_error", code="csrf_failed")
-    tenant, _ = await Tenant.objects.aget_or_create(name=OPERATORS_TENANT_NAME)
-    return Principal(tenant, None, tenant.prefix_cache_salt)
+    return await _named_tenant(OPERATORS_TENANT_NAME)
 
 
 async def authenticate_operator(request) -> Operator:

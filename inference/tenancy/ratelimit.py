@@ -18,6 +18,7 @@ from django.core.cache.backends.locmem import LocMemCache
 
 from ..operations.metrics import RATE_LIMITED
 from ..models import RateLimitContext
+from . import recent
 from .ratelimiting import clock
 from .ratelimiting.buckets import Snapshot
 from .ratelimiting.headers import provider_ratelimit_headers, ratelimit_headers, retry_after_s
@@ -126,8 +127,13 @@ async def current_headers(principal, provider: str = "openai") -> dict[str, str]
 
 
 async def _scope_and_limits(principal) -> tuple[str, Limits]:
+    """The request's scope and limits (RateLimitContext.afor), remembered for recent.TTL_S."""
     key_id = principal.api_key.pk if principal.api_key is not None else None
-    return await RateLimitContext.objects.afor(principal.tenant.pk, key_id)
+    found = recent.recall(("limits", principal.tenant.pk, key_id))
+    if found is None:
+        found = recent.remember(("limits", principal.tenant.pk, key_id),
+                                await RateLimitContext.objects.afor(principal.tenant.pk, key_id))
+    return found
 
 
 def _check_request_size(limits: Limits, reserve_tokens: int) -> None:

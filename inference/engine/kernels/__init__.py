@@ -63,6 +63,20 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_block_rows.restype = None
         lib.metrale_sample.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _I]
         lib.metrale_sample.restype = None
+        lib.metrale_encoder_attention.argtypes = [_P, _L, _P, _P, _L, _I, _I, ctypes.c_float, _I, _P, _L, _I]
+        lib.metrale_encoder_attention.restype = None
+        lib.metrale_encoder_bias_gelu.argtypes = [_P, _P, _P, _L, _L, _I]
+        lib.metrale_encoder_bias_gelu.restype = None
+        lib.metrale_encoder_add_norm.argtypes = [_P, _P, _P, _P, _P, ctypes.c_float, _P, _P, _L, _L, _I]
+        lib.metrale_encoder_add_norm.restype = None
+        lib.metrale_encoder_add_bias.argtypes = [_P, _P, _P, _L, _L, _I]
+        lib.metrale_encoder_add_bias.restype = None
+        lib.metrale_encoder_attention_bf16.argtypes = [_P, _L, _P, _P, _P, _L, _I, _I, ctypes.c_float, _P, _L, _I]
+        lib.metrale_encoder_attention_bf16.restype = _I
+        lib.metrale_encoder_amx_attention.argtypes = [_I]
+        lib.metrale_encoder_amx_attention.restype = _I
+        lib.metrale_amx_ready.argtypes = []
+        lib.metrale_amx_ready.restype = _I
         _lib = lib
         return lib
 
@@ -316,6 +330,85 @@ def weight_linear(x: torch.Tensor, w: KernelWeight) -> torch.Tensor:
     out = torch.empty((m, n), dtype=torch.float32)
     lib.metrale_weight_linear(ctypes.byref(w.struct), x.data_ptr(), out.data_ptr(), m, n, k, torch.get_num_threads())
     return out
+
+
+def encoder_attention(qkv: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, n_heads: int, scale: float,
+                      out: torch.Tensor, bfloat16: bool = False) -> None:
+    """Bidirectional attention of packed sequences (encoder.c), each sequence attending to itself alone.
+
+    qkv: float32 [T, 3 * hidden] (each row q | k | v, head h at h * head_dim of each), contiguous rows;
+    starts, lens: int64 [S], each sequence's first row and row count (lens >= 1); out: float32 [T,
+    hidden] (rows may be strided), written for every row of every sequence: softmax(scale q·Kᵀ)·V
+    per head, in float32; bfloat16=True allows Q, K, V and P rounded to bfloat16 with float32 sums
+    (the tile unit's form, where the CPU has AMX and head_dim is 32 or 64). Raises RuntimeError without
+    the kernels.
+    """
+    lib = _required()
+    hidden = qkv.shape[1] // 3
+    assert qkv.stride(1) == 1 and out.stride(1) == 1 and qkv.dtype == out.dtype == torch.float32
+    starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
+    lib.metrale_encoder_attention(qkv.data_ptr(), qkv.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
+                                  n_heads, hidden // n_heads, scale, int(bfloat16), out.data_ptr(), out.stride(0),
+                                  torch.get_num_threads())
+
+
+def encoder_amx_attention(head_dim: int) -> bool:
+    """Whether encoder_attention_bf16 runs here: the kernels built with AMX and AVX-512 BF16, the tile unit
+    granted, head_dim 32 or 64."""
+    lib = library()
+    return lib is not None and bool(lib.metrale_encoder_amx_attention(head_dim))
+
+
+def encoder_attention_bf16(qkv: torch.Tensor, bias: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                           n_heads: int, scale: float, out: torch.Tensor) -> None:
+    """encoder_attention's bfloat16 form on the tile unit (encoder_amx_attention must be true) straight from a
+    linear's product: qkv bfloat16 [T, 3 * hidden] (rows contiguous), bias float32 [3 * hidden] added to
+    it, out bfloat16 [T, hidden] (rows may be strided). Q, K, V and P rounded to bfloat16, sums in float32.
+    Raises RuntimeError without the kernels, where the tile unit is unavailable, or out of memory."""
+    lib = _required()
+    hidden = qkv.shape[1] // 3
+    assert qkv.dtype == out.dtype == torch.bfloat16 and qkv.stride(1) == 1 and out.stride(1) == 1
+    starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
+    done = lib.metrale_encoder_attention_bf16(qkv.data_ptr(), qkv.stride(0), bias.data_ptr(), starts.data_ptr(),
+                                              lens.data_ptr(), lens.shape[0], n_heads, hidden // n_heads, scale,
+                                              out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if done != 1:
+        raise RuntimeError("the encoder's AMX attention is unavailable here" if done == 0 else
+                           "the encoder's attention could not allocate its scratch memory")
+
+
+def encoder_bias_gelu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:
+    """out = bfloat16(gelu(float(y) + bias)), GELU's erf form (encoder.c: erf within 1.5e-7).
+
+    y, out: bfloat16 [R, N] contiguous (out may be y); bias: float32 [N]. Raises RuntimeError without
+    the kernels."""
+    lib = _required()
+    assert y.dtype == out.dtype == torch.bfloat16 and bias.dtype == torch.float32 and y.is_contiguous() and out.is_contiguous()
+    lib.metrale_encoder_bias_gelu(y.data_ptr(), bias.data_ptr(), out.data_ptr(), y.shape[0], y.shape[1],
+                                  torch.get_num_threads())
+
+
+def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:
+    """out = float(y) + bias: y bfloat16 [R, N], bias float32 [N], out float32 [R, N], contiguous. Raises
+    RuntimeError without the kernels."""
+    lib = _required()
+    assert y.is_contiguous() and out.is_contiguous() and y.dtype == torch.bfloat16 and out.dtype == torch.float32
+    lib.metrale_encoder_add_bias(y.data_ptr(), bias.data_ptr(), out.data_ptr(), y.shape[0], y.shape[1],
+                                 torch.get_num_threads())
+
+
+def encoder_add_norm(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor],
+                     eps: float, out: torch.Tensor, out16: torch.Tensor | None) -> None:
+    """out = layer_norm(float(y) + bias + residual) (float32), and out16 = bfloat16(out) when given.
+
+    y: bfloat16 [R, N]; bias, norm's weight and bias: float32 [N]; residual, out: float32 [R, N] (out may be
+    residual); out16: bfloat16 [R, N] or None; all contiguous. Raises RuntimeError without the kernels."""
+    lib = _required()
+    for t in (y, residual, out) + (() if out16 is None else (out16,)):
+        assert t.is_contiguous()
+    lib.metrale_encoder_add_norm(y.data_ptr(), bias.data_ptr(), residual.data_ptr(), norm[0].data_ptr(),
+                                 norm[1].data_ptr(), eps, out.data_ptr(), _ptr_or_none(out16), y.shape[0], y.shape[1],
+                                 torch.get_num_threads())
 
 
 def block_rows(w: KernelWeight, ids: torch.Tensor) -> torch.Tensor:

@@ -188,6 +188,13 @@ class EncoderLinear:
         """Bytes of the kept weight and bias."""
         return self.weight.numel() * self.weight.element_size() + (0 if self.bias is None else self.bias.numel() * 4)
 
+    def product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x · Wᵀ without the bias, in the weight's dtype: x [T, K] of that dtype (bfloat16: the sums in
+        float32, the result rounded to bfloat16), into `out` [T, N] when given."""
+        if out is None:
+            return F.linear(x, self.weight)
+        return torch.matmul(x, self.weight.t(), out=out)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)

@@ -3,8 +3,9 @@
 Source: transformers' `modeling_bert.py` (BertEmbeddings, BertSelfAttention, BertSelfOutput,
 BertIntermediate, BertOutput); weight names are the checkpoint's (`encoder.layer.N.attention.self.query`,
 with or without a `bert.` prefix). A batch is every sequence's tokens concatenated ([T] ids, no
-padding); attention is bidirectional within a sequence only (sequences of one length share one
-SDPA call, none attends across a boundary). The forward is a generator of bounded units of work
+padding); attention is bidirectional within a sequence only (the compiled kernel reads each sequence's
+rows where they lie; without it, neighbours in length order share one SDPA call padded to the longest;
+none attends across a boundary). The forward is a generator of bounded units of work
 (a linear over at most `chunk_rows` rows, or one group's attention), so a caller can stop between
 any two of them and resume (embedding_runner.EmbeddingRunner interleaves them with decode steps).
 """
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from .. import kernels
 from ..config import ConfigError
 from ..layers.linear import EncoderLinear, native_bfloat16
 
@@ -163,6 +165,7 @@ class BertEncoder:
         for layer in self.layers:
             for lin in layer.linears():
                 lin.set_format(weights)
+        self._workspace: dict[str, torch.Tensor] | None = None  # units()'s buffers between passes
 
     @classmethod
     def from_folder(cls, path: str | Path, weights: str = "float32") -> "BertEncoder":
@@ -201,7 +204,12 @@ class BertEncoder:
         """The forward as a generator: it yields after each bounded unit of work and returns the hidden
         states float32 [T, hidden_size]. chunk_rows() is read before each row-wise unit: the most rows
         it covers (the caller may change it between units). Raises IndexError for a token id, type or
-        position outside the embedding tables."""
+        position outside the embedding tables.
+
+        With the compiled kernels, attention is kernels.encoder_attention over the packed rows (no
+        padding), and in the bfloat16 form with the erf GELU the steps between the linears are
+        compiled too (bias + GELU to bfloat16, bias + residual + LayerNorm to float32 and bfloat16:
+        encoder.c), each linear's bfloat16 input made once."""
         cfg = self.cfg
         if batch.position_ids.numel() and int(batch.position_ids.max()) >= cfg.max_position_embeddings:
             raise IndexError(f"a sequence is longer than max_position_embeddings ({cfg.max_position_embeddings})")
@@ -209,34 +217,80 @@ class BertEncoder:
         h = F.layer_norm(h, (cfg.hidden_size,), *self.emb_norm, cfg.layer_norm_eps)
         yield
         t = h.shape[0]
-        for layer in self.layers:
-            qkv = torch.empty((t, 3 * cfg.hidden_size), dtype=torch.float32)
-            for rows in _chunks(t, chunk_rows):
-                qkv[rows] = layer.qkv(h[rows])
-                yield
-            ctx = torch.empty((t, cfg.hidden_size), dtype=torch.float32)
-            first = 0
-            while first < len(batch.seq_lens):
-                # Neighbours in length order, about chunk_rows padded rows a unit (padded to the longest).
-                last = first + 1
-                while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
-                    last += 1
-                self._attend(qkv, ctx, batch, first, last)
-                first = last
-                yield
-            out = torch.empty_like(h)
-            for rows in _chunks(t, chunk_rows):
-                out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
-                yield
-            h = out
-        return h
+        compiled = self.compiled_steps()
+        # The pass's buffers, kept from pass to pass (a pass takes them while it runs; one that finds them
+        # taken makes its own): fresh ones would cost a page fault every 4 KiB on first touch (a 64-text
+        # pass's q/k/v rows are 38 MB).
+        work, self._workspace = self._workspace or {}, None
+        try:
+            h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if compiled else None
+            if compiled:
+                h16.copy_(h)
+            spare = [_buffer(work, "a", t, cfg.hidden_size, torch.float32), _buffer(work, "b", t, cfg.hidden_size, torch.float32)]
+            spare16 = [_buffer(work, "a16", t, cfg.hidden_size, torch.bfloat16)] if compiled else None
+            # On the tile unit the attention reads the q/k/v product (bfloat16) and its bias, and writes its
+            # context in bfloat16, the next linear's input.
+            tiles = compiled and kernels.encoder_amx_attention(cfg.head_dim)
+            qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
+            ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
+            for layer in self.layers:
+                for rows in _chunks(t, chunk_rows):
+                    if tiles:
+                        layer.qkv.product(h16[rows], out=qkv[rows])
+                    elif compiled:
+                        kernels.encoder_add_bias(layer.qkv.product(h16[rows]), layer.qkv.bias, qkv[rows])
+                    else:
+                        qkv[rows] = layer.qkv(h[rows])
+                    yield
+                first = 0
+                while first < len(batch.seq_lens):
+                    # Neighbours in length order: about chunk_rows rows a unit (the compiled attention reads
+                    # them packed; SDPA pads them to the longest).
+                    last = first + 1
+                    while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
+                        last += 1
+                    if tiles:
+                        kernels.encoder_attention_bf16(qkv, layer.qkv.bias, torch.tensor(batch.starts[first:last]),
+                                                       torch.tensor(batch.seq_lens[first:last]), cfg.num_attention_heads,
+                                                       1.0 / math.sqrt(cfg.head_dim), ctx)
+                    else:
+                        self._attend(qkv, ctx, batch, first, last)
+                    first = last
+                    yield
+                out = spare.pop() if spare else torch.empty_like(h)
+                out16 = spare16.pop() if compiled else None
+                for rows in _chunks(t, chunk_rows):
+                    if compiled:
+                        self._feed_forward_compiled(layer, ctx[rows], h[rows], out[rows], out16[rows])
+                    else:
+                        out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
+                    yield
+                if h.data_ptr() in (b.data_ptr() for b in (work["a:torch.float32"], work["b:torch.float32"])):
+                    spare.append(h)
+                if compiled:
+                    spare16.append(h16)
+                h, h16 = out, out16
+            return h.clone()
+        finally:
+            self._workspace = work
+
+    def compiled_steps(self) -> bool:
+        """Whether the steps between the linears run compiled: the bfloat16 form, the erf GELU, every linear
+        with a bias, and the kernels built."""
+        return (self.weights == "bfloat16" and self.cfg.hidden_act == "gelu" and kernels.available()
+                and all(lin.bias is not None for layer in self.layers for lin in layer.linears()))
 
     def _attend(self, qkv: torch.Tensor, ctx: torch.Tensor, batch: PackedBatch, first: int, last: int) -> None:
-        """Bidirectional attention of packed sequences first..last-1 (no cache): one SDPA call over them
-        padded to the longest, padded keys masked out; their context rows written into ctx [T, hidden]."""
+        """Bidirectional attention of packed sequences first..last-1 (no cache), their context rows written
+        into ctx [T, hidden]: kernels.encoder_attention over their rows as packed, or without the kernels
+        one SDPA call over them padded to the longest, padded keys masked out."""
         cfg = self.cfg
         nh, hd = cfg.num_attention_heads, cfg.head_dim
         lens, starts = batch.seq_lens[first:last], batch.starts[first:last]
+        if kernels.available():
+            kernels.encoder_attention(qkv, torch.tensor(starts), torch.tensor(lens), nh, 1.0 / math.sqrt(hd), ctx,
+                                      bfloat16=self.weights == "bfloat16")
+            return
         b, longest = last - first, lens[-1]
         r0, r1 = starts[0], starts[-1] + lens[-1]
         if lens[0] == longest:  # one length: the rows are already [B, L] contiguous
@@ -256,11 +310,33 @@ class BertEncoder:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
 
+    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor, out: torch.Tensor,
+                               out16: torch.Tensor) -> None:
+        """_feed_forward's steps into out (float32) and out16 (its bfloat16 copy, the next layer's input):
+        the linears' bfloat16 products, the rest in encoder.c. ctx: float32, or bfloat16 as it is."""
+        eps = self.cfg.layer_norm_eps
+        a = torch.empty_like(residual)
+        a16 = torch.empty_like(out16)
+        kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, residual,
+                                 layer.attn_norm, eps, a, a16)
+        g = layer.up.product(a16)
+        kernels.encoder_bias_gelu(g, layer.up.bias, g)
+        kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, out, out16)
+
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
         eps, dim = self.cfg.layer_norm_eps, (self.cfg.hidden_size,)
         a = F.layer_norm(layer.attn_out(ctx) + residual, dim, *layer.attn_norm, eps)
         return F.layer_norm(layer.down(self.act(layer.up(a))) + a, dim, *layer.out_norm, eps)
+
+
+def _buffer(work: dict[str, torch.Tensor], name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first rows x cols elements of work[name] (grown to fit) as a contiguous [rows, cols] tensor."""
+    key = f"{name}:{dtype}"
+    buf = work.get(key)
+    if buf is None or buf.numel() < rows * cols:
+        buf = work[key] = torch.empty(rows * cols, dtype=dtype)
+    return buf[:rows * cols].view(rows, cols)
 
 
 def _chunks(t: int, chunk_rows: Callable[[], int]) -> Iterator[slice]:

@@ -1,0 +1,684 @@
+/* An encoder's bidirectional attention over packed sequences (models/bert.py): no KV cache, no causal
+ * mask, no padding. Each sequence's rows lie together in the packed batch; every (sequence, head) is one
+ * task of the thread team:
+ *   S = scale * Q K^T (its L x L scores), P = softmax(S) per row (the row maximum subtracted, float32),
+ *   O = P V / sum(P)
+ * with K transposed into the task's scratch once (K^T rows of 16 keys a vector) and V read in place.
+ * Float32 throughout, as transformers' BertSelfAttention (eager or SDPA) computes it, up to the order
+ * of the sums; exp is kernels.h's exp16 / exp8 / exp1 (the same value on every path, ~2e-7 relative).
+ * A sequence's output depends on that sequence alone.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "kernels.h"
+
+/* bfloat16 bits -> float32 (exact) and float32 -> bfloat16, rounded to nearest even (torch's rule; a NaN
+ * stays a NaN). */
+static inline float bf16_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+#if defined(METRALE_AVX512)
+/* 16 bfloat16 values -> float32, and float32 -> bfloat16 by f32_bf16's rule (round to nearest even,
+ * NaN kept; subnormals kept, unlike VCVTNEPS2BF16). */
+static inline __m512 bf16x16_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline void f32x16_bf16(__m512 f, uint16_t *p) {
+    const __m512i bits = _mm512_castps_si512(f);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i out = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(out));
+}
+
+/* exp(x) within 4e-6 relative (degree-5 Taylor on |r| <= ln 2 / 2, then 2^n), for P that is
+ * rounded to bfloat16 (3.9e-3) anyway: half exp16's operations. Below -87 the result is 0. */
+static inline __m512 exp16_short(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.6931471805599453f), x);
+    __m512 p = _mm512_set1_ps(1.f / 120.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+#endif
+
+#define QB 8 /* queries a pass over the keys: 8 independent sums cover the FMA latency */
+
+/* Scratch floats of one task: K^T [head_dim][Lp] and QB rows of scores [QB][Lp] (Lp: L rounded up to 16). */
+static long task_floats(long Lp, int hd) {
+    const long rows = (long)hd * Lp + QB * Lp, lanes = Lp * hd + 16L * hd + 16 * Lp; /* attend_one's, attend_lanes' */
+    return rows > lanes ? rows : lanes;
+}
+
+/* One (sequence, head): rows [0, L) of q, k, v (ld floats apart, head_dim values each) -> out (ldo apart).
+ * Queries go QB at a time (a short last group repeats its last query, whose results are not stored),
+ * so every loop below has a fixed count and the sums stay in registers. HD: head_dim where it is a
+ * compile-time constant (0: hd). */
+static inline __attribute__((always_inline)) void attend_one(const float *q, const float *k, const float *v, long ld,
+                                                             long L, const int HD, int hd, float scale, float *out,
+                                                             long ldo, float *scratch) {
+    if (HD) hd = HD;
+    const long Lp = (L + 15) & ~15L;
+    float *kt = scratch, *s = scratch + (long)hd * Lp;
+    for (long j = 0; j < Lp; j++) { /* each key row read once, in order */
+        const float *kr = k + j * ld;
+        for (int d = 0; d < hd; d++) kt[(long)d * Lp + j] = j < L ? kr[d] : 0.f;
+    }
+    for (long i0 = 0; i0 < L; i0 += QB) {
+        const int nq = (int)(L - i0 < QB ? L - i0 : QB);
+        const float *qr[QB];
+        for (int r = 0; r < QB; r++) qr[r] = q + (i0 + (r < nq ? r : nq - 1)) * ld;
+        /* scores of the QB queries against every key */
+#if defined(METRALE_AVX512)
+        for (long j = 0; j < Lp; j += 16) {
+            __m512 acc[QB];
+            for (int r = 0; r < QB; r++) acc[r] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d++) {
+                const __m512 kv = _mm512_loadu_ps(kt + (long)d * Lp + j);
+                for (int r = 0; r < QB; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[r][d]), kv, acc[r]);
+            }
+            for (int r = 0; r < QB; r++) _mm512_storeu_ps(s + r * Lp + j, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
+        }
+#elif defined(METRALE_AVX2)
+        for (long j = 0; j < Lp; j += 8) {
+            __m256 acc[QB];
+            for (int r = 0; r < QB; r++) acc[r] = _mm256_setzero_ps();
+            for (int d = 0; d < hd; d++) {
+                const __m256 kv = _mm256_loadu_ps(kt + (long)d * Lp + j);
+                for (int r = 0; r < QB; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(qr[r][d]), kv, acc[r]);
+            }
+            for (int r = 0; r < QB; r++) _mm256_storeu_ps(s + r * Lp + j, _mm256_mul_ps(acc[r], _mm256_set1_ps(scale)));
+        }
+#else
+        for (int r = 0; r < QB; r++) {
+            float *sr = s + r * Lp;
+            for (long j = 0; j < Lp; j++) sr[j] = 0.f;
+            for (int d = 0; d < hd; d++) {
+                const float qd = qr[r][d], *kd = kt + (long)d * Lp;
+                for (long j = 0; j < Lp; j++) sr[j] = fmaf(qd, kd[j], sr[j]);
+            }
+            for (long j = 0; j < Lp; j++) sr[j] *= scale;
+        }
+#endif
+        /* softmax numerators and sums */
+        float sum[QB];
+        for (int r = 0; r < QB; r++) {
+            float *sr = s + r * Lp, m = -INFINITY, t = 0.f;
+#if defined(METRALE_AVX512)
+            /* the last block's keys past L masked (-inf for the maximum, left out of the sum) */
+            const __mmask16 tail = (__mmask16)((1u << (L & 15)) - 1u);
+            __m512 mv = _mm512_set1_ps(-INFINITY);
+            long j = 0;
+            for (; j + 16 <= L; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + j));
+            if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, sr + j));
+            m = _mm512_reduce_max_ps(mv);
+            const __m512 mb = _mm512_set1_ps(m);
+            __m512 tv = _mm512_setzero_ps();
+            for (j = 0; j + 16 <= L; j += 16) {
+                const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mb));
+                _mm512_storeu_ps(sr + j, e);
+                tv = _mm512_add_ps(tv, e);
+            }
+            if (tail) {
+                const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + j), mb));
+                _mm512_mask_storeu_ps(sr + j, tail, e);
+                tv = _mm512_mask_add_ps(tv, tail, tv, e);
+            }
+            t = _mm512_reduce_add_ps(tv);
+#else
+            for (long j = 0; j < L; j++) m = fmaxf(m, sr[j]);
+            long j = 0;
+#if defined(METRALE_AVX2)
+            __m256 tv = _mm256_setzero_ps();
+            for (; j + 8 <= L; j += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), _mm256_set1_ps(m)));
+                _mm256_storeu_ps(sr + j, e);
+                tv = _mm256_add_ps(tv, e);
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, tv);
+            for (int i = 0; i < 8; i++) t += lanes[i];
+#endif
+            for (; j < L; j++) {
+                sr[j] = exp1(sr[j] - m);
+                t += sr[j];
+            }
+#endif
+            sum[r] = t;
+        }
+        /* O = P V / sum: each row of V read once for the QB queries (two 16-value blocks a pass) */
+        int d = 0;
+#if defined(METRALE_AVX512)
+        for (; d + 32 <= hd; d += 32) {
+            __m512 a[QB], b[QB];
+            for (int r = 0; r < QB; r++) a[r] = b[r] = _mm512_setzero_ps();
+            for (long j = 0; j < L; j++) {
+                const __m512 v0 = _mm512_loadu_ps(v + j * ld + d), v1 = _mm512_loadu_ps(v + j * ld + d + 16);
+                for (int r = 0; r < QB; r++) {
+                    const __m512 p = _mm512_set1_ps(s[r * Lp + j]);
+                    a[r] = _mm512_fmadd_ps(p, v0, a[r]);
+                    b[r] = _mm512_fmadd_ps(p, v1, b[r]);
+                }
+            }
+            for (int r = 0; r < nq; r++) {
+                const __m512 t = _mm512_set1_ps(sum[r]);
+                _mm512_storeu_ps(out + (i0 + r) * ldo + d, _mm512_div_ps(a[r], t));
+                _mm512_storeu_ps(out + (i0 + r) * ldo + d + 16, _mm512_div_ps(b[r], t));
+            }
+        }
+        for (; d + 16 <= hd; d += 16) {
+            __m512 a[QB];
+            for (int r = 0; r < QB; r++) a[r] = _mm512_setzero_ps();
+            for (long j = 0; j < L; j++) {
+                const __m512 vv = _mm512_loadu_ps(v + j * ld + d);
+                for (int r = 0; r < QB; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Lp + j]), vv, a[r]);
+            }
+            for (int r = 0; r < nq; r++)
+                _mm512_storeu_ps(out + (i0 + r) * ldo + d, _mm512_div_ps(a[r], _mm512_set1_ps(sum[r])));
+        }
+#elif defined(METRALE_AVX2)
+        for (; d + 8 <= hd; d += 8) {
+            __m256 a[QB];
+            for (int r = 0; r < QB; r++) a[r] = _mm256_setzero_ps();
+            for (long j = 0; j < L; j++) {
+                const __m256 vv = _mm256_loadu_ps(v + j * ld + d);
+                for (int r = 0; r < QB; r++) a[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[r * Lp + j]), vv, a[r]);
+            }
+            for (int r = 0; r < nq; r++)
+                _mm256_storeu_ps(out + (i0 + r) * ldo + d, _mm256_div_ps(a[r], _mm256_set1_ps(sum[r])));
+        }
+#endif
+        for (; d < hd; d++)
+            for (int r = 0; r < nq; r++) {
+                float a = 0.f;
+                for (long j = 0; j < L; j++) a = fmaf(s[r * Lp + j], v[j * ld + d], a);
+                out[(i0 + r) * ldo + d] = a / sum[r];
+            }
+    }
+}
+
+#if defined(METRALE_AVX512)
+/* attend_one's result on AVX-512 for head_dim a multiple of 16, sixteen queries a vector: scores,
+ * softmax and sums run across the lanes of 16 queries, so the softmax needs no reduction across
+ * lanes, and every product takes one key or value element by broadcast from memory (one load an FMA,
+ * eight or sixteen independent sums). kc: the head's keys copied [L][hd]; per block of 16 queries
+ * qt [hd][16] (the queries transposed, times scale) and st [L][16] (their scores, then P). */
+static void attend_lanes(const float *q, const float *k, const float *v, long ld, long L, int hd, float scale,
+                         float *out, long ldo, float *scratch) {
+    float *kc = scratch, *qt = kc + L * hd, *st = qt + 16L * hd;
+    for (long j = 0; j < L; j++) memcpy(kc + j * hd, k + j * ld, sizeof(float) * (size_t)hd);
+    for (long i0 = 0; i0 < L; i0 += 16) {
+        const int nq = (int)(L - i0 < 16 ? L - i0 : 16);
+        for (int r = 0; r < 16; r++) { /* a short block repeats its last query (not stored) */
+            const float *qr = q + (i0 + (r < nq ? r : nq - 1)) * ld;
+            for (int d = 0; d < hd; d++) qt[d * 16 + r] = qr[d] * scale;
+        }
+        /* scores S^T[j] = sum_d qt[d] * k[j][d], eight keys at a time; their maximum */
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        long j = 0;
+        for (; j + 8 <= L; j += 8) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            const float *kb = kc + j * hd;
+            for (int d = 0; d < hd; d++) {
+                const __m512 qd = _mm512_loadu_ps(qt + d * 16);
+                a0 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[d]), a0);
+                a1 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[hd + d]), a1);
+                a2 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[2 * hd + d]), a2);
+                a3 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[3 * hd + d]), a3);
+                a4 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[4 * hd + d]), a4);
+                a5 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[5 * hd + d]), a5);
+                a6 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[6 * hd + d]), a6);
+                a7 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[7 * hd + d]), a7);
+            }
+            _mm512_storeu_ps(st + (j + 0) * 16, a0);
+            _mm512_storeu_ps(st + (j + 1) * 16, a1);
+            _mm512_storeu_ps(st + (j + 2) * 16, a2);
+            _mm512_storeu_ps(st + (j + 3) * 16, a3);
+            _mm512_storeu_ps(st + (j + 4) * 16, a4);
+            _mm512_storeu_ps(st + (j + 5) * 16, a5);
+            _mm512_storeu_ps(st + (j + 6) * 16, a6);
+            _mm512_storeu_ps(st + (j + 7) * 16, a7);
+            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)),
+                                                 _mm512_max_ps(_mm512_max_ps(a4, a5), _mm512_max_ps(a6, a7))));
+        }
+        for (; j < L; j++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * 16), _mm512_set1_ps(kc[j * hd + d]), a);
+            _mm512_storeu_ps(st + j * 16, a);
+            mx = _mm512_max_ps(mx, a);
+        }
+        /* P = exp(S - max), and its sum per query */
+        __m512 sum = _mm512_setzero_ps();
+        for (j = 0; j < L; j++) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(st + j * 16), mx));
+            _mm512_storeu_ps(st + j * 16, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
+        /* O^T[d] = sum_j P[j] v[j][d], sixteen values of d a pass; then O / sum, rows written back */
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            __m512 o[16];
+            for (int dd = 0; dd < 16; dd++) o[dd] = _mm512_setzero_ps();
+            for (j = 0; j < L; j++) {
+                const __m512 p = _mm512_loadu_ps(st + j * 16);
+                const float *vr = v + j * ld + d0;
+                for (int dd = 0; dd < 16; dd++) o[dd] = _mm512_fmadd_ps(p, _mm512_set1_ps(vr[dd]), o[dd]);
+            }
+            float ot[16][16] __attribute__((aligned(64)));
+            for (int dd = 0; dd < 16; dd++) _mm512_store_ps(ot[dd], _mm512_mul_ps(o[dd], inv));
+            for (int r = 0; r < nq; r++)
+                for (int dd = 0; dd < 16; dd++) out[(i0 + r) * ldo + d0 + dd] = ot[dd][r];
+        }
+    }
+}
+#endif
+
+#if defined(METRALE_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define ENCODER_AMX 1
+/* The (sequence, head) on Intel AMX's tile unit for head_dim 32 or 64: Q, K and V rounded to bfloat16,
+ * the products summed in float32 by TDPBF16PS (flash attention's precision: scores S = Q K^T in float32
+ * tiles of 16 queries x 16 keys; P = exp(S - max) in float32, its sum kept in float32, P rounded to
+ * bfloat16 for P V, summed in float32 tiles of 16 queries x 16 values). The vector units do the
+ * softmax; the tile unit the products (on 2 vCPUs of a Sapphire Rapids Xeon whose AVX-512 FMAs run at
+ * about half a vector a cycle, 6-7x fewer cycles than attend_lanes).
+ *
+ * Layouts (all tiles 16 rows x 64 bytes): qb [Lp][hd] bfloat16, the queries times scale; kt per block
+ * of 16 keys and half of head_dim, a weight tile: row p = (K[n][2p], K[n][2p + 1]) for the 16 keys n;
+ * vt per block of 32 keys and 16 values: row p = (V[2p][n], V[2p + 1][n]) for the 16 values n; pb
+ * [16][Lp32] bfloat16, zero past L. Padding keys and queries are zeros (their scores masked, their
+ * outputs not stored). */
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} enc_tile_config;
+
+/* 16 values of a q, k or v row at p (float32, or bfloat16 with BF16IN) plus the bias there (or nothing). */
+static inline __attribute__((always_inline)) __m512 row16(const void *p, const int BF16IN, const float *bias) {
+    const __m512 x = BF16IN ? bf16x16_f32((const uint16_t *)p) : _mm512_loadu_ps((const float *)p);
+    return bias ? _mm512_add_ps(x, _mm512_loadu_ps(bias)) : x;
+}
+
+/* q, k, v: the head's first q, k and v values of the sequence's first row, ld elements a row, float32 or
+ * (BF16IN) bfloat16 with bq, bk, bv their biases (NULL: none); out (ldo apart) float32 or (BF16OUT)
+ * bfloat16. */
+static inline __attribute__((always_inline)) void attend_amx(const void *q, const void *k, const void *v,
+                                                            const float *bq, const float *bk, const float *bv,
+                                                            const int BF16IN, long ld, long L, int hd, float scale,
+                                                            void *out, const int BF16OUT, long ldo, float *scratch) {
+    const int es = BF16IN ? 2 : 4; /* bytes an input element */
+    const long Lp = (L + 15) & ~15L, L32 = (L + 31) & ~31L, halves = hd / 32;
+    uint16_t *qb = (uint16_t *)scratch;                                /* [Lp][hd] */
+    uint32_t *kt = (uint32_t *)(qb + Lp * hd);                         /* [Lp / 16][halves][16][16] */
+    uint32_t *vt = kt + (Lp / 16) * halves * 256;                      /* [L32 / 32][hd / 16][16][16] */
+    float *st = (float *)(vt + (L32 / 32) * (hd / 16) * 256);          /* [16][Lp] */
+    uint16_t *pb = (uint16_t *)(st + 16 * Lp);                         /* [16][L32] */
+    float *ot = (float *)(pb + 16 * L32);                               /* [16][16] */
+    /* queries times scale, as bfloat16 rows */
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (long i = 0; i < Lp; i++)
+        for (int d = 0; d < hd; d += 16) {
+            const __m512 x = i < L ? _mm512_mul_ps(row16((const char *)q + (i * ld + d) * es, BF16IN, bq ? bq + d : NULL), sc)
+                                   : _mm512_setzero_ps();
+            _mm256_storeu_si256((__m256i *)(qb + i * hd + d), (__m256i)_mm512_cvtneps_pbh(x));
+        }
+    /* keys: each row as bfloat16 (hd / 2 words of two dims), then each block of 16 keys transposed to words x keys */
+    for (long blk = 0; blk < Lp / 16; blk++)
+        for (int half = 0; half < halves; half++) {
+            uint32_t rows16[16][16] __attribute__((aligned(64)));
+            for (int n = 0; n < 16; n++) {
+                const long key = blk * 16 + n;
+                const char *kr = (const char *)k + (key * ld + 32 * half) * es;
+                const float *b = bk ? bk + 32 * half : NULL;
+                const __m512 lo = key < L ? row16(kr, BF16IN, b) : _mm512_setzero_ps();
+                const __m512 hi = key < L ? row16(kr + 16 * es, BF16IN, b ? b + 16 : NULL) : _mm512_setzero_ps();
+                _mm512_store_si512((void *)rows16[n], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+            uint32_t *dst = kt + (blk * halves + half) * 256;
+            for (int p = 0; p < 16; p++)
+                for (int n = 0; n < 16; n++) dst[p * 16 + n] = rows16[n][p];
+        }
+    /* values: rows 2p and 2p + 1 of a block of 32 keys interleaved, 16 values a tile */
+    for (long j = 0; j < L32; j += 2)
+        for (int d = 0; d < hd; d += 16) {
+            const float *bias = bv ? bv + d : NULL;
+            const __m512 a = j < L ? row16((const char *)v + (j * ld + d) * es, BF16IN, bias) : _mm512_setzero_ps();
+            const __m512 b = j + 1 < L ? row16((const char *)v + ((j + 1) * ld + d) * es, BF16IN, bias) : _mm512_setzero_ps();
+            const __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+            const __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+            _mm512_storeu_si512((void *)(vt + ((j / 32) * (hd / 16) + d / 16) * 256 + ((j % 32) / 2) * 16),
+                                _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
+        }
+    const __mmask16 tail = (__mmask16)((1u << (L & 15)) - 1u);
+    for (long i0 = 0; i0 < L; i0 += 16) {
+        const int nq = (int)(L - i0 < 16 ? L - i0 : 16);
+        /* S = Q K^T, tile by tile */
+        for (int h = 0; h < halves; h++) {
+            if (h == 0) _tile_loadd(0, qb + i0 * hd, hd * 2);
+            else _tile_loadd(3, qb + i0 * hd + 32, hd * 2);
+        }
+        for (long kb = 0; kb < Lp / 16; kb++) {
+            _tile_zero(2);
+            _tile_loadd(1, kt + (kb * halves) * 256, 64);
+            _tile_dpbf16ps(2, 0, 1);
+            if (halves == 2) {
+                _tile_loadd(4, kt + (kb * halves + 1) * 256, 64);
+                _tile_dpbf16ps(2, 3, 4);
+            }
+            _tile_stored(2, st + kb * 16, Lp * 4);
+        }
+        /* P = exp(S - max) per query row, its float32 sum; P as bfloat16, zero past L */
+        float sums[16];
+        for (int r = 0; r < 16; r++) {
+            float *sr = st + r * Lp;
+            __m512 mv = _mm512_set1_ps(-INFINITY);
+            long j = 0;
+            for (; j + 16 <= L; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + j));
+            if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, sr + j));
+            const __m512 mb = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+            __m512 tv = _mm512_setzero_ps();
+            uint16_t *pr = pb + r * L32;
+            for (j = 0; j + 16 <= L; j += 16) {
+                const __m512 e = exp16_short(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mb));
+                tv = _mm512_add_ps(tv, e);
+                _mm256_storeu_si256((__m256i *)(pr + j), (__m256i)_mm512_cvtneps_pbh(e));
+            }
+            if (tail) {
+                const __m512 e = _mm512_maskz_mov_ps(tail, exp16_short(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + j), mb)));
+                tv = _mm512_add_ps(tv, e);
+                _mm256_storeu_si256((__m256i *)(pr + j), (__m256i)_mm512_cvtneps_pbh(e));
+                j += 16;
+            }
+            for (; j < L32; j += 16) _mm256_storeu_si256((__m256i *)(pr + j), _mm256_setzero_si256());
+            sums[r] = _mm512_reduce_add_ps(tv);
+        }
+        /* O = P V, 16 values a tile (two tiles a pass), then O / sum */
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            _tile_zero(5);
+            _tile_zero(6);
+            for (long vb = 0; vb < L32 / 32; vb++) {
+                _tile_loadd(3, pb + vb * 32, L32 * 2);
+                _tile_loadd(4, vt + (vb * (hd / 16) + d0 / 16) * 256, 64);
+                _tile_dpbf16ps(5, 3, 4);
+                _tile_loadd(7, vt + (vb * (hd / 16) + d0 / 16 + 1) * 256, 64);
+                _tile_dpbf16ps(6, 3, 7);
+            }
+            for (int c = 0; c < 2; c++) {
+                if (c == 0) _tile_stored(5, ot, 64);
+                else _tile_stored(6, ot, 64);
+                for (int r = 0; r < nq; r++) {
+                    const __m512 o = _mm512_div_ps(_mm512_loadu_ps(ot + 16 * r), _mm512_set1_ps(sums[r]));
+                    const long at = (i0 + r) * ldo + d0 + 16 * c;
+                    if (BF16OUT) f32x16_bf16(o, (uint16_t *)out + at);
+                    else _mm512_storeu_ps((float *)out + at, o);
+                }
+            }
+        }
+    }
+}
+
+/* Bytes of attend_amx's scratch for sequences of at most `longest` keys. */
+static long amx_task_bytes(long longest, int hd) {
+    const long Lp = (longest + 15) & ~15L, L32 = (longest + 31) & ~31L;
+    return 2 * Lp * hd + 4 * Lp * hd / 2 + 4 * L32 * hd / 2 + 4 * 16 * Lp + 2 * 16 * L32 + 4 * 256 + 64;
+}
+#endif
+
+void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts, const int64_t *lens, long n_seqs,
+                               int n_heads, int head_dim, float scale, int bf16, float *out, long ldo, int nthreads) {
+    long longest = 0;
+    for (long i = 0; i < n_seqs; i++) longest = lens[i] > longest ? lens[i] : longest;
+    long per_task = 4 * task_floats((longest + 15) & ~15L, head_dim);
+    int amx = 0;
+#if defined(ENCODER_AMX)
+    amx = bf16 && (head_dim == 32 || head_dim == 64) && metrale_amx_ready();
+    if (amx && amx_task_bytes(longest, head_dim) > per_task) per_task = amx_task_bytes(longest, head_dim);
+#else
+    (void)bf16;
+#endif
+    const long hidden = (long)n_heads * head_dim, tasks = n_seqs * n_heads;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scratch = aligned_alloc(64, (size_t)((per_task + 63) & ~63L));
+#if defined(ENCODER_AMX)
+        if (amx) { /* every tile 16 rows of 64 bytes */
+            enc_tile_config cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.palette_id = 1;
+            for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+            _tile_loadconfig(&cfg);
+        }
+#endif
+        /* longest sequences first (the packed order is shortest first): the last tasks are short */
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < tasks; t++) {
+            const long seq = n_seqs - 1 - t / n_heads;
+            const int h = (int)(t % n_heads);
+            const float *base = qkv + starts[seq] * ld + (long)h * head_dim;
+            float *o = out + starts[seq] * ldo + (long)h * head_dim;
+            if (!scratch) { /* out of memory: NaN, never a silent zero */
+                for (long i = 0; i < lens[seq]; i++)
+                    for (int d = 0; d < head_dim; d++) o[i * ldo + d] = NAN;
+                continue;
+            }
+            const float *k = base + hidden, *v = base + 2 * hidden;
+#if defined(ENCODER_AMX)
+            if (amx) {
+                attend_amx(base, k, v, NULL, NULL, NULL, 0, ld, lens[seq], head_dim, scale, o, 0, ldo, scratch);
+                continue;
+            }
+#endif
+#if defined(METRALE_AVX512)
+            if (head_dim % 16 == 0) {
+                attend_lanes(base, k, v, ld, lens[seq], head_dim, scale, o, ldo, scratch);
+                continue;
+            }
+#endif
+            if (head_dim == 32) attend_one(base, k, v, ld, lens[seq], 32, 32, scale, o, ldo, scratch);
+            else if (head_dim == 64) attend_one(base, k, v, ld, lens[seq], 64, 64, scale, o, ldo, scratch);
+            else attend_one(base, k, v, ld, lens[seq], 0, head_dim, scale, o, ldo, scratch);
+        }
+#if defined(ENCODER_AMX)
+        if (amx) _tile_release();
+#endif
+        free(scratch);
+    }
+}
+
+int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bias, const int64_t *starts,
+                                   const int64_t *lens, long n_seqs, int n_heads, int head_dim, float scale,
+                                   uint16_t *out, long ldo, int nthreads) {
+#if defined(ENCODER_AMX)
+    if (!((head_dim == 32 || head_dim == 64) && metrale_amx_ready())) return 0;
+    long longest = 0;
+    for (long i = 0; i < n_seqs; i++) longest = lens[i] > longest ? lens[i] : longest;
+    const long per_task = amx_task_bytes(longest, head_dim), hidden = (long)n_heads * head_dim, tasks = n_seqs * n_heads;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        uint8_t *scratch = aligned_alloc(64, (size_t)((per_task + 63) & ~63L));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        enc_tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette_id = 1;
+        for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+        _tile_loadconfig(&cfg);
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < tasks; t++) {
+            if (!scratch) continue;
+            const long seq = n_seqs - 1 - t / n_heads;
+            const long h = t % n_heads;
+            const uint16_t *base = qkv + starts[seq] * ld + h * head_dim;
+            attend_amx(base, base + hidden, base + 2 * hidden, bias + h * head_dim, bias + hidden + h * head_dim,
+                       bias + 2 * hidden + h * head_dim, 1, ld, lens[seq], head_dim, scale,
+                       out + starts[seq] * ldo + h * head_dim, 1, ldo, (float *)scratch);
+        }
+        _tile_release();
+        free(scratch);
+    }
+    return failed ? -1 : 1;
+#else
+    (void)qkv, (void)ld, (void)bias, (void)starts, (void)lens, (void)n_seqs, (void)n_heads, (void)head_dim;
+    (void)scale, (void)out, (void)ldo, (void)nthreads;
+    return 0;
+#endif
+}
+
+/* erf(x) by Abramowitz and Stegun 7.1.26 (absolute error at most 1.5e-7): 1 - poly(t) exp(-x^2),
+ * t = 1 / (1 + 0.3275911 |x|), sign restored; exp1's steps, so the vector form below agrees. */
+static inline float erf1(float x) {
+    const float a = fabsf(x), t = 1.f / (1.f + 0.3275911f * a);
+    float p = 1.061405429f;
+    p = p * t + -1.453152027f;
+    p = p * t + 1.421413741f;
+    p = p * t + -0.284496736f;
+    p = p * t + 0.254829592f;
+    const float y = 1.f - p * t * exp1(-(a * a));
+    return x < 0.f ? -y : y;
+}
+
+/* GELU, the erf form (transformers' "gelu", torch's gelu(approximate="none")): x / 2 (1 + erf(x / sqrt 2)). */
+static inline float gelu_erf1(float x) { return 0.5f * x * (1.f + erf1(x * 0.7071067811865476f)); }
+
+#if defined(METRALE_AVX512)
+static inline __m512 gelu_erf16(__m512 x) {
+    const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.7071067811865476f));
+    const __m512 a = _mm512_abs_ps(z);
+    /* t = 1 / (1 + p a): rcp14 and one Newton step (relative error ~1e-8; a zmm division costs ~16 cycles) */
+    const __m512 den = _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), a, _mm512_set1_ps(1.f));
+    __m512 t = _mm512_rcp14_ps(den);
+    t = _mm512_mul_ps(t, _mm512_fnmadd_ps(den, t, _mm512_set1_ps(2.f)));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    const __m512 e = exp16_short(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a)));
+    __m512 y = _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_mul_ps(_mm512_mul_ps(p, t), e));
+    y = _mm512_mask_sub_ps(y, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), y);
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.f), y));
+}
+#endif
+
+
+void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *out, long rows, long n, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const uint16_t *yr = y + r * n;
+        uint16_t *o = out + r * n;
+        long i = 0;
+#if defined(METRALE_AVX512)
+        for (; i + 16 <= n; i += 16)
+            f32x16_bf16(gelu_erf16(_mm512_add_ps(bf16x16_f32(yr + i), _mm512_loadu_ps(bias + i))), o + i);
+#endif
+        for (; i < n; i++) o[i] = f32_bf16(gelu_erf1(bf16_f32(yr[i]) + bias[i]));
+    }
+}
+
+/* out = LayerNorm(float(y) + bias + residual) * gamma + beta per row of n (mean and variance in float32,
+ * the biased variance, eps inside the root: torch's layer_norm), and out16 = bfloat16(out) when not NULL.
+ * y: the linear's bfloat16 output [rows, n]; residual, out: float32 (may be the same array). */
+void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float *residual, const float *gamma,
+                              const float *beta, float eps, float *out, uint16_t *out16, long rows, long n,
+                              int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const uint16_t *yr = y + r * n;
+        const float *res = residual + r * n;
+        float *o = out + r * n;
+        float mean = 0.f, var = 0.f;
+        long i = 0;
+#if defined(METRALE_AVX512)
+        __m512 acc = _mm512_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            const __m512 x = _mm512_add_ps(_mm512_add_ps(bf16x16_f32(yr + i), _mm512_loadu_ps(bias + i)), _mm512_loadu_ps(res + i));
+            _mm512_storeu_ps(o + i, x);
+            acc = _mm512_add_ps(acc, x);
+        }
+        mean = _mm512_reduce_add_ps(acc);
+#endif
+        for (; i < n; i++) {
+            o[i] = bf16_f32(yr[i]) + bias[i] + res[i];
+            mean += o[i];
+        }
+        mean /= (float)n;
+        i = 0;
+#if defined(METRALE_AVX512)
+        const __m512 mv = _mm512_set1_ps(mean);
+        acc = _mm512_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            const __m512 c = _mm512_sub_ps(_mm512_loadu_ps(o + i), mv);
+            acc = _mm512_fmadd_ps(c, c, acc);
+        }
+        var = _mm512_reduce_add_ps(acc);
+#endif
+        for (; i < n; i++) {
+            const float c = o[i] - mean;
+            var += c * c;
+        }
+        const float inv = 1.f / sqrtf(var / (float)n + eps);
+        i = 0;
+#if defined(METRALE_AVX512)
+        const __m512 iv = _mm512_set1_ps(inv);
+        for (; i + 16 <= n; i += 16) {
+            const __m512 x = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(o + i), mv), iv),
+                                                         _mm512_loadu_ps(gamma + i)), _mm512_loadu_ps(beta + i));
+            _mm512_storeu_ps(o + i, x);
+            if (out16) f32x16_bf16(x, out16 + r * n + i);
+        }
+#endif
+        for (; i < n; i++) {
+            o[i] = (o[i] - mean) * inv * gamma[i] + beta[i];
+            if (out16) out16[r * n + i] = f32_bf16(o[i]);
+        }
+    }
+}
+
+/* out = float(y) + bias per row of n: a linear's bfloat16 product and its float32 bias, in float32. */
+void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        long i = 0;
+#if defined(METRALE_AVX512)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(out + r * n + i, _mm512_add_ps(bf16x16_f32(y + r * n + i), _mm512_loadu_ps(bias + i)));
+#endif
+        for (; i < n; i++) out[r * n + i] = bf16_f32(y[r * n + i]) + bias[i];
+    }
+}
+
+int metrale_encoder_amx_attention(int head_dim) {
+#if defined(ENCODER_AMX)
+    return (head_dim == 32 || head_dim == 64) && metrale_amx_ready();
+#else
+    (void)head_dim;
+    return 0;
+#endif
+}

@@ -1,0 +1,61 @@
+"""The rows every API request looks up, remembered for a moment (inference/tenancy/recent.py): a change
+saved through the ORM is seen by the next request, a raw UPDATE within recent.TTL_S."""
+import time
+
+import pytest
+from django.utils import timezone
+
+from inference.models import ApiKey, RateLimitContext
+from inference.tenancy import apikeys, recent
+
+
+@pytest.fixture
+def key(make_tenant, make_key, require_auth):
+    tenant = make_tenant()
+    row, token = make_key(tenant, name="k")
+    return row, token
+
+
+def models(client, token):
+    return client.get("/v1/models", headers={"Authorization": f"Bearer {token}"})
+
+
+@pytest.mark.django_db
+def test_a_key_revoked_through_the_orm_is_refused_by_the_next_request(client, key):
+    row, token = key
+    assert models(client, token).status_code == 200
+    assert recent.recall(("key", apikeys.hash_key(token))) is not None
+    row.revoked = True
+    row.save()
+    response = models(client, token)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.django_db
+def test_a_raw_update_is_seen_within_the_ttl(client, key, monkeypatch):
+    monkeypatch.setattr(recent, "TTL_S", 0.2)
+    row, token = key
+    assert models(client, token).status_code == 200
+    ApiKey.objects.filter(pk=row.pk).update(revoked=True, revoked_at=timezone.now())  # no signal
+    assert models(client, token).status_code == 200  # remembered
+    time.sleep(0.25)
+    assert models(client, token).status_code == 401
+
+
+@pytest.mark.django_db
+def test_new_limits_saved_through_the_orm_apply_to_the_next_request(client, key):
+    row, token = key
+    assert models(client, token).headers["x-ratelimit-limit-requests"] == "unlimited"
+    RateLimitContext.objects.create(tenant=row.tenant, requests_per_minute=7)
+    assert models(client, token).headers["x-ratelimit-limit-requests"] == "7"
+
+
+def test_entries_expire_and_the_table_stays_bounded(monkeypatch):
+    monkeypatch.setattr(recent, "TTL_S", 0.05)
+    recent.remember(("x",), 1)
+    assert recent.recall(("x",)) == 1
+    time.sleep(0.06)
+    assert recent.recall(("x",)) is None
+    for i in range(10_005):
+        recent.remember(("n", i), i)
+    assert len(recent._entries) <= 10_001
