@@ -36,10 +36,10 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define METRALE_AMX 1
+#define AMX_PATHS 1
 #endif
 
-#ifdef METRALE_AMX
+#ifdef AMX_PATHS
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
