@@ -314,3 +314,14 @@ def test_smollm2_resident_weights_are_the_ggufs_bytes(smollm2_blocks_dir, smollm
     assert model.model.embed_tokens.weight_blocks is model.head.compact
     assert all(lin.weight is None and lin.exact is None for lin in model.packed())
     assert model.weight_bytes() <= 1.10 * gguf_bytes
+
+
+def test_large_packed_weights_move_to_huge_page_memory_with_their_values():
+    small = torch.arange(1000, dtype=torch.int32)
+    assert kernels.resident(small) is small
+    big = torch.randint(-128, 127, (kernels.HUGE_PAGE_BYTES + 100,), dtype=torch.int8)
+    moved = kernels.resident(big)
+    assert moved.data_ptr() != big.data_ptr() and moved.data_ptr() % (2 << 20) == 0
+    assert torch.equal(moved, big)
+    del big
+    assert int(moved[-1]) == int(moved.clone()[-1])  # the mapping lives with the tensor
