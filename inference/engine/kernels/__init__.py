@@ -101,12 +101,13 @@ def available() -> bool:
 def instruction_set() -> str:
     """The vector paths the loaded library was compiled with (it is built with -march=native), e.g.
     "int8 GEMM avx512-vnni, attention avx512, blocks avx512-vnni" or "int8 GEMM avx2, attention
-    avx2, blocks avx2"; "unavailable"
-    where the kernels are not loaded."""
+    avx2, blocks avx2", with "+amx" after the blocks where their groups of 16 rows take the tile unit
+    (amx_gemm.c); "unavailable" where the kernels are not loaded."""
     lib = _load()
     if lib is None:
         return "unavailable"
-    return f"{lib.metrale_kernels_isa().decode()}, blocks {lib.metrale_block_isa().decode()}"
+    amx = "+amx" if lib.metrale_amx_ready() else ""
+    return f"{lib.metrale_kernels_isa().decode()}, blocks {lib.metrale_block_isa().decode()}{amx}"
 
 
 _KV_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}

@@ -167,15 +167,17 @@ class EncoderLinear:
     with int16 activations: 0.9985; bfloat16: 0.99998). Each row's result depends on that row alone.
     """
 
-    __slots__ = ("weight", "bias")
+    __slots__ = ("weight", "bias", "packed", "_shape")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.packed = None  # the bfloat16 weight in oneDNN's own layout (pack()), or None
+        self._shape = tuple(self.weight.shape)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.weight.shape)
+        return self._shape
 
     def set_format(self, fmt: str) -> None:
         """Keep the weight as "float32" or "bfloat16". Raises ValueError for another format."""
@@ -183,19 +185,45 @@ class EncoderLinear:
             raise ValueError(f"encoder linears are float32 or bfloat16, got {fmt!r}")
         self.weight = self.weight.to(torch.float32 if fmt == "float32" else torch.bfloat16)
 
+    def pack(self) -> bool:
+        """In the bfloat16 form, move the weight into oneDNN's own blocked layout
+        (torch.ops.mkldnn._reorder_linear_weight, what torch's compiler does for CPU linears): each call
+        then skips reordering it, bitwise the same products (at 4 rows 31 us a call against 64, at 1,024
+        rows 9% faster, on 2 vCPUs with AMX). product() then takes no `out`. Returns False, keeping the
+        plain weight, where torch has no oneDNN linear."""
+        if self.weight is None or self.weight.dtype != torch.bfloat16:
+            return self.packed is not None
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1024)
+        except (AttributeError, RuntimeError):
+            return False
+        self.weight = None
+        return True
+
     @property
     def nbytes(self) -> int:
         """Bytes of the kept weight and bias."""
-        return self.weight.numel() * self.weight.element_size() + (0 if self.bias is None else self.bias.numel() * 4)
+        kept = self.packed.numel() * 2 if self.packed is not None else self.weight.numel() * self.weight.element_size()
+        return kept + (0 if self.bias is None else self.bias.numel() * 4)
 
-    def product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x · Wᵀ without the bias, in the weight's dtype: x [T, K] of that dtype (bfloat16: the sums in
-        float32, the result rounded to bfloat16), into `out` [T, N] when given."""
+    def product(self, x: torch.Tensor, out: torch.Tensor | None = None, *, bias: bool = False,
+                gelu: bool = False) -> torch.Tensor:
+        """x · Wᵀ in the weight's dtype: x [T, K] of that dtype (bfloat16: the sums in float32, the result
+        rounded to bfloat16), into `out` [T, N] when given (a plain weight only). A packed weight can add
+        the float32 bias (bias=True) and apply the erf GELU (gelu=True) before the rounding."""
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias if bias else None,
+                                                      "gelu" if gelu else "none", [], "none" if gelu else "")
+        if bias or gelu:
+            raise ValueError("a plain weight's product adds no bias and applies no activation")
         if out is None:
             return F.linear(x, self.weight)
         return torch.matmul(x, self.weight.t(), out=out)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = self.product(x.to(torch.bfloat16)).float()
+            return y if self.bias is None else y + self.bias
         if self.weight.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x.to(self.weight.dtype), self.weight).float()

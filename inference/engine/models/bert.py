@@ -165,6 +165,10 @@ class BertEncoder:
         for layer in self.layers:
             for lin in layer.linears():
                 lin.set_format(weights)
+        # The linears whose products the compiled steps take whole (not into a buffer): oneDNN's layout,
+        # the up projection's bias and GELU inside it (compiled_steps says whether the packs took).
+        self._packed = self.compiled_steps() and all(
+            lin.pack() for layer in self.layers for lin in (layer.attn_out, layer.up, layer.down))
         self._workspace: dict[str, torch.Tensor] | None = None  # units()'s buffers between passes
 
     @classmethod
@@ -319,8 +323,11 @@ class BertEncoder:
         a16 = torch.empty_like(out16)
         kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, residual,
                                  layer.attn_norm, eps, a, a16)
-        g = layer.up.product(a16)
-        kernels.encoder_bias_gelu(g, layer.up.bias, g)
+        if self._packed:  # oneDNN adds the bias and applies the erf GELU before rounding to bfloat16
+            g = layer.up.product(a16, bias=True, gelu=True)
+        else:
+            g = layer.up.product(a16)
+            kernels.encoder_bias_gelu(g, layer.up.bias, g)
         kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, out, out16)
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
