@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
+#include "codes512.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__x86_64__) && defined(__linux__)
@@ -122,16 +123,11 @@ static inline void prefetch_next_tile(const float *y, long ldy) {
  * subtracted, so that the codes are the block's signed integers and the sums need no correction
  * (sum (q - off) a = sum q a - off * asum, the vector paths' integer). */
 static inline __attribute__((always_inline)) void unpack_q4_block(const uint8_t *qs, int q5, int off, uint8_t *out) {
-    const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), offv = _mm512_set1_epi8((char)off);
+    const __m512i offv = _mm512_set1_epi8((char)off);
     __m512i hs = q5 ? _mm512_loadu_si512((const void *)(qs + 256)) : _mm512_setzero_si512();
     for (int g = 0; g < 4; g++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        if (q5) {
-            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
-            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
-            hs = _mm512_srli_epi16(hs, 2);
-        }
+        __m512i lo, hi;
+        q4_group_codes(qs, g, q5, &hs, &lo, &hi);
         if (off) {
             lo = _mm512_sub_epi8(lo, offv);
             hi = _mm512_sub_epi8(hi, offv);
@@ -247,25 +243,12 @@ long metrale_amx_block_rows(int format, const uint8_t *qs, long cb, const uint16
  * in rows 0..3 and zeros in rows 4..7, the second the other way round (groups 2 and 3), the codes
  * less 32 (signed: sum (q - 32) a = dot - 32 * bs16, kq_rows_vnni's integer). */
 static inline __attribute__((always_inline)) void unpack_kq_block(int format, const uint8_t *p, uint8_t *out) {
-    const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
     const __m512i zero = _mm512_setzero_si512();
     for (int s = 0; s < 8; s++) {
-        const uint8_t *qs = p + 256 * s;
-        __m512i hs = zero;
-        if (format == METRALE_W_Q5_K) hs = _mm512_loadu_si512((const void *)(p + 2048 + 64 * s));
+        __m512i hs = kq_high(format, p, s);
         for (int g = 0; g < 4; g++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-            __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            if (format == METRALE_W_Q5_K) {
-                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
-                hs = _mm512_srli_epi16(hs, 2);
-            } else if (format == METRALE_W_Q6_K) {
-                if (!(g & 1)) hs = _mm512_loadu_si512((const void *)(p + 2048 + 128 * s + 64 * (g >> 1)));
-                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bits45));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 2), bits45));
-                hs = _mm512_srli_epi16(hs, 4);
-            }
+            __m512i lo, hi;
+            kq_group_codes(format, p, s, g, &hs, &lo, &hi);
             if (format == METRALE_W_Q6_K) { /* q - 32: the signed integers, no correction after the sums */
                 lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(32));
                 hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(32));

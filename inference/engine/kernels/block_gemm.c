@@ -35,6 +35,7 @@
 #include <string.h>
 #include <omp.h>
 #include "kernels.h"
+#include "codes512.h"
 #if defined(__AVX2__) && defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define BLK_AVX2 1
@@ -252,7 +253,7 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
     const int two = R <= 6;
     __m512 c[BR];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (long b = 0; b < KB; b++, qs += cb) {
         for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
         if (!(b & 1)) {
@@ -281,16 +282,10 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
                 s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(128 * asum[r * KB + b]));
             }
         } else {
-            __m512i hs = _mm512_setzero_si512();
-            if (is_q5(format)) hs = _mm512_loadu_si512((const void *)(qs + 256));
+            __m512i hs = is_q5(format) ? _mm512_loadu_si512((const void *)(qs + 256)) : _mm512_setzero_si512();
             for (int g = 0; g < 4; g++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                if (is_q5(format)) { /* the fifth bits: 2g and 2g + 1 of the high-bit byte */
-                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
-                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
-                    hs = _mm512_srli_epi16(hs, 2);
-                }
+                __m512i lo, hi;
+                q4_group_codes(qs, g, is_q5(format), &hs, &lo, &hi);
                 for (int r = 0; r < R; r++) {
                     int32_t p0, p1;
                     memcpy(&p0, ab + r * K + 8 * g, 4);

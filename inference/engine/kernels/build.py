@@ -21,7 +21,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cpu_kernels.c", HERE / "int8_gemm.c", HERE / "block_gemm.c", HERE / "kquant_gemm.c",
            HERE / "amx_gemm.c", HERE / "decode_layer.c", HERE / "lora.c", HERE / "sample.c", HERE / "encoder.c"]
-HEADERS = [HERE / "kernels.h", HERE / "lora.h"]
+HEADERS = [HERE / "kernels.h", HERE / "lora.h", HERE / "codes512.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 
 

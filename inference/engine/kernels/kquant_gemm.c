@@ -39,6 +39,7 @@
 #include <string.h>
 #include <omp.h>
 #include "kernels.h"
+#include "codes512.h"
 #if defined(__AVX2__) && defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define KQ_AVX2 1
@@ -264,7 +265,6 @@ static inline __attribute__((always_inline)) void kq_rows_vnni(int format, const
     const long cbytes = code_bytes(format);
     __m512 c[KBR];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
     for (long b = 0; b < KS; b++, p += stride) {
         for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + KPF + l, _MM_HINT_T0);
         const uint8_t *sc = p + cbytes;
@@ -273,24 +273,12 @@ static inline __attribute__((always_inline)) void kq_rows_vnni(int format, const
         __m512i is[KBR];
         for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
         for (int s = 0; s < 8; s++) {
-            const uint8_t *qs = p + 256 * s;
             __m512i d0[KBR], d1[KBR];
             for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm512_setzero_si512();
-            __m512i hs = _mm512_setzero_si512();
-            if (format == METRALE_W_Q5_K) hs = _mm512_loadu_si512((const void *)(p + 2048 + 64 * s));
+            __m512i hs = kq_high(format, p, s);
             for (int g = 0; g < 4; g++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                if (format == METRALE_W_Q5_K) {
-                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
-                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
-                    hs = _mm512_srli_epi16(hs, 2);
-                } else if (format == METRALE_W_Q6_K) {
-                    if (!(g & 1)) hs = _mm512_loadu_si512((const void *)(p + 2048 + 128 * s + 64 * (g >> 1)));
-                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(hs, 4), bits45));
-                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(hs, 2), bits45));
-                    hs = _mm512_srli_epi16(hs, 4);
-                }
+                __m512i lo, hi;
+                kq_group_codes(format, p, s, g, &hs, &lo, &hi);
                 for (int r = 0; r < R; r++) {
                     int32_t p0, p1;
                     memcpy(&p0, ab + r * K + 32 * s + 8 * g, 4);
