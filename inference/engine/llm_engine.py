@@ -164,9 +164,16 @@ class LLMEngine:
         deadline: a time.monotonic() instant after which the request ends with "timeout".
         arrival_time: the time.monotonic() instant it was submitted (default: now); TTFT, queue
         and e2e times count from it.
-        Raises RequestRejected when it can never fit (check_fits) or a parameter cannot be used.
+        Raises RequestRejected when it can never fit (check_fits), a token id is outside the vocabulary, or a
+        parameter cannot be used.
         """
         self.check_fits(len(request.prompt_token_ids), request.params.max_tokens)
+        # The serving layer refuses such ids with a 400; here they would index past the embedding rows and
+        # the compiled kernels' tables (a crash of the process, not of the request).
+        vocab = self.model_config.vocab_size
+        for name, ids in (("prompt", request.prompt_token_ids), ("prediction", request.prediction_token_ids or ())):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise RequestRejected(f"a {name} token id is outside the vocabulary [0, {vocab})")
         if request.beam is not None and request.beam.width > self.config.max_num_seqs:
             raise RequestRejected(f"a beam width of {request.beam.width} exceeds the engine's "
                                   f"{self.config.max_num_seqs} sequences (max_num_seqs)")

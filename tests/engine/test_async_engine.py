@@ -164,6 +164,21 @@ def test_it_refuses_a_request_that_can_never_fit(tiny_folder):
     ae.stop()
 
 
+def test_it_refuses_token_ids_outside_the_vocabulary_and_serves_on(tiny_folder):
+    """A prompt or prediction id past the vocabulary (or negative) is refused for that request alone, before it
+    could index past the embedding rows; the engine then serves the next request."""
+    engine = make_engine(tiny_folder)
+    vocab = engine.model_config.vocab_size
+    for prompt, prediction in (([3, vocab], None), ([-1, 4], None), ([3, 4], [5, vocab + 7])):
+        with pytest.raises(RequestRejected, match="outside the vocabulary"):
+            engine.add_request(EngineRequest(prompt, SamplingParams(max_tokens=2), prediction_token_ids=prediction))
+    engine.add_request(EngineRequest([3, vocab - 1], SamplingParams(max_tokens=2, temperature=0)), request_id="ok")
+    finished = []
+    while engine.has_work():
+        finished += [e for _, events in engine.step() for e in events if isinstance(e, Finished)]
+    assert len(finished) == 1 and finished[0].completion_tokens == 2
+
+
 def test_it_gives_the_same_tokens_and_prompt_logprobs_when_short_and_long_prompts_share_a_step(tiny_folder,
                                                                                               monkeypatch):
     """With int8 prefill, short prompts run through the compiled layers and long ones through torch's
