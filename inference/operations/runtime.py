@@ -117,6 +117,10 @@ def embedding_service() -> EmbeddingService | None:
             model = EmbeddingModel(path, settings.METRALE.get("EMBEDDING_WEIGHTS") or "auto")
             runner = EmbeddingRunner(model, share=settings.METRALE.get("EMBEDDING_SHARE") or 0.35)
             _embeddings = EmbeddingService(path.name, path, int(time.time()), model, runner)
+            enc = model.encoder
+            log.info("embedding model ready: %s beside the chat model (%d dimensions, up to %d tokens an input; "
+                     "linears %s%s)", path.name, model.dimensions, model.max_input_tokens, enc.weights,
+                     ", compiled steps" if enc.compiled_steps() else "")
         return _embeddings
 
 
