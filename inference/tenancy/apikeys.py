@@ -42,4 +42,9 @@ def hash_key(key: str) -> str:
 def key_matches(key: str, stored_hash: str | None) -> bool:
     """Compare `key` with a stored hash in constant time. With no stored hash (no key has the
     prefix) the same work is done against a dummy, so timing does not tell the two apart."""
-    return hmac.compare_digest(hash_key(key), stored_hash or _DUMMY_HASH) and stored_hash is not None
+    return digest_matches(hash_key(key), stored_hash)
+
+
+def digest_matches(digest: str, stored_hash: str | None) -> bool:
+    """key_matches for a key already hashed (hash_key's digest)."""
+    return hmac.compare_digest(digest, stored_hash or _DUMMY_HASH) and stored_hash is not None

@@ -96,7 +96,7 @@ async def usable_key(token: str) -> ApiKey:
     if key is None and apikeys.looks_like_key(token):
         key = await (ApiKey.objects.select_related("tenant")
                      .filter(prefix=apikeys.key_prefix(token)).afirst())
-    if not apikeys.key_matches(token, key.key_hash if key else None):
+    if not apikeys.digest_matches(digest, key.key_hash if key else None):
         raise _unauthorized("Incorrect API key provided.", "invalid_api_key")
     recent.remember(("key", digest), key)
     now = timezone.now()

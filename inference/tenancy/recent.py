@@ -19,7 +19,6 @@ from typing import Any
 
 TTL_S = 1.0
 
-_MISSING = object()
 _lock = threading.Lock()
 _entries: dict[tuple, tuple[float, Any]] = {}
 
@@ -27,8 +26,8 @@ _entries: dict[tuple, tuple[float, Any]] = {}
 def recall(key: tuple) -> Any:
     """The value remembered under `key` within the last TTL_S seconds, or None."""
     with _lock:
-        found = _entries.get(key, _MISSING)
-        if found is _MISSING:
+        found = _entries.get(key)
+        if found is None:
             return None
         expires, value = found
         if time.monotonic() >= expires:

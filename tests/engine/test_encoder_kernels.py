@@ -54,14 +54,14 @@ def test_every_instruction_set_path_of_the_attention_equals_sdpa(extra):
 
     lib = ctypes.CDLL(str(build(extra)))
     lib.metrale_encoder_attention.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                              ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+                                              ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_float,
                                               ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     g = torch.Generator().manual_seed(3)
     for n_heads, head_dim in ((12, 32), (3, 40)):
         qkv, starts, lens = packed([1, 7, 16, 70], n_heads * head_dim, g)
         out = torch.empty(qkv.shape[0], n_heads * head_dim)
         lib.metrale_encoder_attention(qkv.data_ptr(), qkv.shape[1], starts.data_ptr(), lens.data_ptr(), len(lens),
-                                      n_heads, head_dim, 1 / math.sqrt(head_dim), 0, out.data_ptr(), out.shape[1], 2)
+                                      n_heads, head_dim, 1 / math.sqrt(head_dim), out.data_ptr(), out.shape[1], 2)
         torch.testing.assert_close(out, sdpa_each(qkv, starts, lens, n_heads), atol=1e-5, rtol=1e-4)  # float32, summed in another order
 
 
@@ -69,16 +69,17 @@ def test_every_instruction_set_path_of_the_attention_equals_sdpa(extra):
 @pytest.mark.parametrize("head_dim", [32, 64])
 def test_bfloat16_attention_on_the_tile_unit_is_as_close_as_bfloat16_sdpa(head_dim):
     """Q, K, V and P in bfloat16 with float32 sums: as far from float32 SDPA as SDPA on bfloat16 inputs, from
-    the float32 q/k/v and from a bfloat16 product plus its bias alike."""
+    a bfloat16 product with no bias and from one plus its bias alike."""
     g = torch.Generator().manual_seed(head_dim)
     n_heads = 384 // head_dim
     qkv, starts, lens = packed([1, 5, 16, 17, 32, 33, 129, 256], 384, g)
     exact = sdpa_each(qkv, starts, lens, n_heads)
     bf16_error = (sdpa_each(qkv, starts, lens, n_heads, torch.bfloat16) - exact).abs().max().item()
-    out = torch.empty_like(exact)
-    kernels.encoder_attention(qkv, starts, lens, n_heads, 1 / math.sqrt(head_dim), out, bfloat16=True)
-    assert (out - exact).abs().max().item() <= 2 * bf16_error
-    assert F.cosine_similarity(out.flatten(), exact.flatten(), 0) > 0.9999
+    out = torch.empty(qkv.shape[0], 384, dtype=torch.bfloat16)
+    kernels.encoder_attention_bf16(qkv.bfloat16(), torch.zeros(3 * 384), starts, lens, n_heads, 1 / math.sqrt(head_dim),
+                                   out)
+    assert (out.float() - exact).abs().max().item() <= 2 * bf16_error
+    assert F.cosine_similarity(out.float().flatten(), exact.flatten(), 0) > 0.9999
     bias = torch.randn(3 * 384, generator=g)
     product = (qkv - bias).bfloat16()
     out16 = torch.empty(qkv.shape[0], 384, dtype=torch.bfloat16)

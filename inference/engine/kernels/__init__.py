@@ -63,7 +63,7 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_block_rows.restype = None
         lib.metrale_sample.argtypes = [_P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _I]
         lib.metrale_sample.restype = None
-        lib.metrale_encoder_attention.argtypes = [_P, _L, _P, _P, _L, _I, _I, ctypes.c_float, _I, _P, _L, _I]
+        lib.metrale_encoder_attention.argtypes = [_P, _L, _P, _P, _L, _I, _I, ctypes.c_float, _P, _L, _I]
         lib.metrale_encoder_attention.restype = None
         lib.metrale_encoder_bias_gelu.argtypes = [_P, _P, _P, _L, _L, _I]
         lib.metrale_encoder_bias_gelu.restype = None
@@ -361,22 +361,21 @@ def weight_linear(x: torch.Tensor, w: KernelWeight) -> torch.Tensor:
 
 
 def encoder_attention(qkv: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, n_heads: int, scale: float,
-                      out: torch.Tensor, bfloat16: bool = False) -> None:
+                      out: torch.Tensor) -> None:
     """Bidirectional attention of packed sequences (encoder.c), each sequence attending to itself alone.
 
     qkv: float32 [T, 3 * hidden] (each row q | k | v, head h at h * head_dim of each), contiguous rows;
     starts, lens: int64 [S], each sequence's first row and row count (lens >= 1); out: float32 [T,
     hidden] (rows may be strided), written for every row of every sequence: softmax(scale q·Kᵀ)·V
-    per head, in float32; bfloat16=True allows Q, K, V and P rounded to bfloat16 with float32 sums
-    (the tile unit's form, where the CPU has AMX and head_dim is 32 or 64). Raises RuntimeError without
-    the kernels.
+    per head, in float32 (encoder_attention_bf16 is the tile unit's bfloat16 form). Raises RuntimeError
+    without the kernels.
     """
     lib = _required()
     hidden = qkv.shape[1] // 3
     assert qkv.stride(1) == 1 and out.stride(1) == 1 and qkv.dtype == out.dtype == torch.float32
     starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
     lib.metrale_encoder_attention(qkv.data_ptr(), qkv.stride(0), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
-                                  n_heads, hidden // n_heads, scale, int(bfloat16), out.data_ptr(), out.stride(0),
+                                  n_heads, hidden // n_heads, scale, out.data_ptr(), out.stride(0),
                                   torch.get_num_threads())
 
 

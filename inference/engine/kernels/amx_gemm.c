@@ -17,7 +17,8 @@
  * unit computes the next block (two accumulator tiles in turn).
  *
  * Tile layout (one configuration for every kernel here, loaded by metrale_amx_begin per thread and
- * call): 0 and 4 the activations of a block of 32 (16 rows x 32 bytes), 1 and 5 the weights of a
+ * call; metrale_amx_begin_bf16 loads encoder.c's, every tile 16 rows of 64 bytes): 0 and 4 the
+ * activations of a block of 32 (16 rows x 32 bytes), 1 and 5 the weights of a
  * block of 32 (8 rows of 4 k x 16 channels: block_gemm.c's Q8 packing is exactly this layout, the
  * Q4 / Q5 and K-quant codes are unpacked into it), 2 and 3 the int32 sums (16 x 16).
  *
@@ -70,6 +71,15 @@ void metrale_amx_begin(void) {
     _tile_loadconfig(&cfg);
 }
 
+void metrale_amx_begin_bf16(void) {
+    static const tile_config cfg = {
+        .palette_id = 1,
+        .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+        .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+    };
+    _tile_loadconfig(&cfg);
+}
+
 void metrale_amx_end(void) { _tile_release(); }
 
 /* A thread's buffer of unpacked weight codes (grown as needed, kept for the thread's life: the
@@ -84,10 +94,6 @@ static uint8_t *unpack_buffer(long bytes) {
     }
     return buf;
 }
-
-/* Bytes ahead of the packed codes being unpacked that the unpacking prefetches (one page, as
- * block_gemm.c's PF_BYTES). */
-#define PF_AHEAD 4096
 
 /* The next tile's packed bytes, fetched into L2 a few lines at a time while this tile computes (the
  * threads take runs of consecutive tiles, which lie one after another): the tile unit's loads do not
@@ -212,8 +218,8 @@ long metrale_amx_block_rows(int format, const uint8_t *qs, long cb, const uint16
         const int q5 = format == METRALE_W_Q5_0 || format == METRALE_W_Q5_1;
         const int off = format == METRALE_W_Q4_0 ? 8 : format == METRALE_W_Q5_0 ? 16 : 0;
         for (long b = 0; b < KB; b++) {
-            for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + b * cb + PF_AHEAD + l, _MM_HINT_T0);
-            _mm_prefetch((const char *)(dh + 16 * b) + PF_AHEAD / 8, _MM_HINT_T0);
+            for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + b * cb + METRALE_PF_BYTES + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(dh + 16 * b) + METRALE_PF_BYTES / 8, _MM_HINT_T0);
             unpack_q4_block(qs + b * cb, q5, off, u + 512 * b);
         }
         w = u;
@@ -365,7 +371,7 @@ long metrale_amx_kq_rows(int format, const uint8_t *p, long stride, long KS, con
     uint8_t *u = unpack_buffer(ub * KS);
     if (!u) return 0;
     for (long b = 0; b < KS; b++) {
-        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + b * stride + PF_AHEAD + l, _MM_HINT_T0);
+        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + b * stride + METRALE_PF_BYTES + l, _MM_HINT_T0);
         unpack_kq_block(format, p + b * stride, u + ub * b);
     }
     float acc[256] __attribute__((aligned(64)));
@@ -389,6 +395,7 @@ long metrale_amx_kq_rows(int format, const uint8_t *p, long stride, long KS, con
 #else /* no AMX in this build: the callers keep their vector paths */
 int metrale_amx_ready(void) { return 0; }
 void metrale_amx_begin(void) {}
+void metrale_amx_begin_bf16(void) {}
 void metrale_amx_end(void) {}
 long metrale_amx_block_rows(int format, const uint8_t *qs, long cb, const uint16_t *dh, const uint16_t *mh, long KB,
                             const int8_t *a, long K, const float *dx, const float *sa, long rows,

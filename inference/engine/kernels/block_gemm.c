@@ -47,10 +47,6 @@
 #define BT 16  /* output channels per tile */
 #define BR 8   /* rows per micro-kernel */
 #define BMC 64 /* rows per cache block: the weights are read once per BMC rows */
-/* Bytes ahead of the codes in use that the micro-kernels prefetch (one page: the hardware
- * prefetchers stop at page boundaries, and a step streams the weights from the last-level cache
- * or memory). */
-#define PF_BYTES 4096
 
 /* The packed bytes of one (tile, block): codes and the float16 scales. */
 static long codes_per_tile_block(int format) {
@@ -255,10 +251,10 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(int format, con
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (long b = 0; b < KB; b++, qs += cb) {
-        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
+        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + METRALE_PF_BYTES + l, _MM_HINT_T0);
         if (!(b & 1)) {
-            _mm_prefetch((const char *)(dh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
-            if (mh) _mm_prefetch((const char *)(mh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+            _mm_prefetch((const char *)(dh + b * BT) + METRALE_PF_BYTES / 8, _MM_HINT_T0);
+            if (mh) _mm_prefetch((const char *)(mh + b * BT) + METRALE_PF_BYTES / 8, _MM_HINT_T0);
         }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dh + b * BT)));
         __m512i s[BR], s1[BR];
@@ -333,10 +329,10 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int format, con
     for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(0x10);
     for (long b = 0; b < KB; b++, qs += cb) {
-        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + PF_BYTES + l, _MM_HINT_T0);
+        for (long l = 0; l < cb; l += 64) _mm_prefetch((const char *)qs + METRALE_PF_BYTES + l, _MM_HINT_T0);
         if (!(b & 1)) {
-            _mm_prefetch((const char *)(dh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
-            if (mh) _mm_prefetch((const char *)(mh + b * BT) + PF_BYTES / 8, _MM_HINT_T0);
+            _mm_prefetch((const char *)(dh + b * BT) + METRALE_PF_BYTES / 8, _MM_HINT_T0);
+            if (mh) _mm_prefetch((const char *)(mh + b * BT) + METRALE_PF_BYTES / 8, _MM_HINT_T0);
         }
         __m256i s[BR2][2];
         for (int r = 0; r < R; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();

@@ -28,13 +28,6 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = ((uint32_t)h) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* Bytes one KV head of one token takes in the cache. kv_dtype: 0 float32, 1 bfloat16, 2 int8
  * (head_dim int8 values, then their float32 scale: value = int8 * scale; layers/kv_quant.py). */
 static inline long head_bytes(int kv_dtype, int head_dim) {

@@ -104,14 +104,6 @@ static void rope(float *x, const float *cos, const float *sin, int head_dim) {
     memcpy(x, tmp, sizeof(float) * (size_t)head_dim);
 }
 
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);                                           /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
-
 /* One token's K or V (n_kv heads of head_dim floats at src) into its cache slot. int8 (kv_dtype 2):
  * per head, scale = amax / 127 and q = round-half-even(x * (127 / amax)) (0 where amax is 0), the
  * head_dim int8 values followed by the float32 scale (layers/kv_quant.py's rule, the same steps). */

@@ -1,12 +1,17 @@
-/* An encoder's bidirectional attention over packed sequences (models/bert.py): no KV cache, no causal
- * mask, no padding. Each sequence's rows lie together in the packed batch; every (sequence, head) is one
- * task of the thread team:
- *   S = scale * Q K^T (its L x L scores), P = softmax(S) per row (the row maximum subtracted, float32),
- *   O = P V / sum(P)
- * with K transposed into the task's scratch once (K^T rows of 16 keys a vector) and V read in place.
- * Float32 throughout, as transformers' BertSelfAttention (eager or SDPA) computes it, up to the order
- * of the sums; exp is kernels.h's exp16 / exp8 / exp1 (the same value on every path, ~2e-7 relative).
- * A sequence's output depends on that sequence alone.
+/* A BERT encoder's steps between its linears (models/bert.py), over packed sequences: no KV cache, no
+ * causal mask, no padding; each sequence's rows lie together in the packed batch.
+ *
+ * Attention, every (sequence, head) one task of the thread team:
+ *   S = scale * Q K^T (its L x L scores), P = softmax(S) per row (the row maximum subtracted),
+ *   O = P V / sum(P).
+ * metrale_encoder_attention: float32 throughout, as transformers' BertSelfAttention computes it up to
+ * the order of the sums (attend_lanes on AVX-512 for head_dim a multiple of 16, attend_one elsewhere;
+ * exp is kernels.h's exp16 / exp8 / exp1). metrale_encoder_attention_bf16: on Intel AMX's tile unit
+ * straight from a linear's bfloat16 q/k/v product and its bias (attend_amx: flash attention's
+ * precision). A sequence's output depends on that sequence alone.
+ *
+ * The row-wise steps: bias + erf GELU into bfloat16 (the next linear's input), bias + residual +
+ * LayerNorm into float32 and bfloat16, bias into float32.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,26 +20,10 @@
 #include <omp.h>
 #include "kernels.h"
 
-/* bfloat16 bits -> float32 (exact) and float32 -> bfloat16, rounded to nearest even (torch's rule; a NaN
- * stays a NaN). */
-static inline float bf16_f32(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 #if defined(METRALE_AVX512)
-/* 16 bfloat16 values -> float32, and float32 -> bfloat16 by f32_bf16's rule (round to nearest even,
- * NaN kept; subnormals kept, unlike VCVTNEPS2BF16). */
+/* 16 bfloat16 values -> float32, and float32 -> bfloat16 by float_to_bf16's rule (round to nearest even,
+ * NaN kept; subnormals kept, unlike VCVTNEPS2BF16): kernels.h's bf16_to_float and float_to_bf16 on 16
+ * lanes. */
 static inline __m512 bf16x16_f32(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -68,13 +57,15 @@ static inline __m512 exp16_short(__m512 x) {
 
 #define QB 8 /* queries a pass over the keys: 8 independent sums cover the FMA latency */
 
-/* Scratch floats of one task: K^T [head_dim][Lp] and QB rows of scores [QB][Lp] (Lp: L rounded up to 16). */
+/* Scratch floats of one task: attend_one's K^T [head_dim][Lp] and QB rows of scores [QB][Lp], or
+ * attend_lanes' keys, transposed queries and scores (Lp: L rounded up to 16). */
 static long task_floats(long Lp, int hd) {
     const long rows = (long)hd * Lp + QB * Lp, lanes = Lp * hd + 16L * hd + 16 * Lp; /* attend_one's, attend_lanes' */
     return rows > lanes ? rows : lanes;
 }
 
-/* One (sequence, head): rows [0, L) of q, k, v (ld floats apart, head_dim values each) -> out (ldo apart).
+/* One (sequence, head): rows [0, L) of q, k, v (ld floats apart, head_dim values each) -> out (ldo apart),
+ * on AVX2 (also on AVX-512 machines, for a head_dim attend_lanes does not take) or portable C.
  * Queries go QB at a time (a short last group repeats its last query, whose results are not stored),
  * so every loop below has a fixed count and the sums stay in registers. HD: head_dim where it is a
  * compile-time constant (0: hd). */
@@ -93,17 +84,7 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
         const float *qr[QB];
         for (int r = 0; r < QB; r++) qr[r] = q + (i0 + (r < nq ? r : nq - 1)) * ld;
         /* scores of the QB queries against every key */
-#if defined(METRALE_AVX512)
-        for (long j = 0; j < Lp; j += 16) {
-            __m512 acc[QB];
-            for (int r = 0; r < QB; r++) acc[r] = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d++) {
-                const __m512 kv = _mm512_loadu_ps(kt + (long)d * Lp + j);
-                for (int r = 0; r < QB; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[r][d]), kv, acc[r]);
-            }
-            for (int r = 0; r < QB; r++) _mm512_storeu_ps(s + r * Lp + j, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
-        }
-#elif defined(METRALE_AVX2)
+#if defined(METRALE_AVX2)
         for (long j = 0; j < Lp; j += 8) {
             __m256 acc[QB];
             for (int r = 0; r < QB; r++) acc[r] = _mm256_setzero_ps();
@@ -128,28 +109,6 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
         float sum[QB];
         for (int r = 0; r < QB; r++) {
             float *sr = s + r * Lp, m = -INFINITY, t = 0.f;
-#if defined(METRALE_AVX512)
-            /* the last block's keys past L masked (-inf for the maximum, left out of the sum) */
-            const __mmask16 tail = (__mmask16)((1u << (L & 15)) - 1u);
-            __m512 mv = _mm512_set1_ps(-INFINITY);
-            long j = 0;
-            for (; j + 16 <= L; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + j));
-            if (tail) mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, sr + j));
-            m = _mm512_reduce_max_ps(mv);
-            const __m512 mb = _mm512_set1_ps(m);
-            __m512 tv = _mm512_setzero_ps();
-            for (j = 0; j + 16 <= L; j += 16) {
-                const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mb));
-                _mm512_storeu_ps(sr + j, e);
-                tv = _mm512_add_ps(tv, e);
-            }
-            if (tail) {
-                const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + j), mb));
-                _mm512_mask_storeu_ps(sr + j, tail, e);
-                tv = _mm512_mask_add_ps(tv, tail, tv, e);
-            }
-            t = _mm512_reduce_add_ps(tv);
-#else
             for (long j = 0; j < L; j++) m = fmaxf(m, sr[j]);
             long j = 0;
 #if defined(METRALE_AVX2)
@@ -167,40 +126,11 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
                 sr[j] = exp1(sr[j] - m);
                 t += sr[j];
             }
-#endif
             sum[r] = t;
         }
-        /* O = P V / sum: each row of V read once for the QB queries (two 16-value blocks a pass) */
+        /* O = P V / sum: each row of V read once for the QB queries */
         int d = 0;
-#if defined(METRALE_AVX512)
-        for (; d + 32 <= hd; d += 32) {
-            __m512 a[QB], b[QB];
-            for (int r = 0; r < QB; r++) a[r] = b[r] = _mm512_setzero_ps();
-            for (long j = 0; j < L; j++) {
-                const __m512 v0 = _mm512_loadu_ps(v + j * ld + d), v1 = _mm512_loadu_ps(v + j * ld + d + 16);
-                for (int r = 0; r < QB; r++) {
-                    const __m512 p = _mm512_set1_ps(s[r * Lp + j]);
-                    a[r] = _mm512_fmadd_ps(p, v0, a[r]);
-                    b[r] = _mm512_fmadd_ps(p, v1, b[r]);
-                }
-            }
-            for (int r = 0; r < nq; r++) {
-                const __m512 t = _mm512_set1_ps(sum[r]);
-                _mm512_storeu_ps(out + (i0 + r) * ldo + d, _mm512_div_ps(a[r], t));
-                _mm512_storeu_ps(out + (i0 + r) * ldo + d + 16, _mm512_div_ps(b[r], t));
-            }
-        }
-        for (; d + 16 <= hd; d += 16) {
-            __m512 a[QB];
-            for (int r = 0; r < QB; r++) a[r] = _mm512_setzero_ps();
-            for (long j = 0; j < L; j++) {
-                const __m512 vv = _mm512_loadu_ps(v + j * ld + d);
-                for (int r = 0; r < QB; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * Lp + j]), vv, a[r]);
-            }
-            for (int r = 0; r < nq; r++)
-                _mm512_storeu_ps(out + (i0 + r) * ldo + d, _mm512_div_ps(a[r], _mm512_set1_ps(sum[r])));
-        }
-#elif defined(METRALE_AVX2)
+#if defined(METRALE_AVX2)
         for (; d + 8 <= hd; d += 8) {
             __m256 a[QB];
             for (int r = 0; r < QB; r++) a[r] = _mm256_setzero_ps();
@@ -299,9 +229,9 @@ static void attend_lanes(const float *q, const float *k, const float *v, long ld
 
 #if defined(METRALE_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define ENCODER_AMX 1
-/* The (sequence, head) on Intel AMX's tile unit for head_dim 32 or 64: Q, K and V rounded to bfloat16,
- * the products summed in float32 by TDPBF16PS (flash attention's precision: scores S = Q K^T in float32
- * tiles of 16 queries x 16 keys; P = exp(S - max) in float32, its sum kept in float32, P rounded to
+/* The (sequence, head) on Intel AMX's tile unit for head_dim 32 or 64, from a linear's bfloat16 q/k/v
+ * product and its float32 bias: Q, K and V rounded to bfloat16, the products summed in float32 by
+ * TDPBF16PS (flash attention's precision: scores S = Q K^T in float32 tiles of 16 queries x 16 keys; P = exp(S - max) in float32, its sum kept in float32, P rounded to
  * bfloat16 for P V, summed in float32 tiles of 16 queries x 16 values). The vector units do the
  * softmax; the tile unit the products (on 2 vCPUs of a Sapphire Rapids Xeon whose AVX-512 FMAs run at
  * about half a vector a cycle, 6-7x fewer cycles than attend_lanes).
@@ -311,26 +241,18 @@ static void attend_lanes(const float *q, const float *k, const float *v, long ld
  * vt per block of 32 keys and 16 values: row p = (V[2p][n], V[2p + 1][n]) for the 16 values n; pb
  * [16][Lp32] bfloat16, zero past L. Padding keys and queries are zeros (their scores masked, their
  * outputs not stored). */
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} enc_tile_config;
 
-/* 16 values of a q, k or v row at p (float32, or bfloat16 with BF16IN) plus the bias there (or nothing). */
-static inline __attribute__((always_inline)) __m512 row16(const void *p, const int BF16IN, const float *bias) {
-    const __m512 x = BF16IN ? bf16x16_f32((const uint16_t *)p) : _mm512_loadu_ps((const float *)p);
-    return bias ? _mm512_add_ps(x, _mm512_loadu_ps(bias)) : x;
+/* 16 values of a q, k or v row of the bfloat16 product at p, plus their bias, in float32. */
+static inline __m512 row16(const uint16_t *p, const float *bias) {
+    return _mm512_add_ps(bf16x16_f32(p), _mm512_loadu_ps(bias));
 }
 
-/* q, k, v: the head's first q, k and v values of the sequence's first row, ld elements a row, float32 or
- * (BF16IN) bfloat16 with bq, bk, bv their biases (NULL: none); out (ldo apart) float32 or (BF16OUT)
- * bfloat16. */
-static inline __attribute__((always_inline)) void attend_amx(const void *q, const void *k, const void *v,
-                                                            const float *bq, const float *bk, const float *bv,
-                                                            const int BF16IN, long ld, long L, int hd, float scale,
-                                                            void *out, const int BF16OUT, long ldo, float *scratch) {
-    const int es = BF16IN ? 2 : 4; /* bytes an input element */
+/* q, k, v: the head's first q, k and v values of the sequence's first row in the bfloat16 product, ld
+ * elements a row; bq, bk, bv their biases; out (ldo apart) bfloat16. The thread has loaded
+ * metrale_amx_begin_bf16's tile configuration. */
+static void attend_amx(const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *bq, const float *bk,
+                       const float *bv, long ld, long L, int hd, float scale, uint16_t *out, long ldo,
+                       float *scratch) {
     const long Lp = (L + 15) & ~15L, L32 = (L + 31) & ~31L, halves = hd / 32;
     uint16_t *qb = (uint16_t *)scratch;                                /* [Lp][hd] */
     uint32_t *kt = (uint32_t *)(qb + Lp * hd);                         /* [Lp / 16][halves][16][16] */
@@ -342,8 +264,7 @@ static inline __attribute__((always_inline)) void attend_amx(const void *q, cons
     const __m512 sc = _mm512_set1_ps(scale);
     for (long i = 0; i < Lp; i++)
         for (int d = 0; d < hd; d += 16) {
-            const __m512 x = i < L ? _mm512_mul_ps(row16((const char *)q + (i * ld + d) * es, BF16IN, bq ? bq + d : NULL), sc)
-                                   : _mm512_setzero_ps();
+            const __m512 x = i < L ? _mm512_mul_ps(row16(q + i * ld + d, bq + d), sc) : _mm512_setzero_ps();
             _mm256_storeu_si256((__m256i *)(qb + i * hd + d), (__m256i)_mm512_cvtneps_pbh(x));
         }
     /* keys: each row as bfloat16 (hd / 2 words of two dims), then each block of 16 keys transposed to words x keys */
@@ -352,10 +273,10 @@ static inline __attribute__((always_inline)) void attend_amx(const void *q, cons
             uint32_t rows16[16][16] __attribute__((aligned(64)));
             for (int n = 0; n < 16; n++) {
                 const long key = blk * 16 + n;
-                const char *kr = (const char *)k + (key * ld + 32 * half) * es;
-                const float *b = bk ? bk + 32 * half : NULL;
-                const __m512 lo = key < L ? row16(kr, BF16IN, b) : _mm512_setzero_ps();
-                const __m512 hi = key < L ? row16(kr + 16 * es, BF16IN, b ? b + 16 : NULL) : _mm512_setzero_ps();
+                const uint16_t *kr = k + key * ld + 32 * half;
+                const float *b = bk + 32 * half;
+                const __m512 lo = key < L ? row16(kr, b) : _mm512_setzero_ps();
+                const __m512 hi = key < L ? row16(kr + 16, b + 16) : _mm512_setzero_ps();
                 _mm512_store_si512((void *)rows16[n], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
             }
             uint32_t *dst = kt + (blk * halves + half) * 256;
@@ -365,9 +286,8 @@ static inline __attribute__((always_inline)) void attend_amx(const void *q, cons
     /* values: rows 2p and 2p + 1 of a block of 32 keys interleaved, 16 values a tile */
     for (long j = 0; j < L32; j += 2)
         for (int d = 0; d < hd; d += 16) {
-            const float *bias = bv ? bv + d : NULL;
-            const __m512 a = j < L ? row16((const char *)v + (j * ld + d) * es, BF16IN, bias) : _mm512_setzero_ps();
-            const __m512 b = j + 1 < L ? row16((const char *)v + ((j + 1) * ld + d) * es, BF16IN, bias) : _mm512_setzero_ps();
+            const __m512 a = j < L ? row16(v + j * ld + d, bv + d) : _mm512_setzero_ps();
+            const __m512 b = j + 1 < L ? row16(v + (j + 1) * ld + d, bv + d) : _mm512_setzero_ps();
             const __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
             const __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
             _mm512_storeu_si512((void *)(vt + ((j / 32) * (hd / 16) + d / 16) * 256 + ((j % 32) / 2) * 16),
@@ -432,9 +352,7 @@ static inline __attribute__((always_inline)) void attend_amx(const void *q, cons
                 else _tile_stored(6, ot, 64);
                 for (int r = 0; r < nq; r++) {
                     const __m512 o = _mm512_div_ps(_mm512_loadu_ps(ot + 16 * r), _mm512_set1_ps(sums[r]));
-                    const long at = (i0 + r) * ldo + d0 + 16 * c;
-                    if (BF16OUT) f32x16_bf16(o, (uint16_t *)out + at);
-                    else _mm512_storeu_ps((float *)out + at, o);
+                    f32x16_bf16(o, out + (i0 + r) * ldo + d0 + 16 * c);
                 }
             }
         }
@@ -449,30 +367,14 @@ static long amx_task_bytes(long longest, int hd) {
 #endif
 
 void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts, const int64_t *lens, long n_seqs,
-                               int n_heads, int head_dim, float scale, int bf16, float *out, long ldo, int nthreads) {
+                               int n_heads, int head_dim, float scale, float *out, long ldo, int nthreads) {
     long longest = 0;
     for (long i = 0; i < n_seqs; i++) longest = lens[i] > longest ? lens[i] : longest;
-    long per_task = 4 * task_floats((longest + 15) & ~15L, head_dim);
-    int amx = 0;
-#if defined(ENCODER_AMX)
-    amx = bf16 && (head_dim == 32 || head_dim == 64) && metrale_amx_ready();
-    if (amx && amx_task_bytes(longest, head_dim) > per_task) per_task = amx_task_bytes(longest, head_dim);
-#else
-    (void)bf16;
-#endif
+    const long per_task = task_floats((longest + 15) & ~15L, head_dim);
     const long hidden = (long)n_heads * head_dim, tasks = n_seqs * n_heads;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *scratch = aligned_alloc(64, (size_t)((per_task + 63) & ~63L));
-#if defined(ENCODER_AMX)
-        if (amx) { /* every tile 16 rows of 64 bytes */
-            enc_tile_config cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.palette_id = 1;
-            for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
-            _tile_loadconfig(&cfg);
-        }
-#endif
+        float *scratch = malloc(sizeof(float) * (size_t)per_task);
         /* longest sequences first (the packed order is shortest first): the last tasks are short */
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < tasks; t++) {
@@ -486,12 +388,6 @@ void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts,
                 continue;
             }
             const float *k = base + hidden, *v = base + 2 * hidden;
-#if defined(ENCODER_AMX)
-            if (amx) {
-                attend_amx(base, k, v, NULL, NULL, NULL, 0, ld, lens[seq], head_dim, scale, o, 0, ldo, scratch);
-                continue;
-            }
-#endif
 #if defined(METRALE_AVX512)
             if (head_dim % 16 == 0) {
                 attend_lanes(base, k, v, ld, lens[seq], head_dim, scale, o, ldo, scratch);
@@ -502,9 +398,6 @@ void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts,
             else if (head_dim == 64) attend_one(base, k, v, ld, lens[seq], 64, 64, scale, o, ldo, scratch);
             else attend_one(base, k, v, ld, lens[seq], 0, head_dim, scale, o, ldo, scratch);
         }
-#if defined(ENCODER_AMX)
-        if (amx) _tile_release();
-#endif
         free(scratch);
     }
 }
@@ -525,11 +418,7 @@ int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bi
 #pragma omp atomic write
             failed = 1;
         }
-        enc_tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette_id = 1;
-        for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
-        _tile_loadconfig(&cfg);
+        metrale_amx_begin_bf16();
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < tasks; t++) {
             if (!scratch) continue;
@@ -537,10 +426,10 @@ int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bi
             const long h = t % n_heads;
             const uint16_t *base = qkv + starts[seq] * ld + h * head_dim;
             attend_amx(base, base + hidden, base + 2 * hidden, bias + h * head_dim, bias + hidden + h * head_dim,
-                       bias + 2 * hidden + h * head_dim, 1, ld, lens[seq], head_dim, scale,
-                       out + starts[seq] * ldo + h * head_dim, 1, ldo, (float *)scratch);
+                       bias + 2 * hidden + h * head_dim, ld, lens[seq], head_dim, scale,
+                       out + starts[seq] * ldo + h * head_dim, ldo, (float *)scratch);
         }
-        _tile_release();
+        metrale_amx_end();
         free(scratch);
     }
     return failed ? -1 : 1;
@@ -598,7 +487,7 @@ void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *o
         for (; i + 16 <= n; i += 16)
             f32x16_bf16(gelu_erf16(_mm512_add_ps(bf16x16_f32(yr + i), _mm512_loadu_ps(bias + i))), o + i);
 #endif
-        for (; i < n; i++) o[i] = f32_bf16(gelu_erf1(bf16_f32(yr[i]) + bias[i]));
+        for (; i < n; i++) o[i] = float_to_bf16(gelu_erf1(bf16_to_float(yr[i]) + bias[i]));
     }
 }
 
@@ -625,7 +514,7 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
         mean = _mm512_reduce_add_ps(acc);
 #endif
         for (; i < n; i++) {
-            o[i] = bf16_f32(yr[i]) + bias[i] + res[i];
+            o[i] = bf16_to_float(yr[i]) + bias[i] + res[i];
             mean += o[i];
         }
         mean /= (float)n;
@@ -656,7 +545,7 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
 #endif
         for (; i < n; i++) {
             o[i] = (o[i] - mean) * inv * gamma[i] + beta[i];
-            if (out16) out16[r * n + i] = f32_bf16(o[i]);
+            if (out16) out16[r * n + i] = float_to_bf16(o[i]);
         }
     }
 }
@@ -670,7 +559,7 @@ void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, 
         for (; i + 16 <= n; i += 16)
             _mm512_storeu_ps(out + r * n + i, _mm512_add_ps(bf16x16_f32(y + r * n + i), _mm512_loadu_ps(bias + i)));
 #endif
-        for (; i < n; i++) out[r * n + i] = bf16_f32(y[r * n + i]) + bias[i];
+        for (; i < n; i++) out[r * n + i] = bf16_to_float(y[r * n + i]) + bias[i];
     }
 }
 

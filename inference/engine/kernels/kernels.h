@@ -1,9 +1,32 @@
-/* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, decode_layer.c). */
+/* Declarations shared by the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, kquant_gemm.c, amx_gemm.c,
+ * decode_layer.c, encoder.c). */
 #ifndef METRALE_KERNELS_H
 #define METRALE_KERNELS_H
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* bfloat16 bits -> float32 (exact), and float32 -> bfloat16 rounded to nearest even (torch's rule; a NaN
+ * stays a NaN, subnormals are kept): the KV cache's and the encoder's conversions. */
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = ((uint32_t)h) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);                                           /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+/* Bytes ahead of the weights in use that the GEMM micro-kernels prefetch (one page: the hardware
+ * prefetchers stop at page boundaries, and a step streams the weights from the last-level cache or
+ * memory). */
+#define METRALE_PF_BYTES 4096
 
 /* exp(x) for one float by the steps exp8 and exp16 take per lane (fmaf where they fuse), so the
  * same value as theirs: a scalar tail or a portable build agrees with the vector paths. */
@@ -144,12 +167,14 @@ void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scra
                      float *y, long n, long ldy, int amx);
 /* Intel AMX (amx_gemm.c). metrale_amx_ready: 1 where this build has the AMX paths and Linux granted the
  * process the tile registers (asked once), else 0. metrale_amx_begin / _end: a thread's tile
- * configuration loaded / released around the calls below. metrale_amx_block_rows (the Q4_0 / Q4_1 /
+ * configuration loaded / released around the calls below (metrale_amx_begin_bf16: every tile 16 rows of
+ * 64 bytes, the encoder's bfloat16 attention). metrale_amx_block_rows (the Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / Q8_0 tile at qs, block_gemm.c's layout and quantised rows) and metrale_amx_kq_rows (the
  * K-quant tile at p, kquant_gemm.c's) compute the whole groups of 16 of `rows` rows into y (ldy floats a
  * row, nc channels) and return how many rows they computed (a multiple of 16; 0 where they cannot). */
 int metrale_amx_ready(void);
 void metrale_amx_begin(void);
+void metrale_amx_begin_bf16(void);
 void metrale_amx_end(void);
 long metrale_amx_block_rows(int format, const uint8_t *qs, long cb, const uint16_t *dh, const uint16_t *mh, long KB,
                             const int8_t *a, long K, const float *dx, const float *sa, long rows, float *y, long ldy,

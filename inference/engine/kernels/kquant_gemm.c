@@ -52,7 +52,6 @@
 #define QK 256  /* weights per super-block */
 #define KBR 8   /* rows per micro-kernel */
 #define KBMC 64 /* rows per cache block */
-#define KPF 4096
 
 static long code_bytes(int format) { return format == METRALE_W_Q4_K ? 2048 : format == METRALE_W_Q5_K ? 2560 : 3072; }
 
@@ -266,7 +265,7 @@ static inline __attribute__((always_inline)) void kq_rows_vnni(int format, const
     __m512 c[KBR];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
     for (long b = 0; b < KS; b++, p += stride) {
-        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + KPF + l, _MM_HINT_T0);
+        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + METRALE_PF_BYTES + l, _MM_HINT_T0);
         const uint8_t *sc = p + cbytes;
         const uint16_t *dh = (const uint16_t *)(sc + 256);
         const int8_t *ab = a + b * QK;
@@ -355,7 +354,7 @@ static inline __attribute__((always_inline)) void kq_rows_avx2(int format, const
     for (int r = 0; r < R; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10), bits45 = _mm256_set1_epi8(0x30);
     for (long b = 0; b < KS; b++, p += stride) {
-        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + KPF + l, _MM_HINT_T0);
+        for (long l = 0; l < stride; l += 64) _mm_prefetch((const char *)p + METRALE_PF_BYTES + l, _MM_HINT_T0);
         const uint8_t *sc = p + cbytes;
         const uint16_t *dh = (const uint16_t *)(sc + 256);
         const int8_t *ab = a + b * QK;

@@ -224,17 +224,17 @@ class BertEncoder:
         compiled = self.compiled_steps()
         # The pass's buffers, kept from pass to pass (a pass takes them while it runs; one that finds them
         # taken makes its own): fresh ones would cost a page fault every 4 KiB on first touch (a 64-text
-        # pass's q/k/v rows are 38 MB).
+        # pass's q/k/v rows are 38 MB). h (float32, this pass's own) and its bfloat16 copy h16 are
+        # updated in place, layer by layer: a layer reads them whole for q/k/v before its feed-forward
+        # rewrites them row by row.
         work, self._workspace = self._workspace or {}, None
         try:
-            h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if compiled else None
-            if compiled:
-                h16.copy_(h)
-            spare = [_buffer(work, "a", t, cfg.hidden_size, torch.float32), _buffer(work, "b", t, cfg.hidden_size, torch.float32)]
-            spare16 = [_buffer(work, "a16", t, cfg.hidden_size, torch.bfloat16)] if compiled else None
             # On the tile unit the attention reads the q/k/v product (bfloat16) and its bias, and writes its
             # context in bfloat16, the next linear's input.
             tiles = compiled and kernels.encoder_amx_attention(cfg.head_dim)
+            h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if compiled else None
+            if compiled:
+                h16.copy_(h)
             qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
             ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
             for layer in self.layers:
@@ -261,20 +261,13 @@ class BertEncoder:
                         self._attend(qkv, ctx, batch, first, last)
                     first = last
                     yield
-                out = spare.pop() if spare else torch.empty_like(h)
-                out16 = spare16.pop() if compiled else None
                 for rows in _chunks(t, chunk_rows):
                     if compiled:
-                        self._feed_forward_compiled(layer, ctx[rows], h[rows], out[rows], out16[rows])
+                        self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows])
                     else:
-                        out[rows] = self._feed_forward(layer, ctx[rows], h[rows])
+                        h[rows] = self._feed_forward(layer, ctx[rows], h[rows])
                     yield
-                if h.data_ptr() in (b.data_ptr() for b in (work["a:torch.float32"], work["b:torch.float32"])):
-                    spare.append(h)
-                if compiled:
-                    spare16.append(h16)
-                h, h16 = out, out16
-            return h.clone()
+            return h
         finally:
             self._workspace = work
 
@@ -292,8 +285,7 @@ class BertEncoder:
         nh, hd = cfg.num_attention_heads, cfg.head_dim
         lens, starts = batch.seq_lens[first:last], batch.starts[first:last]
         if kernels.available():
-            kernels.encoder_attention(qkv, torch.tensor(starts), torch.tensor(lens), nh, 1.0 / math.sqrt(hd), ctx,
-                                      bfloat16=self.weights == "bfloat16")
+            kernels.encoder_attention(qkv, torch.tensor(starts), torch.tensor(lens), nh, 1.0 / math.sqrt(hd), ctx)
             return
         b, longest = last - first, lens[-1]
         r0, r1 = starts[0], starts[-1] + lens[-1]
@@ -314,21 +306,21 @@ class BertEncoder:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
 
-    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor, out: torch.Tensor,
-                               out16: torch.Tensor) -> None:
-        """_feed_forward's steps into out (float32) and out16 (its bfloat16 copy, the next layer's input):
-        the linears' bfloat16 products, the rest in encoder.c. ctx: float32, or bfloat16 as it is."""
+    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor) -> None:
+        """_feed_forward's steps with h (float32 [R, hidden], the residual) and h16 (its bfloat16 copy, the next
+        layer's input) rewritten in place: the linears' bfloat16 products, the rest in encoder.c. ctx: float32,
+        or bfloat16 as it is."""
         eps = self.cfg.layer_norm_eps
-        a = torch.empty_like(residual)
-        a16 = torch.empty_like(out16)
-        kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, residual,
+        a = torch.empty_like(h)
+        a16 = torch.empty_like(h16)
+        kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, h,
                                  layer.attn_norm, eps, a, a16)
         if self._packed:  # oneDNN adds the bias and applies the erf GELU before rounding to bfloat16
             g = layer.up.product(a16, bias=True, gelu=True)
         else:
             g = layer.up.product(a16)
             kernels.encoder_bias_gelu(g, layer.up.bias, g)
-        kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, out, out16)
+        kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, h, h16)
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
@@ -338,11 +330,11 @@ class BertEncoder:
 
 
 def _buffer(work: dict[str, torch.Tensor], name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """The first rows x cols elements of work[name] (grown to fit) as a contiguous [rows, cols] tensor."""
-    key = f"{name}:{dtype}"
-    buf = work.get(key)
-    if buf is None or buf.numel() < rows * cols:
-        buf = work[key] = torch.empty(rows * cols, dtype=dtype)
+    """The first rows x cols elements of work[name] (grown to fit; remade in another dtype) as a contiguous
+    [rows, cols] tensor."""
+    buf = work.get(name)
+    if buf is None or buf.dtype != dtype or buf.numel() < rows * cols:
+        buf = work[name] = torch.empty(rows * cols, dtype=dtype)
     return buf[:rows * cols].view(rows, cols)
 
 
