@@ -238,6 +238,7 @@ METRALE = {
     "PREFILL_WEIGHTS": envstr("METRALE_PREFILL_WEIGHTS"),
     # torch intra-op threads for the engine; unset: torch's default.
     "NUM_THREADS": envint("METRALE_NUM_THREADS", None),
+    "ADAPTIVE_THREADS": envbool("METRALE_ADAPTIVE_THREADS", True),
     # Speculative decoding from prompt lookup and Predicted Outputs (README, "Speculative decoding"):
     # "auto" (unset) drafts while it pays, "on" whenever a draft exists, "off" never. The output is
     # the same either way.

@@ -95,9 +95,10 @@ class LiveServer:
     env: extra environment variables (METRALE_MODEL, METRALE_DTYPE, ...). A server started again
     with the same workdir uses the same database (a restart) and appends to the same log.
     via_serve: run `manage.py serve` (daphne in a server process it restarts) instead of daphne.
+    preexec: called in the child before it runs Python (e.g. to set its CPU affinity or cgroup).
     """
 
-    def __init__(self, env: dict[str, str], workdir: Path, *, via_serve: bool = False):
+    def __init__(self, env: dict[str, str], workdir: Path, *, via_serve: bool = False, preexec=None):
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -115,7 +116,7 @@ class LiveServer:
         else:
             argv = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "metrale_site.asgi:application"]
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=preexec)
 
     def wait_ready(self, timeout_s: float = 180) -> None:
         """Poll /health until 200. Raises RuntimeError (with the log's tail) if the server dies or times out."""

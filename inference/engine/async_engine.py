@@ -326,6 +326,9 @@ class AsyncEngine:
             side_work = side is not None and side.has_work()
             if not self.engine.has_work():
                 if side_work:  # chat idle: embedding units back to back, commands checked between slices
+                    team = getattr(self.engine, "team", None)
+                    if team is not None:
+                        team.adjust()
                     side.run_for(side.idle_slice_s, busy=False)
                     continue
                 self._wake.wait(timeout=0.5)

@@ -219,6 +219,9 @@ class EngineConfig:
     window_pool: for a model with sliding-window layers beside full ones (Gemma 3), those layers keep
     only their window's blocks, in a pool of their own (hybrid_block_manager.py); False: every layer
     keeps every block (one pool, the window applied by masks alone).
+    num_threads: the most threads a step uses (None: the CPUs the affinity mask and the cgroup's quota
+    allow); adaptive_threads: each step's team is that cap less the cores other runnable tasks hold
+    (core_share.ThreadTeam), so a busy neighbour does not stall every barrier.
     """
 
     model_path: str
@@ -242,6 +245,9 @@ class EngineConfig:
     # exact ones, kept beside the compact copy: prompt logits exactly the folder's).
     prefill_weights: str = "same"
     num_threads: int | None = None
+    # The team follows the CPUs other runnable tasks leave (core_share.ThreadTeam); False: always the cap
+    # (affinity, cgroup quota, num_threads).
+    adaptive_threads: bool = True
     step_log: bool = False
     max_waiting_requests: int = 0
     max_loras: int = 4

@@ -25,6 +25,7 @@ from .request import EngineRequest
 from .sampling_state import SamplingState
 from .scheduler import ScheduledBatch, Scheduler, StepOutputs
 from .sequence import Sequence
+from .core_share import ThreadTeam
 from .speculative import Speculator
 from .verify import verify_drafts
 from .stats import EngineStats
@@ -70,8 +71,11 @@ class LLMEngine:
         self.model_config = folder.model_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        # The threads of every parallel region this thread starts (core_share.py): sized here and
+        # before every step; the thread that steps the engine must be the one that built it.
+        self.team = ThreadTeam(config.num_threads, adaptive=config.adaptive_threads)
+        log.info("engine threads: %s%s", self.team.cap.describe(),
+                 ", fewer while other tasks hold cores" if config.adaptive_threads else "")
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = folder.eos_token_ids
@@ -267,6 +271,7 @@ class LLMEngine:
         """One step: schedule -> run -> postprocess. Returns each request's events of this step
         (the TokenEvent / Finished objects its handle receives), in batch order."""
         t0 = time.perf_counter()
+        self.team.adjust()
         self.speculator.start_step()
         batch = self.scheduler.schedule()
         if not batch:

@@ -93,6 +93,14 @@ def engine_families(async_engine, model_name: str, pooling=None):
                  async_engine.num_waiting, labels)
     yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                  (blocks.num_blocks - blocks.num_free_blocks) / blocks.num_blocks, labels)
+    team = getattr(llm, "team", None)
+    if team is not None:  # engine/core_share.py: the threads each step runs on, and the most it may
+        yield _gauge("metrale:engine_threads", "Threads the engine's last step ran on (its CPU cap less the "
+                     "cores other runnable tasks held).", team.size, labels)
+        yield _gauge("metrale:engine_threads_max", "The most threads a step may use: the affinity mask, the "
+                     "cgroup's CPU quota and METRALE_NUM_THREADS, whichever is least.", team.cap.cpus, labels)
+        yield from _counters(labels, (("metrale:engine_thread_changes", "Times the engine's team changed size.",
+                                       team.changes),))
     info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                              labels=["block_size", "cache_dtype", "enable_prefix_caching", "num_gpu_blocks", "engine"])
     info.add_metric([str(blocks.block_size), str(llm.config.kv_cache_dtype), str(llm.config.enable_prefix_caching),

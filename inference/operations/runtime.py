@@ -132,6 +132,7 @@ ENGINE_SETTINGS = {
     "MAX_MODEL_LEN": "max_model_len", "KV_CACHE_BYTES": "kv_cache_bytes", "KV_CACHE_FRACTION": "kv_cache_fraction",
     "KV_CACHE_DTYPE": "kv_cache_dtype", "ENABLE_PREFIX_CACHING": "enable_prefix_caching",
     "WEIGHTS": "weights", "PREFILL_WEIGHTS": "prefill_weights", "NUM_THREADS": "num_threads",
+    "ADAPTIVE_THREADS": "adaptive_threads",
     "STEP_LOG": "step_log", "MAX_WAITING_REQUESTS": "max_waiting_requests",
     "MAX_LORAS": "max_loras", "MAX_LORA_RANK": "max_lora_rank",
     "SPECULATIVE": "speculative", "SPECULATIVE_DRAFT_TOKENS": "speculative_draft_tokens",
