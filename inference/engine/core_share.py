@@ -1,5 +1,5 @@
-"""How many threads the engine's parallel regions use: the CPUs this process may run on, less those
-that other runnable tasks hold right now.
+"""How many threads the engine's parallel regions use: the CPUs this process may run on, less the
+cores other processes are using right now.
 
 A team of threads meets at a barrier after every loop of a step (about six a layer). When another
 process takes one of the team's cores, the thread the kernel descheduled holds every barrier up
@@ -11,22 +11,22 @@ instead. Two rules, both re-applied while the engine runs:
   CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us / cpu.cfs_period_us`, the smallest along the
   cgroup's ancestors, rounded up to whole CPUs), and EngineConfig.num_threads when it is set.
   Read at start and again every CAP_REFRESH_S (a container's quota can be resized while it runs).
-- The pressure: before each step, /proc/loadavg's count of runnable tasks (every runnable thread of
-  the machine, the calling thread included, sampled by the kernel's own count). The others are that
-  count less this thread and less the CPUs outside the cap; the team is the cap less the fewest
-  others seen over the last WINDOW_S (and at least WINDOW_SAMPLES samples), at least one thread. A
-  neighbour that keeps a core busy holds the minimum up; this process's own short bursts (the event
-  loop writing a step's chunks) and passing tasks do not.
+- The others' load: over the last WINDOW_S, the CPU time the machine spent busy or stolen by its
+  hypervisor (/proc/stat's first line) less this process's own (its every thread: the event loop,
+  the tokenizer, other engines), in CPUs. The team gives up one core for each whole core the
+  others use, with half a core of hysteresis each way (it shrinks by one when the others use half a
+  core more than it has given up, and grows back when they use half a core less), at least one
+  thread. A busy neighbour competing with a full team still gets about cap / (cap + 1) of a core
+  (three runnable threads on two cores), above the half that shrinks the team; this process's own
+  threads never count, so its event loop writing a step's chunks does not shrink it.
+- Engines in one process (several models) share the team's cores: each engine that stepped within
+  ACTIVE_S gets an equal share of them, at least one thread.
 
 The team size is applied with torch.set_num_threads on the calling (engine) thread: every compiled
 kernel reads torch.get_num_threads() at its call (the decode step, prefill, the encoder, the
 sampler's draw), and torch's own intra-op pool follows the same count, so the whole process computes
 under one rule. OpenMP's number-of-threads setting is the calling thread's own, so two engines on two
-threads (two models in one process) each size their own team, and each counts the other as pressure.
-
-The threads' waits are short spins then a futex sleep (inference/__init__.py sets GOMP_SPINCOUNT), so
-a thread that waits for a descheduled teammate gives its core back instead of spinning through the
-time slice.
+threads each apply their own share.
 """
 from __future__ import annotations
 
@@ -34,17 +34,20 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-# Seconds of samples the team follows the minimum over (and at least this many samples).
-WINDOW_S = 0.05
-WINDOW_SAMPLES = 4
-# At most one /proc/loadavg sample per this many seconds (a read costs ~10 us).
-SAMPLE_EVERY_S = 0.002
+# The others' load is measured over this many seconds, sampled at most every SAMPLE_EVERY_S.
+WINDOW_S = 0.25
+SAMPLE_EVERY_S = 0.05
+# The half core of hysteresis either way (see the module's rule).
+HYSTERESIS_CPUS = 0.5
 # Seconds between re-reads of the affinity mask and the cgroup's quota.
 CAP_REFRESH_S = 5.0
+# An engine that stepped within this many seconds takes a share of the process's cores.
+ACTIVE_S = 0.1
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -148,26 +151,48 @@ def cpu_cap(configured: int | None = None) -> CpuCap:
     return CpuCap(max(1, cpus), affinity, quota, configured, online)
 
 
-def runnable_tasks(path: str = "/proc/loadavg") -> int | None:
-    """The machine's runnable tasks right now (the kernel's count, /proc/loadavg's fourth field
-    "RUNNING/TOTAL", the calling thread included), or None where it cannot be read."""
+def machine_cpu_seconds(path: str = "/proc/stat") -> float | None:
+    """CPU-seconds the machine has spent busy or stolen since boot, summed over its CPUs: /proc/stat's
+    first line's user, nice, system, irq, softirq and steal (USER_HZ ticks, as proc(5) documents
+    them; guest time is inside user), or None where it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return int(f.read().split()[3].split(b"/")[0])
+            fields = f.readline().split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / ticks
     except (OSError, ValueError, IndexError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """One reading: monotonic seconds, the machine's busy CPU-seconds, this process's CPU-seconds."""
+
+    at: float
+    machine_s: float
+    process_s: float
+
+
+def cpu_sample(clock=time.monotonic) -> CpuSample | None:
+    """The machine's busy CPU-seconds and this process's (time.process_time: every thread) now."""
+    machine = machine_cpu_seconds()
+    return None if machine is None else CpuSample(clock(), machine, time.process_time())
 
 
 class ThreadTeam:
     """The engine thread's team size, followed step by step (see the module's rule).
 
-    `adjust()` before each unit of work (a step, an embedding unit) returns the team size and
-    applies it with torch.set_num_threads when it changed. `adaptive=False` keeps the cap (the
-    affinity / quota / configured bound) and never reads the pressure. Not thread-safe: one
-    engine thread owns it."""
+    `adjust()` before each unit of work (a step, an embedding unit) returns the team size and applies
+    it with torch.set_num_threads when it changed (or when called from another thread than last).
+    `adaptive=False` keeps the cap and measures nothing. Not thread-safe: one engine thread owns it.
+    sample / clock / apply replace the readings and torch's setter, peers the set of the process's
+    teams (tests)."""
+
+    teams: "weakref.WeakSet[ThreadTeam]" = weakref.WeakSet()  # every engine's team in this process
 
     def __init__(self, configured: int | None = None, adaptive: bool = True,
-                 sample=runnable_tasks, clock=time.monotonic, apply=None):
+                 sample=cpu_sample, clock=time.monotonic, apply=None, peers=None):
         self.configured = configured
         self.adaptive = adaptive
         self._sample = sample
@@ -175,35 +200,40 @@ class ThreadTeam:
         self._apply = apply or _set_torch_threads
         self.cap = cpu_cap(configured)
         self._cap_at = clock()
-        self._samples: deque[tuple[float, int]] = deque()
-        self._sampled_at = -math.inf
+        self._samples: deque[CpuSample] = deque()
+        self.given_up = 0  # cores left to the others
+        self.others_cpus = 0.0  # the others' load over the window, in CPUs (metrics)
+        self.last_step_at = -math.inf
         self.size = 0
         self._thread = None  # the thread the size was last applied on (OpenMP's setting is per thread)
         self.changes = 0  # how many times the team changed size (metrics, tests)
-        self.adjust()
+        self._peers = ThreadTeam.teams if peers is None else peers
+        self._peers.add(self)
+        self.adjust(stepping=False)
 
-    def others(self) -> int:
-        """The fewest other runnable tasks seen on this process's CPUs over the window (0: none)."""
-        return min((n for _, n in self._samples), default=0)
+    def others_load(self) -> float | None:
+        """The other processes' CPU use over the window, in CPUs (None: fewer than two samples)."""
+        if len(self._samples) < 2:
+            return None
+        first, last = self._samples[0], self._samples[-1]
+        wall = last.at - first.at
+        if wall <= 0:
+            return None
+        return max(0.0, (last.machine_s - first.machine_s) - (last.process_s - first.process_s)) / wall
 
-    def adjust(self) -> int:
-        """Sample the pressure (at most every SAMPLE_EVERY_S), then size the team: the cap less the
-        window's fewest others, at least 1. Applies a new size at once; returns it."""
+    def adjust(self, stepping: bool = True) -> int:
+        """Sample the load (at most every SAMPLE_EVERY_S), size the team and apply it; returns the size.
+        stepping: this engine is about to compute (it counts among the process's active engines)."""
         now = self._clock()
+        if stepping:
+            self.last_step_at = now
         if now - self._cap_at >= CAP_REFRESH_S:
-            self.cap = cpu_cap(self.configured)
-            self._cap_at = now
-        size = self.cap.cpus
-        if self.adaptive and size > 1:
-            if now - self._sampled_at >= SAMPLE_EVERY_S:
-                self._sampled_at = now
-                running = self._sample()
-                if running is not None:
-                    outside = max(0, self.cap.online - self.cap.cpus)
-                    self._samples.append((now, max(0, running - 1 - outside)))
-                while (len(self._samples) > WINDOW_SAMPLES and now - self._samples[0][0] > WINDOW_S):
-                    self._samples.popleft()
-            size = max(1, size - self.others())
+            self.cap, self._cap_at = cpu_cap(self.configured), now
+        if self.adaptive and self.cap.cpus > 1:
+            self._follow_load(now)
+        self.given_up = min(self.given_up, self.cap.cpus - 1)
+        active = sum(1 for t in list(self._peers) if t is self or now - t.last_step_at <= ACTIVE_S)
+        size = max(1, (self.cap.cpus - self.given_up) // max(1, active))
         thread = threading.get_ident()
         if size != self.size or thread != self._thread:
             if self.size and size != self.size:
@@ -211,6 +241,26 @@ class ThreadTeam:
             self.size, self._thread = size, thread
             self._apply(size)
         return size
+
+    def _follow_load(self, now: float) -> None:
+        if self._samples and now - self._samples[-1].at < SAMPLE_EVERY_S:
+            return
+        sample = self._sample()
+        if sample is None:
+            return
+        if self._samples and sample.at - self._samples[-1].at > 4 * WINDOW_S:
+            self._samples.clear()  # an idle gap: the old readings say nothing of now
+        self._samples.append(sample)
+        while len(self._samples) > 2 and sample.at - self._samples[1].at >= WINDOW_S:
+            self._samples.popleft()
+        load = self.others_load()
+        if load is None or sample.at - self._samples[0].at < WINDOW_S / 2:
+            return
+        self.others_cpus = load
+        if load >= self.given_up + HYSTERESIS_CPUS and self.given_up < self.cap.cpus - 1:
+            self.given_up = min(self.cap.cpus - 1, int(load + 1 - HYSTERESIS_CPUS))
+        elif self.given_up and load <= self.given_up - HYSTERESIS_CPUS:
+            self.given_up = max(0, int(math.ceil(load - 1 + HYSTERESIS_CPUS)))
 
 
 def _set_torch_threads(n: int) -> None:

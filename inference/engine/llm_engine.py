@@ -271,11 +271,12 @@ class LLMEngine:
         """One step: schedule -> run -> postprocess. Returns each request's events of this step
         (the TokenEvent / Finished objects its handle receives), in batch order."""
         t0 = time.perf_counter()
-        self.team.adjust()
         self.speculator.start_step()
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        rows = batch.num_tokens + sum(map(len, batch.drafts.values()))  # the rows the model runs
+        self.team.adjust()
         t1 = time.perf_counter()
         self._log_step(batch)
         if batch.block_copies or batch.window_block_copies:
@@ -287,7 +288,7 @@ class LLMEngine:
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         outputs = self._advance_beams(batch, outputs)
         if not failed and batch.num_decodes == len(batch.items):  # the gate's cost fit: decode steps only
-            self.speculator.end_step(batch.num_tokens + sum(map(len, batch.drafts.values())), batch.num_decodes)
+            self.speculator.end_step(rows, batch.num_decodes)
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import pytest
 
-from inference.engine.core_share import ThreadTeam, cgroup_cpu_quota, cpu_cap, runnable_tasks
+from inference.engine.core_share import WINDOW_S, CpuCap, CpuSample, ThreadTeam, cgroup_cpu_quota, cpu_cap
 
 
 def cgroup_tree(tmp_path, files: dict[str, str]):
@@ -43,75 +44,110 @@ def test_the_cap_is_the_affinity_mask_here_and_never_more_than_a_configured_coun
     assert "threads at most" in cap.describe()
 
 
-def test_runnable_tasks_counts_at_least_the_calling_thread(tmp_path):
-    assert runnable_tasks() >= 1
-    (tmp_path / "loadavg").write_text("0.50 0.40 0.30 3/345 12345\n")
-    assert runnable_tasks(str(tmp_path / "loadavg")) == 3
-    (tmp_path / "bad").write_text("nonsense\n")
-    assert runnable_tasks(str(tmp_path / "bad")) is None
+def test_the_machine_s_busy_seconds_come_from_proc_stat_and_grow(tmp_path):
+    from inference.engine.core_share import machine_cpu_seconds
+
+    first = machine_cpu_seconds()
+    sum(i * i for i in range(300_000))
+    assert first is not None and machine_cpu_seconds() >= first
+    ticks = os.sysconf("SC_CLK_TCK")
+    (tmp_path / "stat").write_text(f"cpu  {ticks} 0 {ticks} 999 5 0 0 {ticks} 0 0\ncpu0 1 2 3\n")
+    assert machine_cpu_seconds(str(tmp_path / "stat")) == 3.0  # user + system + steal; idle and iowait not
+    (tmp_path / "bad").write_text("cpu  x\n")
+    assert machine_cpu_seconds(str(tmp_path / "bad")) is None
 
 
 class Scripted:
-    """A clock advanced by hand and a scripted run-queue count."""
+    """A clock advanced by hand and a machine whose other processes use `others` CPUs while this one
+    uses `ours`: the readings ThreadTeam samples."""
 
-    def __init__(self, running: int):
-        self.now, self.running, self.applied = 100.0, running, []
+    def __init__(self, others: float, ours: float = 1.0):
+        self.now, self.others, self.ours = 100.0, others, ours
+        self.machine_s = self.process_s = 0.0
+        self.applied: list[int] = []
+        self.peers = weakref.WeakSet()  # this test's process
+
+    def sample(self):
+        return CpuSample(self.now, self.machine_s, self.process_s)
 
     def team(self, cpus: int, **kw) -> ThreadTeam:
-        team = ThreadTeam(cpus, sample=lambda: self.running, clock=lambda: self.now, apply=self.applied.append, **kw)
-        team.cap = type(team.cap)(cpus, cpus, None, cpus, cpus)  # a machine of `cpus` CPUs, whatever this one has
-        team.size = 0
+        team = ThreadTeam(cpus, sample=self.sample, clock=lambda: self.now, apply=self.applied.append,
+                          peers=self.peers, **kw)
+        team.cap = CpuCap(cpus, cpus, None, cpus, cpus)  # a machine of `cpus` CPUs, whatever this one has
+        team.adjust(stepping=False)
         self.applied.clear()
-        team.adjust()
         return team
 
-    def steps(self, team: ThreadTeam, n: int, every_s: float = 0.005) -> list[int]:
+    def steps(self, team: ThreadTeam, seconds: float, every_s: float = 0.01) -> list[int]:
+        """Steps of every_s seconds for `seconds`; the sizes they ran at."""
         sizes = []
-        for _ in range(n):
-            self.now += every_s
+        for _ in range(round(seconds / every_s)):
             sizes.append(team.adjust())
+            self.now += every_s
+            self.machine_s += (self.others + self.ours) * every_s
+            self.process_s += self.ours * every_s
         return sizes
 
 
-def test_a_neighbour_that_keeps_a_core_busy_shrinks_the_team_and_its_leaving_restores_it():
-    s = Scripted(running=1)  # only the engine's thread
+def test_a_busy_neighbour_shrinks_the_team_within_the_window_and_its_leaving_restores_it():
+    s = Scripted(others=0.05)  # a quiet machine: the bench client's few percent
     team = s.team(2)
-    assert s.steps(team, 5) == [2] * 5
-    s.running = 2  # a busy neighbour
-    sizes = s.steps(team, 20)
-    assert sizes[-1] == 1 and sizes.count(2) <= 10  # once the window holds only its samples
-    s.running = 1
-    assert s.steps(team, 1) == [2]  # the first sample without it
-    assert s.applied == [2, 1, 2] and team.changes == 2
+    assert set(s.steps(team, 2.0)) == {2}
+    s.others = 0.67  # one busy process competing with a team of two on two cores
+    sizes = s.steps(team, 1.0)
+    assert sizes[-1] == 1 and sizes.index(1) * 0.01 <= 2 * WINDOW_S
+    s.others = 1.0  # now it has its core: the team stays at one
+    assert set(s.steps(team, 2.0)) == {1}
+    s.others = 0.0
+    sizes = s.steps(team, 1.0)
+    assert sizes[-1] == 2 and sizes.index(2) * 0.01 <= 2 * WINDOW_S
+    assert s.applied == [1, 2] and team.changes == 2
 
 
-def test_a_passing_task_does_not_shrink_the_team():
-    s = Scripted(running=1)
+def test_this_process_s_own_threads_never_shrink_it():
+    s = Scripted(others=0.1, ours=2.0)  # the engine's team and the event loop: all ours
+    team = s.team(2)
+    assert set(s.steps(team, 2.0)) == {2}
+
+
+def test_half_a_core_of_hysteresis_either_way():
+    s = Scripted(others=0.4)
+    team = s.team(2)
+    assert set(s.steps(team, 1.0)) == {2}
+    s.others = 0.6
+    assert s.steps(team, 1.0)[-1] == 1
+    s.others = 0.6  # between 0.5 and 1.5: no change either way
+    assert set(s.steps(team, 1.0)) == {1}
+
+
+def test_three_busy_neighbours_on_four_cpus_leave_one_thread_and_never_fewer():
+    s = Scripted(others=3.0)
     team = s.team(4)
-    sizes = []
-    for i in range(40):  # a task runnable at every third step: the window's minimum stays 0
-        s.running = 2 if i % 3 else 1
-        sizes += s.steps(team, 1)
-    assert set(sizes) == {4}
+    assert s.steps(team, 1.0)[-1] == 1
+    s.others = 9.0
+    assert s.steps(team, 1.0)[-1] == 1
+    s.others = 1.0
+    assert s.steps(team, 1.0)[-1] == 3
 
 
-def test_three_neighbours_on_four_cpus_leave_one_thread_and_never_fewer():
-    s = Scripted(running=4)
-    team = s.team(4)
-    assert s.steps(team, 30)[-1] == 1
-    s.running = 9
-    assert s.steps(team, 30)[-1] == 1
+def test_engines_stepping_in_one_process_share_its_cores():
+    s = Scripted(others=0.0)
+    a, b = s.team(4), s.team(4)
+    assert a.adjust() == 4  # b has not stepped: a has them all
+    assert b.adjust() == 2 and a.adjust() == 2
+    s.now += 1.0  # b went idle
+    assert a.adjust() == 4
 
 
 def test_a_team_that_does_not_adapt_keeps_its_cap():
-    s = Scripted(running=5)
+    s = Scripted(others=5.0)
     team = s.team(2, adaptive=False)
-    assert set(s.steps(team, 20)) == {2}
+    assert set(s.steps(team, 1.0)) == {2}
 
 
 def test_the_size_is_applied_again_on_another_thread():
     """OpenMP's number of threads is each thread's own: a team stepped from a new thread sets it there."""
-    s = Scripted(running=1)
+    s = Scripted(others=0.0)
     team = s.team(2)
     before = len(s.applied)
     t = threading.Thread(target=team.adjust)

@@ -623,7 +623,7 @@ void metrale_weight_linear_team(const metrale_weight *W, const float *x, float *
     if (!W->exact) {
         const block_rows r = block_parts(scratch, M, K);
         const long KB = K / 32;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (long m = 0; m < M; m++)
             quantize_row_blocks(x + m * K, K, r.a + m * K, r.dx + m * KB, r.asum + m * KB, r.sa + m * KB);
     }

@@ -259,27 +259,27 @@ static void decode_layer_team(const metrale_layer *L, const metrale_step *S, flo
     float *proj = act + M * I;      /* [M, H] */
     void *gemm = (void *)(((uintptr_t)(S->scratch + activation_floats(S)) + 63) & ~(uintptr_t)63);
 
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) rms_norm(x + m * H, L->ln1, h + m * H, H, S->eps);
     metrale_weight_linear_team(&L->qkv, h, qkv, M, qkvs, H, gemm);
     LORA_ADD(METRALE_LORA_QKV, h, qkv);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) rope_and_write(L, S, qkv + m * qkvs, m);
     attend_rows(L, S, qkv, attn);
     metrale_weight_linear_team(&L->o, attn, proj, M, H, qs, gemm);
     LORA_ADD(METRALE_LORA_O, attn, proj);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) {
         add_output(x + m * H, proj + m * H, L->post_attn_norm, proj + m * H, H, S->eps);
         rms_norm(x + m * H, L->ln2, h + m * H, H, S->eps);
     }
     metrale_weight_linear_team(&L->gate_up, h, gu, M, 2 * I, H, gemm);
     LORA_ADD(METRALE_LORA_GATE_UP, h, gu);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) gated(S, gu + m * 2 * I, act + m * I, I);
     metrale_weight_linear_team(&L->down, act, proj, M, H, I, gemm);
     LORA_ADD(METRALE_LORA_DOWN, act, proj);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) add_output(x + m * H, proj + m * H, L->post_ff_norm, proj + m * H, H, S->eps);
 }
 
@@ -369,7 +369,7 @@ void metrale_decode_layers(const metrale_layer *L, long n_layers, const metrale_
         } else {
             for (long l = 0; l < n_layers; l++) decode_layer_team(L + l, S, x);
             if (S->final_norm) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
                 for (long m = 0; m < M; m++) rms_norm(x + m * H, S->final_norm, x + m * H, H, S->eps);
             }
         }
@@ -377,7 +377,7 @@ void metrale_decode_layers(const metrale_layer *L, long n_layers, const metrale_
         if (!(lean && !short_of_memory) && S->head && R > 0) {
             float *rows = head_input(S);
             void *gemm = (void *)(((uintptr_t)(S->scratch + R * H) + 63) & ~(uintptr_t)63);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
             for (long r = 0; r < R; r++) memcpy(rows + r * H, x + S->logit_rows[r] * H, sizeof(float) * (size_t)H);
             metrale_weight_linear_team(S->head, rows, S->logits, R, S->vocab, H, gemm);
         }

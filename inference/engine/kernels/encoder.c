@@ -478,7 +478,7 @@ static inline __m512 gelu_erf16(__m512 x) {
 
 
 void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *out, long rows, long n, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp parallel for num_threads(nthreads) schedule(guided)
     for (long r = 0; r < rows; r++) {
         const uint16_t *yr = y + r * n;
         uint16_t *o = out + r * n;
@@ -497,7 +497,7 @@ void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *o
 void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float *residual, const float *gamma,
                               const float *beta, float eps, float *out, uint16_t *out16, long rows, long n,
                               int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp parallel for num_threads(nthreads) schedule(guided)
     for (long r = 0; r < rows; r++) {
         const uint16_t *yr = y + r * n;
         const float *res = residual + r * n;
@@ -552,7 +552,7 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
 
 /* out = float(y) + bias per row of n: a linear's bfloat16 product and its float32 bias, in float32. */
 void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp parallel for num_threads(nthreads) schedule(guided)
     for (long r = 0; r < rows; r++) {
         long i = 0;
 #if defined(METRALE_AVX512)

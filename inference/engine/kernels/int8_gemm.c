@@ -354,7 +354,7 @@ void metrale_int8_linear_team(const float *x, const int8_t *packed, const float 
     const int32_t A = act_limit(K);
     int16_t *xq = (int16_t *)scratch;
     float *sx = (float *)(xq + M * kp);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) quantize_row(x + m * K, K, A, xq + m * kp, sx + m);
     metrale_int8_tiles_team(packed, scale, y, M, N, K, scratch);
 }

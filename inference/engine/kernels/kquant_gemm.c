@@ -533,7 +533,7 @@ void metrale_kq_tile(const metrale_weight *W, long t, const float *x, void *scra
 
 void metrale_kq_quantize_team(const float *x, long M, long K, void *scratch) {
     const kq_rows r = kq_parts(scratch, M, K);
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++)
         quantize_row_kq(x + m * K, K, r.a + m * K, r.dx + m * (K / QK), r.bs16 + m * (K / 16), r.bs32 + m * (K / 32));
 }

@@ -35,7 +35,7 @@ void metrale_lora_add_team(const metrale_lora_layer *L, int linear, const int64_
     const int np = L->num_parts[linear];
     const metrale_lora_part *parts = L->part[linear];
     if (np == 0) return;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long m = 0; m < M; m++) {
         const int64_t s = slots[m];
         if (s < 0) continue;

@@ -12,6 +12,7 @@ cache's TTFT on a shared 1,000-token system prompt. A script, not a test: figure
 the machine.
 """
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -75,6 +76,12 @@ class Command(BaseCommand):
         parser.add_argument("--probe-tokens", type=int, default=400,
                             help="the prompt-processing probe's prompt length (llama-server -np 32 -c 16384 gives each "
                                  "slot 512 tokens of context)")
+        parser.add_argument("--contention", type=int, default=0, metavar="N",
+                            help="after the decode side by side, each server's decode (T 0.8, 1 and 8 streams) with N "
+                                 "busy processes beside it against its own idle figure, interleaved, and two of our "
+                                 "servers decoding one stream each at once (bench/contention.py)")
+        parser.add_argument("--contention-only", action="store_true",
+                            help="with --contention: skip the decode table and the prompt probe")
         parser.add_argument("--kv-tokens", type=int, default=16384,
                             help="our servers' KV cache capacity in tokens for the decode side by side (llama-server's "
                                  "-c), so that resident memory compares like with like")
@@ -82,7 +89,7 @@ class Command(BaseCommand):
     def handle(self, *args, dtypes, concurrency, requests_per_stream, skip_hf, skip_http, llama_cpp_url, llama_cpp_pid,
                peer_rounds, skip_offline, lora_only, skip_lora, lora_rank, lora_targets, lora_rounds, lora_tokens,
                decode_only, skip_decode, decode_concurrency, decode_tokens, decode_rounds, kv_tokens, probe_tokens,
-               **options):
+               contention=0, contention_only=False, **options):
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
         from inference.operations.runtime import engine_config
@@ -105,8 +112,8 @@ class Command(BaseCommand):
         if not (lora_only or skip_decode):
             self._decode(base, tokenizer, llama_cpp_url.rstrip("/"), llama_cpp_pid,
                          [int(c) for c in decode_concurrency.split(",")], decode_tokens, decode_rounds, kv_tokens,
-                         probe_tokens)
-        if decode_only:
+                         probe_tokens, contention, contention_only)
+        if decode_only or contention_only:
             return
         for dtype in [] if lora_only else dtypes.split(","):
             rows: list[RunSummary] = []
@@ -180,10 +187,11 @@ class Command(BaseCommand):
         out(median_line(rows))
 
     def _decode(self, base, tokenizer, peer_url: str, peer_pid: int, levels: list[int], tokens: int, rounds: int,
-                kv_tokens: int, probe_tokens: int) -> None:
+                kv_tokens: int, probe_tokens: int, contention: int = 0, contention_only: bool = False) -> None:
         """The decode side by side (bench/decode.py): our server with speculation off and with it on
         `auto`, llama-server at peer_url when given, each KV cache holding kv_tokens tokens; then a
-        prompt-processing probe and resident memory at idle and after the runs."""
+        prompt-processing probe and resident memory at idle and after the runs; with `contention`, the
+        same servers beside that many busy processes (bench/contention.py)."""
         import random
 
         from inference.bench.decode import SAMPLINGS, compare_decode, decode_table
@@ -207,6 +215,10 @@ class Command(BaseCommand):
             run_http(off.url, [BenchRequest("Hello", 1, 4)], 1)  # the first request's one-off costs
             run_http(auto.url, [BenchRequest("Hello", 1, 4)], 1)
             rss = {"ours": rss_bytes(off.proc.pid), "llama-server": rss_bytes(peer_pid)}
+            if contention:
+                self._contention(servers, contention, rounds, tokens, cpu)
+                if contention_only:
+                    return
             out(f"\n== decode side by side: streamed chat, short prompts, {tokens} tokens a stream (ignore_eos), "
                 f"medians of {rounds} interleaved rounds; CPU {cpu}; kernels {kernels.instruction_set()}; our KV cache "
                 f"{kv_tokens} tokens ({kv_bytes / 2**20:.0f} MiB {base.kv_cache_dtype}), weights {base.weights} ==")
@@ -235,6 +247,21 @@ class Command(BaseCommand):
                         text += (f", llama-server {figures['llama-server'] / 2**20:.0f} MiB "
                                  f"({figures['ours'] / figures['llama-server']:.2f}x)")
                     out(text)
+
+    def _contention(self, servers: dict[str, str], busy: int, rounds: int, tokens: int, cpu: str) -> None:
+        """Each server's T 0.8 decode at 1 and 8 streams with `busy` busy processes beside it, as a ratio to
+        its own idle figure, and our two servers decoding one stream each at once (bench/contention.py)."""
+        from inference.bench.contention import compare_contention, contention_table
+
+        out = self.stdout.write
+        levels = [1, 8]
+        out(f"\n== decode under contention: {busy} busy process(es) beside each server, T 0.8, {tokens} tokens a stream, "
+            f"medians of {rounds} interleaved rounds; CPU {cpu}, {os.cpu_count()} CPUs ==")
+        cmp = compare_contention(servers, levels, busy, rounds, tokens, pair=("ours (spec off)", "ours (spec auto)"),
+                                 log=out)
+        out("\ndecode tok/s (after each stream's first token) and TPOT p50, idle and busy, each server against itself:")
+        for line in contention_table(cmp, levels):
+            out(line)
 
     def _peer(self, server, url: str, pid: int, workloads, tokenizer, rounds: int) -> None:
         """Interleaved rounds against the llama-server at `url` (bench/peer.py), then the ratio table."""
