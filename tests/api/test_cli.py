@@ -89,3 +89,13 @@ def test_a_data_directory_that_cannot_be_written_is_named(capsys, monkeypatch, t
     monkeypatch.setattr(cli, "data_dir", lambda: blocked / "data")
     err = one_line_error(capsys, "manage", "check")
     assert f"the data directory {blocked / 'data'} is not writable" in err and "METRALE_HOME" in err
+
+
+def test_a_missing_catalogue_model_is_pulled_and_a_pulled_or_imported_one_served(monkeypatch, tmp_path):
+    monkeypatch.setenv("METRALE_HOME", str(tmp_path))
+    assert cli.resolve_model("gemma-3-270m") == (tmp_path / "models" / "gemma-3-270m", "gemma-3-270m")
+    imported = tmp_path / "models" / "my-import"
+    imported.mkdir(parents=True)
+    (imported / "config.json").write_text("{}")
+    assert cli.resolve_model("my-import") == (imported, None)
+    assert cli.resolve_model(str(imported)) == (imported.resolve(), None)
