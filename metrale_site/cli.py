@@ -159,6 +159,9 @@ def resolve_model(value: str, what: str = "--model") -> tuple[Path, str | None]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """`metrale serve`: the checks, the pull, migrate and collectstatic once, then manage.py serve (whose server
+    processes run `metrale serve` again with PREPARED set, straight to daphne). Returns 0 once it stopped when asked;
+    raises UserError for what the user can fix."""
     if os.environ.get(PREPARED) == "1":  # a server process of the supervisor below: straight to daphne
         _setup()
         _call("serve", host=args.host, port=args.port, no_restart=args.no_restart)
@@ -188,6 +191,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
+    """`metrale pull NAME`: manage.py pull_model into METRALE_HOME/models/NAME. Raises UserError."""
     if args.name not in _catalogue():
         raise UserError(f"unknown model {args.name!r}; the catalogue has {', '.join(_catalogue())}")
     try:
@@ -200,6 +204,7 @@ def pull(args: argparse.Namespace) -> int:
 
 
 def import_gguf(args: argparse.Namespace) -> int:
+    """`metrale import FILE.gguf`: manage.py import_model into METRALE_HOME/models/NAME. Raises UserError."""
     source = Path(args.gguf).expanduser()
     if not source.is_file():
         raise UserError(f"{args.gguf}: no such file")
