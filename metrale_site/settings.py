@@ -9,10 +9,15 @@ from urllib.parse import unquote, urlparse
 
 from .middleware_list import Middleware
 from .env import envbool, envduration_s, envfloat, envint, envjson, envlist, envstr
+from .paths import PACKAGES_DIR, data_dir, metrale_home
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = PACKAGES_DIR
+SITE_DIR = Path(__file__).resolve().parent
 
-METRALE_HOME = Path(envstr("METRALE_HOME", str(Path.home() / ".cache" / "metrale"))).expanduser()
+# Models, wheels and the kernels' cache (paths.py); DATA_DIR: the database, static files, uploads and the
+# request log's default file (a checkout's var/, an installed package's METRALE_HOME).
+METRALE_HOME = metrale_home()
+DATA_DIR = data_dir()
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 SECRET_KEY = envstr("DJANGO_SECRET_KEY", "metrale-dev-insecure-key-change-me-in-production")
@@ -58,7 +63,7 @@ ROOT_URLCONF = "metrale_site.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [SITE_DIR / "templates"],  # the admin's overrides; the console's pages are its app's
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -94,8 +99,11 @@ _database_url = envstr("DATABASE_URL")
 if _database_url:
     DATABASES = {"default": _database_from_url(_database_url)}
 else:
-    _sqlite_path = Path(envstr("METRALE_SQLITE_PATH", str(BASE_DIR / "var" / "metrale.sqlite3")))
-    _sqlite_path.parent.mkdir(parents=True, exist_ok=True)  # var/ is not in git
+    _sqlite_path = Path(envstr("METRALE_SQLITE_PATH", str(DATA_DIR / "metrale.sqlite3")))
+    try:
+        _sqlite_path.parent.mkdir(parents=True, exist_ok=True)  # var/ is not in git; METRALE_HOME on first run
+    except OSError:  # a read-only data directory: `metrale` names it; SQLite's own error otherwise
+        pass
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -144,8 +152,8 @@ STATIC_URL = "static/"
 # WhiteNoise (metrale_site/static_files.py) serves them. Without collected files the apps' own
 # folders are served too (WHITENOISE_USE_FINDERS), so a server started by hand still has its CSS;
 # settings_production serves only the collected, hashed and compressed copies.
-STATIC_ROOT = Path(envstr("DJANGO_STATIC_ROOT", str(BASE_DIR / "var" / "static")))
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(envstr("DJANGO_STATIC_ROOT", str(DATA_DIR / "static")))
+STATICFILES_DIRS = []  # the console's files are its app's (console/static/console/)
 WHITENOISE_USE_FINDERS = True
 STORAGES = {"default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
             "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
@@ -168,7 +176,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     "files": {"BACKEND": envstr("METRALE_FILES_STORAGE", "django.core.files.storage.FileSystemStorage"),
               "OPTIONS": envjson("METRALE_FILES_STORAGE_OPTIONS", None)
-              or {"location": envstr("METRALE_FILES_DIR", str(BASE_DIR / "var" / "files"))}},
+              or {"location": envstr("METRALE_FILES_DIR", str(DATA_DIR / "files"))}},
 }
 # Uploads larger than this stay on disk while they are received (Django's upload handlers).
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440

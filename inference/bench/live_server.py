@@ -16,6 +16,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+# Django's commands: manage.py in a checkout; for an installed package (ROOT is site-packages) the `metrale`
+# command's module and its `manage` passthrough.
+MANAGE = ["manage.py"] if (ROOT / "manage.py").is_file() else ["-m", "metrale_site.cli", "manage"]
 
 
 # Parallel test processes (pytest-xdist's workers gw0, gw1, ...) each take ports from a range of their
@@ -78,7 +81,7 @@ def migrated_sqlite(db: Path, env: dict[str, str]) -> None:
             folder = Path(tempfile.mkdtemp(prefix="metrale-migrated-"))
             atexit.register(shutil.rmtree, folder, True)
             template = folder / "db.sqlite3"
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
+            subprocess.run([sys.executable, *MANAGE, "migrate", "--noinput", "-v", "0"], cwd=ROOT,
                            env={**env, "METRALE_SQLITE_PATH": str(template)}, check=True)
             _template_db = template
     source, target = sqlite3.connect(_template_db), sqlite3.connect(db)
@@ -108,11 +111,11 @@ class LiveServer:
         if "DATABASE_URL" not in full_env and not Path(full_env["METRALE_SQLITE_PATH"]).exists():
             migrated_sqlite(Path(full_env["METRALE_SQLITE_PATH"]), full_env)
         else:  # another database, or this one again (a restart): migrate brings it up to date
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
+            subprocess.run([sys.executable, *MANAGE, "migrate", "--noinput", "-v", "0"], cwd=ROOT,
                            env=full_env, check=True)
         self._log = open(self.log_path, "a")
         if via_serve:
-            argv = ["manage.py", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+            argv = [*MANAGE, "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         else:
             argv = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "metrale_site.asgi:application"]
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log,

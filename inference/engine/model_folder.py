@@ -13,6 +13,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from .config import ConfigError, ModelConfig
+from .model_cards import card_sampling
 
 log = logging.getLogger("metrale.engine")
 
@@ -90,8 +91,10 @@ class ModelFolder:
 
     @cached_property
     def sampling_defaults(self) -> dict:
-        """generation_config.json's sampling fields as SamplingParams names (numbers only)."""
-        out = {}
+        """The folder's request defaults as SamplingParams names (numbers only): generation_config.json's
+        sampling fields over the model card's settings for a catalogue model pulled by name
+        (model_cards.card_sampling)."""
+        out = card_sampling(self.path)
         for key, name in GENERATION_CONFIG_KEYS.items():
             value = self.generation_config.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -2,8 +2,9 @@
 
 A field the request leaves unset takes the model's generation_config.json value
 (as vLLM's `--generation-config auto` does: temperature, top_p, top_k, min_p,
-repetition_penalty, max_new_tokens), then METRALE["SAMPLING_DEFAULTS"], then
-OpenAI's documented default (temperature 1, top_p 1, penalties 0).
+repetition_penalty, max_new_tokens), then for a catalogue model pulled by name its model card's
+recommendation (engine/model_cards.py; both through ModelFolder.sampling_defaults), then
+METRALE["SAMPLING_DEFAULTS"], then OpenAI's documented default (temperature 1, top_p 1, penalties 0).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ _PARAM_NAMES = {f.name for f in fields(SamplingParams)}
 
 
 def defaults_for(folder: ModelFolder) -> dict:
-    """The merged sampling defaults: the model folder's generation_config.json over
+    """The merged sampling defaults: the model folder's (generation_config.json, its model card's) over
     METRALE["SAMPLING_DEFAULTS"] (SamplingParams names; max_tokens among them)."""
     server = {k: v for k, v in (settings.METRALE.get("SAMPLING_DEFAULTS") or {}).items() if k in _PARAM_NAMES}
     return {**server, **folder.sampling_defaults}

@@ -118,3 +118,45 @@ def test_bench_skip_lora_leaves_the_lora_section_out(monkeypatch, settings, smol
     assert ran == ["report", "report", "lora"]
     with pytest.raises(CommandError, match="nothing to run"):
         call_command("bench", "--lora-only", "--skip-lora", stdout=StringIO())
+
+
+@pytest.mark.parametrize("require_auth, admin, noted", [(False, False, "check no key"), (False, True, "operator routes"),
+                                                         (True, False, None)])
+def test_create_api_key_says_when_nothing_checks_the_key(settings, require_auth, admin, noted):
+    settings.METRALE = {**settings.METRALE, "REQUIRE_AUTH": require_auth}
+    run("create_tenant", "acme")
+    out, err = run("create_api_key", "acme", *(["--admin"] if admin else []))
+    stored = ApiKey.objects.get()
+    assert stored.is_admin == admin and apikeys.key_matches(out.strip(), stored.key_hash)
+    if noted is None:
+        assert "METRALE_REQUIRE_AUTH" not in err
+    else:
+        assert "METRALE_REQUIRE_AUTH is off" in err and noted in err
+
+
+def test_serve_request_log_without_a_path_writes_into_the_data_directory(monkeypatch, settings):
+    started = []
+
+    def execve(path, argv, env):
+        started.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    with pytest.raises(SystemExit):
+        call_command("serve", "--request-log", "--port", "8123")
+    assert started[0]["METRALE_REQUEST_LOG"] == str(settings.DATA_DIR / "requests.jsonl")
+
+
+def test_serve_starts_its_server_processes_the_way_this_one_started(monkeypatch, tmp_path):
+    from inference.management.commands.serve import entry_command
+
+    script = tmp_path / "metrale"
+    script.write_text("")
+    monkeypatch.setattr("sys.argv", [str(script), "serve"])
+    assert entry_command() == [str(script)]
+    package = tmp_path / "pkg"  # a package's module run by -m: its folder must not go on sys.path
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("")
+    monkeypatch.setattr("sys.argv", [str(package / "__main__.py"), "serve"])
+    assert entry_command() == ["-m", "metrale_site.cli", "manage"]

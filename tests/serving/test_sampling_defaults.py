@@ -54,3 +54,36 @@ def test_top_k_minus_one_means_off_and_seed_offsets(tok):
 def test_a_vanishing_temperature_means_greedy(tok):
     assert sampling_params({"temperature": 1e-9}, max_tokens=5, tokenizer=tok, defaults={}).temperature == 0.0
     assert sampling_params({"temperature": 1e-3}, max_tokens=5, tokenizer=tok, defaults={}).temperature == 1e-3
+
+
+def test_every_catalogue_chat_model_has_its_cards_sampling():
+    from inference.engine.model_cards import CARD_SAMPLING
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, PULLABLE_MODELS
+
+    chat = {name for name, (_, member) in PULLABLE_MODELS.items() if member.endswith(".gguf")} | set(ASSEMBLED_MODELS)
+    assert set(CARD_SAMPLING) == chat
+    assert CARD_SAMPLING["smollm2-135m-instruct"] == {"temperature": 0.2, "top_p": 0.9}
+
+
+def test_a_pulled_catalogue_model_samples_as_its_card_says_and_the_request_wins(tmp_path, monkeypatch, settings, tok):
+    monkeypatch.setenv("METRALE_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "home" / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    settings.METRALE = {**settings.METRALE, "SAMPLING_DEFAULTS": {"temperature": 0.9, "top_k": 7}}
+    defaults = defaults_for(ModelFolder.load(folder))
+    assert defaults == {"temperature": 0.2, "top_p": 0.9, "top_k": 7}
+    p = sampling_params({}, max_tokens=10, tokenizer=tok, defaults=defaults)
+    assert (p.temperature, p.top_p, p.top_k) == (0.2, 0.9, 7)
+    p = sampling_params({"temperature": 0.7, "top_p": 1.0}, max_tokens=10, tokenizer=tok, defaults=defaults)
+    assert (p.temperature, p.top_p) == (0.7, 1.0)
+    # the folder's own generation_config.json wins over the card
+    (folder / "generation_config.json").write_text(json.dumps({"top_p": 0.5}))
+    assert ModelFolder.load(folder).sampling_defaults == {"temperature": 0.2, "top_p": 0.5}
+
+
+def test_the_card_applies_only_where_pulling_puts_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("METRALE_HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "imports" / "smollm2-135m-instruct"  # a float import of the same GGUF, say
+    elsewhere.mkdir(parents=True)
+    assert ModelFolder.load(elsewhere).sampling_defaults == {}

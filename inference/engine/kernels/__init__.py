@@ -5,7 +5,8 @@ METRALE_CPU_KERNELS is not "0"); the callers fall back to plain torch otherwise.
 The C sources are cpu_kernels.c (decode attention), int8_gemm.c (int8 linear),
 block_gemm.c (GGUF-block linears and the one weight-linear entry point) and
 decode_layer.c (whole decode layers), sample.c (the sampler's temperature draw); build.py compiles
-and caches them.
+and caches them. Every function bound here is declared in kernels.h (decode_layer.h: the decode step's), and
+every struct passed is checked against layout.c's report at each load (layout.py).
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ import threading
 import torch
 
 from ..layers.blocks import BlockStack
+from . import layout
 from .build import KernelBuildError, build
+from .layout import KernelLayoutError
 
 log = logging.getLogger("metrale.engine")
 
 _lib: ctypes.CDLL | None = None
 _tried = False
+_layout_error: KernelLayoutError | None = None
 _lock = threading.Lock()
 
 _P = ctypes.c_void_p
@@ -31,8 +35,12 @@ _I = ctypes.c_int
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
+    """The library, built and bound on the first call (None where there is none). Raises KernelLayoutError, on
+    this and every later call, when its structs differ from Python's (layout.py)."""
+    global _lib, _tried, _layout_error
     with _lock:
+        if _layout_error is not None:
+            raise _layout_error
         if _tried:
             return _lib
         _tried = True
@@ -77,6 +85,17 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_amx_attention.restype = _I
         lib.metrale_amx_ready.argtypes = []
         lib.metrale_amx_ready.restype = _I
+        lib.metrale_kq_stride.argtypes = [_I]
+        lib.metrale_kq_stride.restype = _L
+        layout.bind(lib)
+        try:
+            layout.check_layouts(lib)
+            strides = {fmt: lib.metrale_kq_stride(FORMAT_CODES[fmt]) for fmt in KQUANT_STRIDE}
+            if strides != KQUANT_STRIDE:
+                raise KernelLayoutError(f"K-quant strides {strides} in C, {KQUANT_STRIDE} in KQUANT_STRIDE")
+        except KernelLayoutError as exc:
+            _layout_error = exc
+            raise
         _lib = lib
         return lib
 

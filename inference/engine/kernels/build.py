@@ -1,4 +1,4 @@
-"""Compile the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, kquant_gemm.c, amx_gemm.c, decode_layer.c, lora.c, sample.c, encoder.c) into a shared library once per source version and machine.
+"""Compile the kernel sources (cpu_kernels.c, int8_gemm.c, block_gemm.c, kquant_gemm.c, amx_gemm.c, decode_layer.c, lora.c, sample.c, encoder.c, layout.c) into a shared library once per source version and machine.
 
 The library is cached under `$METRALE_HOME/kernels/<hash>/` (default
 ~/.cache/metrale), the hash covering the source, the compiler command and the CPU
@@ -18,10 +18,13 @@ from pathlib import Path
 
 import torch
 
+from ..home import metrale_home
+
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cpu_kernels.c", HERE / "int8_gemm.c", HERE / "block_gemm.c", HERE / "kquant_gemm.c",
-           HERE / "amx_gemm.c", HERE / "decode_layer.c", HERE / "lora.c", HERE / "sample.c", HERE / "encoder.c"]
-HEADERS = [HERE / "kernels.h", HERE / "lora.h", HERE / "codes512.h"]
+           HERE / "amx_gemm.c", HERE / "decode_layer.c", HERE / "lora.c", HERE / "sample.c", HERE / "encoder.c",
+           HERE / "layout.c"]
+HEADERS = [HERE / "kernels.h", HERE / "lora.h", HERE / "codes512.h", HERE / "decode_layer.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 
 
@@ -64,8 +67,7 @@ def _gomp() -> list[str]:
 
 def cache_dir() -> Path:
     """Where built libraries are kept: $METRALE_HOME/kernels (default ~/.cache/metrale/kernels)."""
-    home = os.environ.get("METRALE_HOME") or str(Path.home() / ".cache" / "metrale")
-    return Path(home).expanduser() / "kernels"
+    return metrale_home() / "kernels"
 
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path:

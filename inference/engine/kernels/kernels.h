@@ -186,4 +186,38 @@ void metrale_paged_decode_attention_team(const float *q, long q_stride, const vo
                                          const int64_t *block_tables, const int64_t *seq_lens,
                                          const int64_t *seq_starts, float *out, long D, int n_heads, int n_kv,
                                          int head_dim, int block_size, long width, float scale, int kv_dtype);
+
+/* The entry points bound through ctypes (kernels/__init__.py, layers/fused_decode.py; decode_layer.h declares the
+ * decode step's): every one is declared here, so each definition is checked against its declaration when its
+ * source compiles, and the argtypes in Python are written from these lines. */
+void metrale_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache,
+                                    const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                                    long D, int n_heads, int n_kv, int head_dim, int block_size, long width,
+                                    float scale, int kv_dtype, int nthreads);
+const char *metrale_kernels_isa(void);
+void metrale_int8_pack(const int8_t *w, int8_t *packed, long N, long K);
+const char *metrale_block_isa(void);
+void metrale_block_rows(const metrale_weight *W0, long K, const int64_t *ids, long n, float *out);
+long metrale_kq_stride(int format);
+void metrale_sample(const float *logits, long B, long V, const float *temperature, const int32_t *top_k,
+                    const float *top_p, const float *min_p, const double *u, float *processed,
+                    const uint8_t *want, int64_t *tokens, int nthreads);
+void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts, const int64_t *lens, long n_seqs,
+                               int n_heads, int head_dim, float scale, float *out, long ldo, int nthreads);
+int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bias, const int64_t *starts,
+                                   const int64_t *lens, long n_seqs, int n_heads, int head_dim, float scale,
+                                   uint16_t *out, long ldo, int nthreads);
+void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *out, long rows, long n, int nthreads);
+void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float *residual, const float *gamma,
+                              const float *beta, float eps, float *out, uint16_t *out16, long rows, long n,
+                              int nthreads);
+void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads);
+int metrale_encoder_amx_attention(int head_dim);
+
+/* The layout of a struct Python passes by value or pointer (layout.c): for `type` (metrale_weight, metrale_layer,
+ * metrale_view, metrale_step, metrale_lora_part, metrale_lora_layer) and `field` NULL, its size and alignment;
+ * for a field, its offset and size (alignment 0). Returns 1, or 0 for a type or field it does not know.
+ * metrale_struct_field: the name of the type's field `index` in declaration order, NULL past the last. */
+int metrale_struct_layout(const char *type, const char *field, long *offset, long *size, long *align);
+const char *metrale_struct_field(const char *type, long index);
 #endif

@@ -24,6 +24,7 @@ _P = ctypes.c_void_p
 
 
 class _Layer(ctypes.Structure):
+    """kernels/decode_layer.h metrale_layer (its layout checked at load: kernels/layout.py)."""
     _fields_ = [("ln1", _P), ("ln2", _P)] + [(name, kernels.KernelWeight.Struct) for name in (
         "qkv", "o", "gate_up", "down")] + [(name, _P) for name in ("qkv_bias", "q_norm", "k_norm", "k_cache", "v_cache",
                                                                    "lora", "post_attn_norm", "post_ff_norm")] + [
@@ -31,7 +32,7 @@ class _Layer(ctypes.Structure):
 
 
 class _View(ctypes.Structure):
-    """decode_layer.c metrale_view: what a layer attends through (the full layers', the window layers')."""
+    """kernels/decode_layer.h metrale_view: what a layer attends through (the full layers', the window layers')."""
     _fields_ = [(name, _P) for name in ("cos", "sin", "slots", "block_tables", "seq_lens", "seq_starts")] + [
         ("width", ctypes.c_long)]
 
@@ -47,6 +48,7 @@ def decode_weight(lin, compact: bool) -> kernels.KernelWeight | None:
 
 
 class _Step(ctypes.Structure):
+    """kernels/decode_layer.h metrale_step."""
     _fields_ = [("M", ctypes.c_long)] + [
         (name, ctypes.c_int) for name in ("hidden", "n_heads", "n_kv", "head_dim", "inter", "block_size",
                                           "kv_dtype", "nthreads", "act")] + [

@@ -2,6 +2,7 @@
 import re
 from datetime import datetime, timedelta, timezone as dt_timezone
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
@@ -53,4 +54,16 @@ class Command(BaseCommand):
         self.stderr.write(f"Created {'admin ' if admin else ''}key {key.prefix}… for {owner}"
                           f"{f', expires {expires_at.isoformat()}' if expires_at else ''}. "
                           "It is printed below once and stored only as a hash:")
+        if not settings.METRALE["REQUIRE_AUTH"]:
+            self.stderr.write(unchecked_key_note(admin))
         self.stdout.write(key.new_key)
+
+
+def unchecked_key_note(admin: bool) -> str:
+    """What a key made while METRALE_REQUIRE_AUTH is off is (not) checked for: the API routes run every request
+    as the default tenant then, whatever key it sends; the operator routes check admin keys always
+    (tenancy/auth.authenticate_operator)."""
+    note = ("Note: METRALE_REQUIRE_AUTH is off, so the API routes check no key: every request runs as the "
+            "default tenant, and this key's tenant, limits and expiry apply only once METRALE_REQUIRE_AUTH=1 "
+            "(settings_production turns it on).")
+    return note + (" As an admin key it is checked now on the operator routes." if admin else "")

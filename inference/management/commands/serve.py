@@ -37,8 +37,9 @@ class Command(BaseCommand):
                             help="tool-call parser name, or 'none' (overrides METRALE_TOOL_CALL_PARSER)")
         parser.add_argument("--reasoning-parser", default=None,
                             help="reasoning parser name, or 'none' (overrides METRALE_REASONING_PARSER)")
-        parser.add_argument("--request-log", default=None, metavar="PATH",
-                            help="append one JSON line per API request to PATH (overrides METRALE_REQUEST_LOG)")
+        parser.add_argument("--request-log", nargs="?", const="", default=None, metavar="PATH",
+                            help="append one JSON line per API request to PATH (without PATH: requests.jsonl in "
+                                 "the data directory; overrides METRALE_REQUEST_LOG)")
         parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                             help="a LoRA adapter to load at startup (repeatable; added to METRALE_LORA_ADAPTERS)")
         parser.add_argument("--embedding-model", default=None, metavar="PATH_OR_NAME",
@@ -53,7 +54,8 @@ class Command(BaseCommand):
                                                                 ("REASONING_PARSER", reasoning_parser))
                      if value is not None}
         if request_log is not None:
-            overrides["METRALE_REQUEST_LOG"] = str(Path(request_log).resolve())
+            overrides["METRALE_REQUEST_LOG"] = str(Path(request_log).resolve() if request_log
+                                                   else Path(settings.DATA_DIR) / "requests.jsonl")
         if embedding_model is not None:
             overrides["METRALE_EMBEDDING_MODEL"] = embedding_model
         for item in lora:
@@ -61,7 +63,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--lora {item!r} is not NAME=PATH")
         if lora:
             overrides["METRALE_LORA_ADAPTERS"] = ",".join([*settings.METRALE.get("LORA_ADAPTERS", []), *lora])
-        argv = [sys.executable, str(Path(sys.argv[0]).resolve()), "serve", "--host", host, "--port", str(port)]
+        argv = [sys.executable, *entry_command(), "serve", "--host", host, "--port", str(port)]
         if no_restart:
             argv.append("--no-restart")
         if overrides:
@@ -87,6 +89,17 @@ class Command(BaseCommand):
         code = Supervisor([*argv, "--no-restart"], self.stderr).run()
         if code:
             raise SystemExit(code)
+
+
+def entry_command() -> list[str]:
+    """How to start this program again (after sys.executable): the script this process runs (manage.py, or
+    the `metrale` console script, whose `serve` takes the same flags), or where that is a module of a package
+    (`python -m django`, `python -m metrale_site.cli`: run as a script, its folder would shadow top-level
+    packages) the `metrale` command's module and its `manage` passthrough."""
+    script = Path(sys.argv[0]).resolve()
+    if script.is_file() and not (script.parent / "__init__.py").is_file():
+        return [str(script)]
+    return ["-m", "metrale_site.cli", "manage"]
 
 
 class Supervisor:
