@@ -41,6 +41,8 @@ log = logging.getLogger("metrale.engine")
 # The Retry-After hint of EngineOverloaded, in seconds: the queue drains as running requests end,
 # and a second is the shortest wait HTTP's Retry-After can say.
 OVERLOAD_RETRY_AFTER_S = 1
+# How often an idle engine thread wakes to sample the machine's load (core_share.SAMPLE_EVERY_S apart).
+IDLE_WAKE_S = 0.05
 
 
 @dataclass(eq=False)
@@ -331,7 +333,10 @@ class AsyncEngine:
                         team.adjust()
                     side.run_for(side.idle_slice_s, busy=False)
                     continue
-                self._wake.wait(timeout=0.5)
+                team = getattr(self.engine, "team", None)
+                if team is not None:  # the others' load kept current while idle (engine/core_share.py)
+                    team.observe()
+                self._wake.wait(timeout=IDLE_WAKE_S if team is not None and team.adaptive else 0.5)
                 self._wake.clear()
                 continue
             started = time.perf_counter()

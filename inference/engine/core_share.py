@@ -227,10 +227,7 @@ class ThreadTeam:
         now = self._clock()
         if stepping:
             self.last_step_at = now
-        if now - self._cap_at >= CAP_REFRESH_S:
-            self.cap, self._cap_at = cpu_cap(self.configured), now
-        if self.adaptive and self.cap.cpus > 1:
-            self._follow_load(now)
+        self.observe(now)
         self.given_up = min(self.given_up, self.cap.cpus - 1)
         active = sum(1 for t in list(self._peers) if t is self or now - t.last_step_at <= ACTIVE_S)
         size = max(1, (self.cap.cpus - self.given_up) // max(1, active))
@@ -241,6 +238,16 @@ class ThreadTeam:
             self.size, self._thread = size, thread
             self._apply(size)
         return size
+
+    def observe(self, now: float | None = None) -> None:
+        """Re-read the cap when due and sample the others' load (at most every SAMPLE_EVERY_S), without
+        sizing the team: the engine thread calls it while idle too, so the first step after a pause
+        already knows a neighbour that started meanwhile."""
+        now = self._clock() if now is None else now
+        if now - self._cap_at >= CAP_REFRESH_S:
+            self.cap, self._cap_at = cpu_cap(self.configured), now
+        if self.adaptive and self.cap.cpus > 1:
+            self._follow_load(now)
 
     def _follow_load(self, now: float) -> None:
         if self._samples and now - self._samples[-1].at < SAMPLE_EVERY_S:

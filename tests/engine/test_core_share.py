@@ -169,3 +169,14 @@ def test_the_torch_threads_follow_the_team_on_the_calling_thread():
     t.start()
     t.join()
     assert seen == [(1, 1)]
+
+
+def test_an_idle_engine_that_observes_starts_its_next_step_already_fitted():
+    s = Scripted(others=0.0, ours=0.0)
+    team = s.team(2)
+    s.others = 1.0  # a neighbour starts while the engine waits for requests
+    for _ in range(10):
+        s.now += 0.05
+        s.machine_s += s.others * 0.05
+        team.observe()
+    assert team.adjust() == 1
