@@ -10,8 +10,11 @@ The max_tokens grid comes from the uncut generation of each tool_choice / parall
 (its token ids, vLLM's return_token_ids): the first cut of every stretch of the text where the
 parser's view changes (before a call, the call's opener, its arguments, a string in them, after
 them, the close) in the first call, the cut one token before its end, one cut inside the second call,
-and max_tokens past the end. Responses and Messages run the pairs whose generations differ (their
-encoders read the same deltas as chat's). Every request of a surface is sent at once (the engine
+and max_tokens past the end, on required with parallel calls; the other pairs, whose generation is the
+same call (one tool) or none (auto), get their first and last cuts (required without parallel calls
+also the cut inside the value and the call's end). Responses and Messages (whose encoders read the
+same deltas as chat's) run the cuts of required with parallel calls but the first and the one inside
+the arguments' key, and a named call without parallel calls. Every request of a surface is sent at once (the engine
 batches them; each row's logits are its own), blocking and streamed alike.
 
 Content: a blocking answer with calls carries its content stripped, null when empty (assembly.py's
@@ -131,20 +134,26 @@ def check_truth(calls: list[tuple[str, str]], finish, cut_reason, whole_reason, 
 
 @pytest.fixture(scope="module")
 def grids(clients, tokenizer):
-    """({(choice, parallel): [max_tokens, ...]} from each pair's uncut blocking chat answer, the pairs
-    whose uncut generations differ)."""
+    """(chat's cells, the Responses and Messages cells): (tool_choice, parallel_tool_calls, max_tokens),
+    the max_tokens from each pair's uncut blocking chat answer."""
     chat, _ = clients
     pairs = [(choice, parallel) for choice in CHOICES for parallel in (True, False)]
     fulls = _run(pairs, lambda pair: chat.chat.completions.create(**chat_kwargs(*pair, LONGEST),
                                                                    extra_body={"return_token_ids": True}))
-    out, distinct, seen = {}, [], set()
-    for pair, full in zip(pairs, fulls):
-        ids = full.choices[0].model_extra["token_ids"]
-        out[pair] = cut_points(tokenizer, ids, full.choices[0].finish_reason)
-        if (tuple(ids), pair[1]) not in seen:
-            seen.add((tuple(ids), pair[1]))
-            distinct.append(pair)
-    return out, distinct
+    points = {pair: cut_points(tokenizer, full.choices[0].model_extra["token_ids"], full.choices[0].finish_reason)
+              for pair, full in zip(pairs, fulls)}
+    # Every cut class once, on required with parallel calls (the second call cut included); the other pairs
+    # generate the same call (one tool) or none (auto here): their first and last cuts, and required
+    # without parallel calls also inside the value and at the call's end.
+    full = points["required", True]
+    ends = {pair: [ks[0], ks[-1]] for pair, ks in points.items()}
+    ends["required", True] = full
+    ends["required", False] = sorted({*ends["required", False], *[k for k in points["required", False]
+                                                                   if k in full[3:4] + full[6:7]]})
+    classes = [k for k in full if k > 1]
+    return ([(*pair, k) for pair, ks in ends.items() for k in ks],
+            [("required", True, k) for k in classes[:1] + classes[2:]] + [("named", False, k)
+                                                                           for k in ends["named", False]])
 
 
 def _run(items, fn):
@@ -162,7 +171,7 @@ def _both(cells, blocking, streamed) -> list[tuple]:
 
 def test_chat_streams_accumulate_to_the_blocking_answer(clients, grids):
     chat, _ = clients
-    cells = [(c, p, k) for (c, p), ks in grids[0].items() for k in ks]
+    cells = grids[0]
 
     def streamed(cell):
         with chat.chat.completions.stream(**chat_kwargs(*cell)) as stream:
@@ -236,7 +245,7 @@ def responses_summary_streamed(client, kwargs: dict) -> tuple:
 
 def test_responses_streams_accumulate_to_the_blocking_answer(clients, grids):
     chat, _ = clients
-    cells = [(c, p, k) for (c, p) in grids[1] for k in grids[0][c, p]]
+    cells = grids[1]
     results = _both(cells, lambda cell: responses_summary_blocking(chat.responses.create(**responses_kwargs(*cell))),
                     lambda cell: responses_summary_streamed(chat, responses_kwargs(*cell)))
     for cell, (blocking, streamed) in zip(cells, results):
@@ -261,7 +270,7 @@ def messages_summary(message) -> tuple:
 
 def test_messages_streams_accumulate_to_the_blocking_answer(clients, grids):
     _, messages = clients
-    cells = [(c, p, k) for (c, p) in grids[1] for k in grids[0][c, p]]
+    cells = grids[1]
 
     def streamed(cell):
         with messages.messages.stream(**messages_kwargs(*cell)) as stream:
