@@ -9,8 +9,9 @@ stream accumulator (lib/streaming/_messages.py). Rules:
 - blocks: thinking (thinking_delta, then a signature_delta of signatures.sign(text) just before it
   stops), text (text_delta), tool_use (`toolu_` id, input {} at the start, one input_json_delta per
   ToolCallArgs fragment: several while a streamed call's arguments are written, joining into the
-  arguments' JSON; a streamed call cut off stays as sent, unclosed, which the SDK's partial JSON
-  reader takes as the part it got; blocking bodies only hold whole calls);
+  arguments' JSON; a call cut off stays as sent, unclosed, which the SDK's partial JSON reader
+  (jiter's partial mode) takes as the part it got, and so does `fold`: a blocking body holds the
+  same cut call, stop_reason max_tokens);
 - text that is only whitespace opens no block until more text follows; at the end it is a text
   block only when the turn made no tool call (no stray empty text block beside a tool_use);
 - stop_reason: tool_use when the turn made a call, stop_sequence (with stop_sequence set to the
@@ -26,8 +27,9 @@ stream of the same generation are the same message.
 from __future__ import annotations
 
 import copy
-import json
 import secrets
+
+from jiter import from_json
 
 from inference.serving.deltas import Content, Error, Finish, Reasoning, Refusal, ToolCallArgs, ToolCallStart, Usage
 from inference.serving.errors import ApiError
@@ -167,7 +169,9 @@ class MessageStream:
 def fold(events: list[dict]) -> dict:
     """The message a complete event list describes (the SDK accumulator's rules): blocks appended at
     content_block_start, deltas applied to content[index], tool input parsed from its joined
-    partial_json at the block's stop, message_delta's stop reason and usage applied."""
+    partial_json at the block's stop by jiter in partial mode, as the SDK's accumulator does (a call cut
+    off keeps the members it completed; a string cut inside is dropped), message_delta's stop reason
+    and usage applied."""
     message: dict | None = None
     partial: dict[int, str] = {}
     for event in events:
@@ -187,7 +191,9 @@ def fold(events: list[dict]) -> dict:
             elif delta["type"] == "input_json_delta":
                 partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
         elif kind == "content_block_stop" and message["content"][event["index"]]["type"] == "tool_use":
-            message["content"][event["index"]]["input"] = json.loads(partial.get(event["index"]) or "{}")
+            joined = partial.get(event["index"])
+            message["content"][event["index"]]["input"] = (from_json(joined.encode(), partial_mode=True)
+                                                           if joined else {})
         elif kind == "message_delta":
             message.update(event["delta"])
             message["usage"].update({k: v for k, v in event["usage"].items() if v is not None})

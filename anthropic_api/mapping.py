@@ -124,5 +124,5 @@ def generation_request(req: dict) -> GenerationRequest:
         parallel_tool_calls=not (choice or {}).get("disable_parallel_tool_use", False),
         thinking=thinking_of(req.get("thinking")),
         max_tokens=None if max_tokens is None else max(1, max_tokens), sampling=req,
-        stop=req.get("stop_sequences") or [], stream=req.get("stream") is True,
+        stop=req.get("stop_sequences") or [],
         structured=(GrammarSpec.json_schema(schema), "output_config.format.schema") if schema is not None else None)

@@ -108,7 +108,7 @@ def generation_request(req: dict, messages: list[dict]) -> GenerationRequest:
         thinking=resolve_thinking(req, effort=(req["reasoning"] or {}).get("effort")),
         truncate=req["truncation"] == "auto", max_tokens=req["max_output_tokens"], sampling=req,
         stop=req.get("stop") or [], include_stop_str_in_output=req.get("include_stop_str_in_output", False),
-        structured=requested_grammar(req, format_field="text"), stream=req.get("stream") is True)
+        structured=requested_grammar(req, format_field="text"))
 
 
 def _messages(req: dict, items: list[dict]) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The embeddings bench's parts: texts of 8-256 tokens, /v1/embeddings clients at a fixed concurrency,
-sentence-transformers' encode in-process, and an interactive stream's TPOT while an embedding job runs."""
+"""The embeddings bench's parts: texts of 8-256 tokens and texts of 4-180 random words, /v1/embeddings clients
+at a fixed concurrency, sentence-transformers' encode in-process at its best (the whole corpus in one call,
+its own length sorting), and an interactive stream's TPOT while an embedding job runs."""
 from __future__ import annotations
 
 import http.client
@@ -36,6 +37,13 @@ def bench_texts(tokenize, count: int, low: int = 8, high: int = 256, seed: int =
             text = " ".join(words[:n])
         out.append(text)
     return out
+
+
+def random_word_texts(count: int, low: int = 4, high: int = 180, seed: int = 0) -> list[str]:
+    """`count` texts of a uniform [low, high] number of words, each word drawn from WORDS with a fixed
+    seed: a mix of short and long texts that is not cut to token counts."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))) for _ in range(count)]
 
 
 @dataclass(slots=True)
@@ -91,15 +99,23 @@ def run_clients(url: str, texts: list[str], clients: int, per_request: int, mode
     return EmbedRun(len(texts), time.perf_counter() - started, latencies)
 
 
-def sentence_transformers_run(st_model, texts: list[str], per_call: int) -> EmbedRun:
-    """sentence-transformers' encode in this process, `per_call` texts a call (its batch_size the same)."""
-    latencies = []
+ST_BATCH_SIZES = (32, 64, 256)
+
+
+def sentence_transformers_run(st_model, texts: list[str], batch_size: int) -> EmbedRun:
+    """sentence-transformers' encode in this process over the whole corpus in one call (so its own sorting
+    by length applies), `batch_size` texts a forward; its one latency is the whole call's."""
     started = time.perf_counter()
-    for i in range(0, len(texts), per_call):
-        t0 = time.perf_counter()
-        st_model.encode(texts[i:i + per_call], batch_size=per_call)
-        latencies.append(time.perf_counter() - t0)
-    return EmbedRun(len(texts), time.perf_counter() - started, latencies)
+    st_model.encode(texts, batch_size=batch_size, show_progress_bar=False)
+    wall = time.perf_counter() - started
+    return EmbedRun(len(texts), wall, [wall])
+
+
+def sentence_transformers_best(st_model, texts: list[str], rounds: int) -> tuple[EmbedRun, int]:
+    """sentence-transformers' best: the fastest of `rounds` whole-corpus encodes at each of ST_BATCH_SIZES;
+    (that run, its batch size)."""
+    runs = [(sentence_transformers_run(st_model, texts, size), size) for _ in range(rounds) for size in ST_BATCH_SIZES]
+    return max(runs, key=lambda r: r[0].texts_per_s)
 
 
 def tpot_during_job(url: str, job_texts: list[str], model: str | None, *, per_request: int = 64,

@@ -44,7 +44,7 @@ def generation_request(req: dict) -> GenerationRequest:
         logprobs=(req.get("top_logprobs") or 0) if req.get("logprobs") else None,
         stop=req["stop"], include_stop_str_in_output=req["include_stop_str_in_output"],
         structured=requested_grammar(req), timeout_s=req.get("timeout"), prediction=req.get("prediction"),
-        beam=req.get("beam"), stream=req.get("stream") is True)
+        beam=req.get("beam"))
 
 
 class ChatWire:

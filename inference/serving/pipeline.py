@@ -9,8 +9,9 @@ it completed, or the Reasoning delta when no content came with it; tokens
 whose text never shows (a cut stop string, special tokens, a held tool call)
 ride on the next one, and at the end on the last one. The finish reason is
 timeout, then tool_calls (the turn made calls), then stop for a matched stop
-string, then the engine's reason (tool_calls does not win when a streamed
-call was cut off); the tool-call limit ends the request like a stop string.
+string, then the engine's reason (tool_calls does not win when generation
+ended inside a call: max_tokens cut it, the finish reason is length); the
+tool-call limit ends the request like a stop string.
 The engine request is aborted in `finally`, so a client that goes away frees
 its KV blocks at the next step.
 """
@@ -139,9 +140,9 @@ def _count_tool_calls(parse: TextPipeline | None) -> None:
 
 def _finish_reason(base: str, parse: TextPipeline | None) -> str:
     """The wire finish_reason: timeout, then tool_calls, then a stop string / the engine's reason
-    (base already prefers a matched stop string over the engine's reason). A streamed call left
-    open by the end (max_tokens in the middle of it) makes no tool_calls finish: the client was
-    sent a call it cannot complete, and the engine's reason (length) says why."""
+    (base already prefers a matched stop string over the engine's reason). A call left open by the
+    end (max_tokens in the middle of it) makes no tool_calls finish: the client was sent a call it
+    cannot complete (or none for that region), and the engine's reason (length) says why."""
     made_calls = parse is not None and bool(parse.tool_calls) and not parse.tool_call_cut_off
     return resolve_finish_reason(base, made_calls)
 

@@ -111,8 +111,6 @@ class GenerationRequest:
     tool_choice: str | dict = "auto"
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None
-    # The answer is streamed: tool-call arguments are sent as they are generated.
-    stream: bool = False
     thinking: Thinking = field(default_factory=Thinking)
     truncate: bool = False
     n: int = 1
@@ -276,7 +274,7 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     limit = rt.engine.max_request_tokens
     tok = rt.tokenizer
     setup = text_setup(rt, greq.tools, greq.tool_choice, greq.parallel_tool_calls, greq.thinking,
-                       max_calls=greq.max_tool_calls, stream_arguments=greq.stream)
+                       max_calls=greq.max_tool_calls)
     messages = None
     if greq.messages is not None:
         messages, text, ids = await cpu_work(_render_and_tokenize, rt, greq, limit, greq.max_tokens or 1)

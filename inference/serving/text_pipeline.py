@@ -55,8 +55,8 @@ class TextPipeline:
     request's fields. max_calls: calls per response before `should_stop`.
     started_in_reasoning: the prompt opened the reasoning block (see
     reasoning.prompt_opens_reasoning). id_factory: tool call ids (tests).
-    stream_arguments: tool-call arguments sent as they are generated (a streamed
-    response; tool_parsers/base.py), else each call whole when it closes.
+    stream_arguments: tool-call arguments sent as they are generated (every served
+    request, streamed or not; tool_parsers/base.py), else each call whole when it closes.
     Raises ValueError for an unknown parser name.
     """
 
@@ -96,8 +96,8 @@ class TextPipeline:
 
     @property
     def tool_call_cut_off(self) -> bool:
-        """True when a streamed call was left open by the end of generation (its finish reason is
-        then the engine's, not tool_calls)."""
+        """True when generation ended inside a call region (its finish reason is then the engine's,
+        not tool_calls)."""
         return self.tool_parser is not None and self.tool_parser.cut_off
 
     @property

@@ -75,24 +75,26 @@ class TextSetup:
     parallel_tool_calls: bool
     thinking: Thinking
     max_calls: int
-    stream_arguments: bool = False
 
     def spec(self, prompt_text: str) -> TextSpec:
-        """The TextPipeline arguments, once the rendered prompt shows whether reasoning is open."""
+        """The TextPipeline arguments, once the rendered prompt shows whether reasoning is open.
+
+        Tool-call arguments are delivered as they are generated whether the answer is streamed or not
+        (tool_parsers/base.py): a blocking answer is then the join of the very deltas its stream would
+        carry, so both say the same calls, the same arguments (a call cut off included) and the same
+        finish reason."""
         return TextSpec(self.reasoning_parser, self.tool_parser, self.tools, self.tool_choice,
                         self.parallel_tool_calls, self.max_calls,
                         prompt_opens_reasoning(prompt_text, self.reasoning_parser),
-                        self.stream_arguments)
+                        stream_arguments=True)
 
 
 def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None,
-               thinking: Thinking, max_calls: int | None = None,
-               stream_arguments: bool = False) -> TextSetup:
+               thinking: Thinking, max_calls: int | None = None) -> TextSetup:
     """The parsers for one request on the runtime's model (rules in the module doc).
 
     max_calls: the request's own cap on tool calls (Responses' max_tool_calls); the lower of it
-    and METRALE["MAX_TOOL_CALLS_PER_RESPONSE"] applies. stream_arguments: the response is
-    streamed, so tool-call arguments go out as they are generated (tool_parsers/base.py).
+    and METRALE["MAX_TOOL_CALLS_PER_RESPONSE"] applies.
     """
     limit = settings.METRALE["MAX_TOOL_CALLS_PER_RESPONSE"]
     if max_calls is not None:
@@ -103,5 +105,4 @@ def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: b
     if tools and tool_parser is None and _setting("TOOL_CALL_PARSER") != OFF:
         tool_parser = FALLBACK_TOOL_PARSER
     return TextSetup(model_reasoning_parser(model_type, template), tool_parser, tools,
-                     tool_choice or "auto", parallel_tool_calls is not False, thinking, limit,
-                     stream_arguments)
+                     tool_choice or "auto", parallel_tool_calls is not False, thinking, limit)

@@ -4,7 +4,8 @@ A streamed call's arguments arrive in several pieces (chat tool_calls deltas, An
 input_json_delta events, Responses function_call_arguments.delta events) that join into exactly the
 blocking response's arguments; the official SDKs' stream helpers accumulate the same call. A call
 cut off by max_tokens stays as sent on all three, unclosed, and the turn ends for length
-(finish_reason length, stop_reason max_tokens, status incomplete); the blocking answer has no call.
+(finish_reason length, stop_reason max_tokens, status incomplete); the blocking answer holds the same cut
+call (the stream's accumulation).
 """
 import json
 
@@ -121,12 +122,17 @@ def test_a_call_cut_off_by_max_tokens_stays_as_sent_on_every_surface(fake_rt):
     assert "".join(pieces).startswith(sent[:-2]) and ARGUMENTS.startswith("".join(pieces))
     assert reasons == ["length"]
     blocking = _chat(max_tokens=n).json()["choices"][0]
-    assert "tool_calls" not in blocking["message"] and blocking["finish_reason"] == "length"
+    [cut_call] = blocking["message"]["tool_calls"]
+    assert cut_call["function"] == {"name": "write_file", "arguments": "".join(pieces)}
+    assert blocking["finish_reason"] == "length"
 
     a_pieces, delta = _anthropic_pieces(_messages(stream=True, max_tokens=n))
     assert "".join(a_pieces) == "".join(pieces)
     assert delta["delta"]["stop_reason"] == "max_tokens"
-    assert not [b for b in _messages(max_tokens=n).json()["content"] if b["type"] == "tool_use"]
+    blocking = _messages(max_tokens=n).json()
+    [tool_use] = [b for b in blocking["content"] if b["type"] == "tool_use"]
+    assert blocking["stop_reason"] == "max_tokens"
+    assert tool_use["input"]["path"] == "notes/today.txt" and "lines" not in tool_use["input"]
 
     r_pieces, events = _responses_pieces(_responses(stream=True, max_output_tokens=n))
     assert "".join(r_pieces) == "".join(pieces)
@@ -137,7 +143,9 @@ def test_a_call_cut_off_by_max_tokens_stays_as_sent_on_every_surface(fake_rt):
     with pytest.raises(ValueError):
         json.loads(item["arguments"])   # never closed: a client cannot take it for a whole call
     blocking = _responses(max_output_tokens=n).json()
-    assert not [o for o in blocking["output"] if o["type"] == "function_call"]
+    assert blocking["status"] == "incomplete"
+    assert [(o["arguments"], o["status"]) for o in blocking["output"] if o["type"] == "function_call"] == \
+        [("".join(pieces), "incomplete")]
 
 
 def _with_http(fn, http_module=httpx):

@@ -125,7 +125,7 @@ def test_token_splits_of_the_scripted_cases_stream_the_one_shot_deltas(
     assert merge(run(streamed(parser, **kwargs), token_pieces(smollm2_tokenizer, text))) == expected
 
 
-def test_the_blocking_path_still_gets_one_piece_per_call():
+def test_one_shot_delivery_still_gives_one_piece_per_call():
     head, close = SEVERAL["hermes"]
     deltas = run(lambda: make_pipeline(tool_parser="hermes"), list(head + close))
     assert len(_fragments(deltas)) == 1
@@ -148,6 +148,14 @@ def test_a_cut_off_call_stays_as_sent_and_is_not_delivered():
     assert pipeline.tool_calls == [] and pipeline.tool_call_cut_off
     assert pipeline.rejected_tool_calls == [{"name": "get_weather",
                                              "reason": "the call was cut off before it closed"}]
+
+
+def test_a_region_cut_before_its_call_began_still_ends_the_turn_for_length():
+    # A whole call, then one cut inside its opener: nothing of it was sent, but the turn was cut.
+    whole = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n'
+    pipeline, merged = _streamed_run("hermes", whole + '<tool_call>{"na')
+    assert merged == [("call", 0, "call_0", "get_weather"), ("args", 0, '{"city":"Oslo"}')]
+    assert [c["name"] for c in pipeline.tool_calls] == ["get_weather"] and pipeline.tool_call_cut_off
 
 
 def test_a_repeated_key_leaves_the_call_broken_and_the_next_call_takes_the_next_index():

@@ -83,6 +83,14 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_attention_bf16.restype = _I
         lib.metrale_encoder_amx_attention.argtypes = [_I]
         lib.metrale_encoder_amx_attention.restype = _I
+        lib.metrale_encoder_pack_f32.argtypes = [_P, _L, _L, _P]
+        lib.metrale_encoder_pack_f32.restype = None
+        lib.metrale_encoder_pack_bf16.argtypes = [_P, _L, _L, _P]
+        lib.metrale_encoder_pack_bf16.restype = None
+        lib.metrale_encoder_linear_f32.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L, _I]
+        lib.metrale_encoder_linear_f32.restype = None
+        lib.metrale_encoder_linear_bf16.argtypes = [_P, _L, _P, _P, _I, _P, _L, _L, _L, _L, _I]
+        lib.metrale_encoder_linear_bf16.restype = None
         lib.metrale_amx_ready.argtypes = []
         lib.metrale_amx_ready.restype = _I
         lib.metrale_kq_stride.argtypes = [_I]
@@ -421,6 +429,46 @@ def encoder_attention_bf16(qkv: torch.Tensor, bias: torch.Tensor, starts: torch.
     if done != 1:
         raise RuntimeError("the encoder's AMX attention is unavailable here" if done == 0 else
                            "the encoder's attention could not allocate its scratch memory")
+
+
+def encoder_pack(weight: torch.Tensor) -> torch.Tensor:
+    """An encoder linear's weight [N, K] (float32, or bfloat16 with K even; N a multiple of 16) in
+    encoder_linear's layout (encoder.c): 16 output columns a group, float32 [N/16, K, 16] or bfloat16
+    [N/16, K/2, 16, 2]. Raises RuntimeError without the kernels, ValueError for another shape or dtype."""
+    lib = _required()
+    n, k = weight.shape
+    if n % 16 or weight.dtype not in (torch.float32, torch.bfloat16) or (weight.dtype == torch.bfloat16 and k % 2):
+        raise ValueError(f"no batch-invariant layout for a {weight.dtype} weight of shape {(n, k)}")
+    weight = weight.contiguous()
+    packed = torch.empty(n * k, dtype=weight.dtype)
+    pack = lib.metrale_encoder_pack_f32 if weight.dtype == torch.float32 else lib.metrale_encoder_pack_bf16
+    pack(weight.data_ptr(), n, k, packed.data_ptr())
+    return packed
+
+
+def encoder_linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+                   gelu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x · Wᵀ with W packed by encoder_pack ([n, K]), batch-invariant: each output element is one chain of
+    products in K's order, so a row's result never depends on the other rows of the call, their number or
+    the threads (encoder.c). x: [T, K] of the weight's dtype (rows may be strided); out: [T, n] of that
+    dtype (made when None; rows may be strided). bfloat16: float32 sums, + bias (float32 [n]) and the erf
+    GELU when asked, rounded to bfloat16; float32 takes neither. Raises RuntimeError without the kernels,
+    ValueError for a bias or GELU on float32."""
+    lib = _required()
+    t, k = x.shape
+    assert x.dtype == packed.dtype and x.stride(1) == 1 and packed.numel() == n * k
+    if out is None:
+        out = torch.empty((t, n), dtype=x.dtype)
+    assert out.dtype == x.dtype and out.stride(1) == 1 and tuple(out.shape) == (t, n)
+    if x.dtype == torch.float32:
+        if bias is not None or gelu:
+            raise ValueError("the float32 encoder linear adds no bias and applies no GELU")
+        lib.metrale_encoder_linear_f32(x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), out.stride(0),
+                                       t, n, k, torch.get_num_threads())
+    else:
+        lib.metrale_encoder_linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), _ptr_or_none(bias), int(gelu),
+                                        out.data_ptr(), out.stride(0), t, n, k, torch.get_num_threads())
+    return out
 
 
 def encoder_bias_gelu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:

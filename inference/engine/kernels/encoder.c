@@ -571,3 +571,163 @@ int metrale_encoder_amx_attention(int head_dim) {
     return 0;
 #endif
 }
+
+/* The encoder's linears, batch-invariant: out[T][N] = x[T][K] · W^T, each output element one chain of
+ * products added in K's order, whatever T, whichever rows share the call and however the threads split it
+ * (vLLM's batch-invariant kernels' rule: a fixed reduction order per row whatever M). A text's embedding
+ * is then bitwise the same alone or inside a pass of 64 (oneDNN picks its kernel, and its split of K over
+ * threads, by the row count).
+ *
+ * Weights are packed once, 16 output columns a group: float32 [N/16][K][16] (one FMA chain per lane), and
+ * bfloat16 [N/16][K/2][16][2] (VDPBF16PS's pairs: each lane adds x[2i+1] w[2i+1], then x[2i] w[2i], each
+ * product exact in float32). A task is RB rows by CB groups (RB x CB accumulators in registers); the rows
+ * of a short last block take the same chains. The float32 form's chain is fmaf's, so the AVX-512, AVX2
+ * and portable paths give the same bits; the bfloat16 form without AVX-512 BF16 adds each pair's products
+ * in the same order in float32 (the same values where no sum is subnormal: VDPBF16PS flushes those). The
+ * bfloat16 form's result is rounded to bfloat16 (the next step's input), after the bias and the erf GELU
+ * when asked (gelu_erf16 / gelu_erf1: those agree within 1e-7, and a column group always takes the same
+ * one). */
+#define LIN_RB 4
+#define LIN_CB 4
+
+void metrale_encoder_pack_f32(const float *w, long n, long k, float *packed) {
+    for (long g = 0; g < n / 16; g++)
+        for (long i = 0; i < k; i++)
+            for (int j = 0; j < 16; j++) packed[(g * k + i) * 16 + j] = w[(g * 16 + j) * k + i];
+}
+
+void metrale_encoder_pack_bf16(const uint16_t *w, long n, long k, uint16_t *packed) {
+    const long k2 = k / 2;
+    for (long g = 0; g < n / 16; g++)
+        for (long i = 0; i < k2; i++)
+            for (int j = 0; j < 16; j++) {
+                packed[((g * k2 + i) * 16 + j) * 2] = w[(g * 16 + j) * k + 2 * i];
+                packed[((g * k2 + i) * 16 + j) * 2 + 1] = w[(g * 16 + j) * k + 2 * i + 1];
+            }
+}
+
+/* Rows [r0, r0 + rb) by column groups [g0, g0 + cb) of the float32 form. */
+static inline __attribute__((always_inline)) void lin_f32_task(const float *x, long ldx, const float *wp,
+                                                               float *out, long ldo, long k, long r0, int rb,
+                                                               long g0, int cb) {
+#if defined(METRALE_AVX512)
+    __m512 acc[LIN_RB][LIN_CB];
+    for (int r = 0; r < LIN_RB; r++)
+        for (int c = 0; c < LIN_CB; c++) acc[r][c] = _mm512_setzero_ps();
+    for (long i = 0; i < k; i++) {
+        __m512 w[LIN_CB];
+        for (int c = 0; c < cb; c++) w[c] = _mm512_loadu_ps(wp + ((g0 + c) * k + i) * 16);
+        for (int r = 0; r < rb; r++) {
+            const __m512 xv = _mm512_set1_ps(x[(r0 + r) * ldx + i]);
+            for (int c = 0; c < cb; c++) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < cb; c++) _mm512_storeu_ps(out + (r0 + r) * ldo + (g0 + c) * 16, acc[r][c]);
+#elif defined(METRALE_AVX2)
+    __m256 acc[LIN_RB][2 * LIN_CB];
+    for (int r = 0; r < LIN_RB; r++)
+        for (int c = 0; c < 2 * LIN_CB; c++) acc[r][c] = _mm256_setzero_ps();
+    for (long i = 0; i < k; i++) {
+        __m256 w[2 * LIN_CB];
+        for (int c = 0; c < 2 * cb; c++) w[c] = _mm256_loadu_ps(wp + ((g0 + c / 2) * k + i) * 16 + (c & 1) * 8);
+        for (int r = 0; r < rb; r++) {
+            const __m256 xv = _mm256_set1_ps(x[(r0 + r) * ldx + i]);
+            for (int c = 0; c < 2 * cb; c++) acc[r][c] = _mm256_fmadd_ps(xv, w[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < 2 * cb; c++) _mm256_storeu_ps(out + (r0 + r) * ldo + (g0 + c / 2) * 16 + (c & 1) * 8, acc[r][c]);
+#else
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < cb; c++)
+            for (int j = 0; j < 16; j++) {
+                float s = 0.f;
+                for (long i = 0; i < k; i++) s = fmaf(x[(r0 + r) * ldx + i], wp[((g0 + c) * k + i) * 16 + j], s);
+                out[(r0 + r) * ldo + (g0 + c) * 16 + j] = s;
+            }
+#endif
+}
+
+/* One 16-column group's float32 sums `s` of one row -> bfloat16, after the bias and GELU when given. */
+static inline void lin_bf16_store1(const float *s, const float *bias, int gelu, uint16_t *o) {
+    for (int j = 0; j < 16; j++) {
+        float v = s[j] + (bias ? bias[j] : 0.f);
+        o[j] = float_to_bf16(gelu ? gelu_erf1(v) : v);
+    }
+}
+
+static inline __attribute__((always_inline)) void lin_bf16_task(const uint16_t *x, long ldx, const uint16_t *wp,
+                                                                const float *bias, int gelu, uint16_t *out,
+                                                                long ldo, long k, long r0, int rb, long g0,
+                                                                int cb) {
+    const long k2 = k / 2;
+#if defined(METRALE_AVX512) && defined(__AVX512BF16__)
+    __m512 acc[LIN_RB][LIN_CB];
+    for (int r = 0; r < LIN_RB; r++)
+        for (int c = 0; c < LIN_CB; c++) acc[r][c] = _mm512_setzero_ps();
+    for (long i = 0; i < k2; i++) {
+        __m512i w[LIN_CB];
+        for (int c = 0; c < cb; c++) w[c] = _mm512_loadu_si512(wp + ((g0 + c) * k2 + i) * 32);
+        for (int r = 0; r < rb; r++) {
+            int32_t pair;
+            memcpy(&pair, x + (r0 + r) * ldx + 2 * i, sizeof pair);
+            const __m512i xv = _mm512_set1_epi32(pair);
+            for (int c = 0; c < cb; c++)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv, (__m512bh)w[c]);
+        }
+    }
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < cb; c++) {
+            __m512 v = acc[r][c];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (g0 + c) * 16));
+            if (gelu) v = gelu_erf16(v);
+            f32x16_bf16(v, out + (r0 + r) * ldo + (g0 + c) * 16);
+        }
+#else
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < cb; c++) {
+            float s[16] = {0};
+            for (long i = 0; i < k2; i++)
+                for (int j = 0; j < 16; j++) {
+                    const uint16_t *wq = wp + (((g0 + c) * k2 + i) * 16 + j) * 2;
+                    const uint16_t *xq = x + (r0 + r) * ldx + 2 * i;
+                    s[j] += bf16_to_float(xq[1]) * bf16_to_float(wq[1]);
+                    s[j] += bf16_to_float(xq[0]) * bf16_to_float(wq[0]);
+                }
+            lin_bf16_store1(s, bias ? bias + (g0 + c) * 16 : NULL, gelu, out + (r0 + r) * ldo + (g0 + c) * 16);
+        }
+#endif
+}
+
+/* Tasks: column blocks of LIN_CB groups (outer: a thread keeps its weights' panel) by row blocks of LIN_RB. */
+#define LIN_TASKS(call)                                                                                  \
+    const long groups = n / 16, cblocks = (groups + LIN_CB - 1) / LIN_CB, rblocks = (rows + LIN_RB - 1) / LIN_RB; \
+    _Pragma("omp parallel for num_threads(nthreads) schedule(static) collapse(2)")                       \
+    for (long cbk = 0; cbk < cblocks; cbk++)                                                            \
+        for (long rbk = 0; rbk < rblocks; rbk++) {                                                       \
+            const long r0 = rbk * LIN_RB, g0 = cbk * LIN_CB;                                             \
+            const int rb = (int)(rows - r0 < LIN_RB ? rows - r0 : LIN_RB);                               \
+            const int cb = (int)(groups - g0 < LIN_CB ? groups - g0 : LIN_CB);                           \
+            if (rb == LIN_RB && cb == LIN_CB) call(LIN_RB, LIN_CB);                                      \
+            else call(rb, cb);                                                                           \
+        }
+
+/* float32: x [rows][k] (ldx apart), packed weight (metrale_encoder_pack_f32 of [n][k]), out [rows][n] (ldo
+ * apart) = x · W^T; n a multiple of 16. */
+void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, float *out, long ldo, long rows, long n,
+                                long k, int nthreads) {
+#define LIN_F32(RB, CB) lin_f32_task(x, ldx, wp, out, ldo, k, r0, RB, g0, CB)
+    LIN_TASKS(LIN_F32)
+#undef LIN_F32
+}
+
+/* bfloat16: x [rows][k] (ldx apart), packed weight (metrale_encoder_pack_bf16 of [n][k]), out [rows][n] (ldo
+ * apart) = bfloat16(x · W^T (+ bias) (then GELU when gelu)); bias float32 [n] or NULL; n a multiple of 16,
+ * k even. */
+void metrale_encoder_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
+                                 uint16_t *out, long ldo, long rows, long n, long k, int nthreads) {
+#define LIN_BF16(RB, CB) lin_bf16_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, RB, g0, CB)
+    LIN_TASKS(LIN_BF16)
+#undef LIN_BF16
+}

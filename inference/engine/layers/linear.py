@@ -156,15 +156,21 @@ class PackedLinear:
 class EncoderLinear:
     """An encoder's linear (y = x·Wᵀ + b over x float32 [T, K] -> float32 [T, N]) in one of two forms.
 
-    "float32": torch's F.linear on the checkpoint's values. "bfloat16": the weight kept in bfloat16 (half
-    the bytes) and each call's rows rounded to bfloat16, the products summed in float32 by oneDNN's
-    native bf16 dot products (AVX-512 BF16 / AMX), the bias added in float32. The encoder's rows come in
-    thousands a call, where the work is arithmetic, not weight reads, so the decode kernels' forms
-    (PackedLinear) do not fit: at 2,048 rows of a 1536x384 weight on the AVX-512 VNNI machine (2
-    threads) F.linear took 42 ms, bfloat16 16 ms, PackedLinear's int8 136 ms and Q8_0 94 ms, and int8
-    with dynamically quantised activations (torch's quantized::linear_dynamic, one scale a call) 9.5 ms
-    but all-MiniLM-L6-v2's embeddings then fell to cosine 0.95 against sentence-transformers' (int8
-    with int16 activations: 0.9985; bfloat16: 0.99998). Each row's result depends on that row alone.
+    "float32": the checkpoint's values. "bfloat16": the weight kept in bfloat16 (half the bytes) and each
+    call's rows rounded to bfloat16, the products summed in float32 (AVX-512 BF16's dot products), the bias
+    added in float32. The encoder's rows come in thousands a call, where the work is arithmetic, not weight
+    reads, so the decode kernels' forms (PackedLinear) do not fit: at 2,048 rows of a 1536x384 weight on
+    the AVX-512 VNNI machine (2 threads) F.linear took 42 ms, bfloat16 16 ms, PackedLinear's int8 136 ms
+    and Q8_0 94 ms, and int8 with dynamically quantised activations (torch's quantized::linear_dynamic,
+    one scale a call) 9.5 ms but all-MiniLM-L6-v2's embeddings then fell to cosine 0.95 against
+    sentence-transformers' (int8 with int16 activations: 0.9985; bfloat16: 0.99998).
+
+    Batch invariance: once `pack()`ed (the compiled kernels built), either form runs
+    kernels.encoder_linear, where each output element is one chain of products in K's order, so a row's
+    result is bitwise the same whatever other rows share the call and however many there are. torch's
+    F.linear and oneDNN choose their kernel, and their split of K over threads, by the row count (a
+    text's embedding moved by up to 4e-4 between a pass of 1 text and one of 8): they serve only where
+    the kernels are not built.
     """
 
     __slots__ = ("weight", "bias", "packed", "_shape")
@@ -172,7 +178,7 @@ class EncoderLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        self.packed = None  # the bfloat16 weight in oneDNN's own layout (pack()), or None
+        self.packed = None  # the weight in kernels.encoder_pack's layout (pack()), or None
         self._shape = tuple(self.weight.shape)
 
     @property
@@ -180,40 +186,45 @@ class EncoderLinear:
         return self._shape
 
     def set_format(self, fmt: str) -> None:
-        """Keep the weight as "float32" or "bfloat16". Raises ValueError for another format."""
+        """Keep the weight as "float32" or "bfloat16" (before `pack`). Raises ValueError for another
+        format."""
         if fmt not in ("float32", "bfloat16"):
             raise ValueError(f"encoder linears are float32 or bfloat16, got {fmt!r}")
         self.weight = self.weight.to(torch.float32 if fmt == "float32" else torch.bfloat16)
 
     def pack(self) -> bool:
-        """In the bfloat16 form, move the weight into oneDNN's own blocked layout
-        (torch.ops.mkldnn._reorder_linear_weight, what torch's compiler does for CPU linears): each call
-        then skips reordering it, bitwise the same products (at 4 rows 31 us a call against 64, at 1,024
-        rows 9% faster, on 2 vCPUs with AMX). product() then takes no `out`. Returns False, keeping the
-        plain weight, where torch has no oneDNN linear."""
-        if self.weight is None or self.weight.dtype != torch.bfloat16:
-            return self.packed is not None
-        try:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1024)
-        except (AttributeError, RuntimeError):
+        """Move the weight into the batch-invariant kernels' layout (kernels.encoder_pack: 16 output
+        columns a group) and drop the plain copy. Returns False, keeping the plain weight (torch's
+        F.linear), where the kernels are not built or the shape has no such layout (N not a multiple of
+        16, or an odd K in bfloat16)."""
+        if self.packed is not None:
+            return True
+        n, k = self._shape
+        if not kernels.available() or n % 16 or (self.weight.dtype == torch.bfloat16 and k % 2):
             return False
+        self.packed = kernels.encoder_pack(self.weight)
         self.weight = None
         return True
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The kept weight's dtype: the form's."""
+        return (self.packed if self.packed is not None else self.weight).dtype
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the kept weight and bias."""
-        kept = self.packed.numel() * 2 if self.packed is not None else self.weight.numel() * self.weight.element_size()
-        return kept + (0 if self.bias is None else self.bias.numel() * 4)
+        kept = self.packed if self.packed is not None else self.weight
+        return kept.numel() * kept.element_size() + (0 if self.bias is None else self.bias.numel() * 4)
 
     def product(self, x: torch.Tensor, out: torch.Tensor | None = None, *, bias: bool = False,
                 gelu: bool = False) -> torch.Tensor:
         """x · Wᵀ in the weight's dtype: x [T, K] of that dtype (bfloat16: the sums in float32, the result
-        rounded to bfloat16), into `out` [T, N] when given (a plain weight only). A packed weight can add
-        the float32 bias (bias=True) and apply the erf GELU (gelu=True) before the rounding."""
+        rounded to bfloat16), into `out` [T, N] when given. A packed bfloat16 weight can add the float32
+        bias (bias=True) and apply the erf GELU (gelu=True) before the rounding; otherwise those raise
+        ValueError."""
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias if bias else None,
-                                                      "gelu" if gelu else "none", [], "none" if gelu else "")
+            return kernels.encoder_linear(x, self.packed, self._shape[0], self.bias if bias else None, gelu, out)
         if bias or gelu:
             raise ValueError("a plain weight's product adds no bias and applies no activation")
         if out is None:
@@ -221,12 +232,9 @@ class EncoderLinear:
         return torch.matmul(x, self.weight.t(), out=out)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            y = self.product(x.to(torch.bfloat16)).float()
-            return y if self.bias is None else y + self.bias
-        if self.weight.dtype == torch.float32:
+        if self.packed is None and self.weight.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
-        y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        y = self.product(x.to(self.dtype)).float()
         return y if self.bias is None else y + self.bias
 
 

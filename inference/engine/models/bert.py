@@ -165,10 +165,10 @@ class BertEncoder:
         for layer in self.layers:
             for lin in layer.linears():
                 lin.set_format(weights)
-        # The linears whose products the compiled steps take whole (not into a buffer): oneDNN's layout,
-        # the up projection's bias and GELU inside it (compiled_steps says whether the packs took).
-        self._packed = self.compiled_steps() and all(
-            lin.pack() for layer in self.layers for lin in (layer.attn_out, layer.up, layer.down))
+        # Every linear in the batch-invariant kernels' layout where they are built (EncoderLinear.pack): a
+        # text's embedding is then bitwise the same whatever else shares its pass. Packed bfloat16 weights
+        # also add the up projection's bias and apply its GELU before rounding.
+        self._packed = all([lin.pack() for layer in self.layers for lin in layer.linears()])
         self._workspace: dict[str, torch.Tensor] | None = None  # units()'s buffers between passes
 
     @classmethod
@@ -315,7 +315,7 @@ class BertEncoder:
         a16 = torch.empty_like(h16)
         kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, h,
                                  layer.attn_norm, eps, a, a16)
-        if self._packed:  # oneDNN adds the bias and applies the erf GELU before rounding to bfloat16
+        if self._packed:  # the kernel adds the bias and applies the erf GELU before rounding to bfloat16
             g = layer.up.product(a16, bias=True, gelu=True)
         else:
             g = layer.up.product(a16)

@@ -1,6 +1,12 @@
-"""`manage.py bench_overhead`: the share of a 1-token chat completion's time spent outside the engine.
+"""`manage.py bench_overhead`: what a small request costs the server, and the share of a 1-token chat
+completion's time spent outside the engine.
 
-Starts a daphne server, sends --requests blocking requests one after another
+Starts a daphne server (the chat model, and the embedding model beside it when it is pulled). First the
+server's CPU per request, read from the server process's own /proc/<pid>/stat (user + system time of all
+its threads, idle ones spinning included) around --requests sequential requests of each kind after a
+warm-up: GET /health/live, a one-text /v1/embeddings request and a one-token blocking chat completion,
+with the median client wall time of each. Targets (issue 46, on the 2-vCPU machine): <= 1.5 ms, <= 5 ms
+and <= 10 ms of CPU. Then --requests blocking requests one after another
 (max_tokens 1, greedy) and reads each response's Server-Timing: `engine` (submit
 to the engine's last event, in serving) and `app` (the API middleware's whole
 request: auth, parse, template, tokenize, engine, encode), `prep` (parse, validate,
@@ -10,6 +16,7 @@ wall time, and the median milliseconds of each part. A script, not a test: the s
 depends on how fast the engine is on the machine (and on what else runs there).
 """
 import logging
+import os
 import re
 import statistics
 import tempfile
@@ -23,11 +30,31 @@ from django.core.management.base import BaseCommand
 from inference.bench.live_server import LiveServer
 
 TIMING = re.compile(r"(\w+);dur=([0-9.]+)")
+CPU_TARGETS_MS = {"health": 1.5, "embeddings": 5.0, "chat": 10.0}
 
 
-def one_request(client: httpx.Client, url: str, prompt: str) -> dict:
-    """One blocking 1-token completion: client wall ms and the server's Server-Timing entries (ms)."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0}
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and all its threads (proc(5): /proc/<pid>/stat fields 14
+    and 15, in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(pid: int, send, count: int) -> tuple[float, float]:
+    """(server CPU ms a request, median client wall ms) over `count` sequential calls of send()."""
+    walls = []
+    before = process_cpu_s(pid)
+    for _ in range(count):
+        t0 = time.perf_counter()
+        send()
+        walls.append((time.perf_counter() - t0) * 1000)
+    return (process_cpu_s(pid) - before) * 1000 / count, statistics.median(walls)
+
+
+def one_request(client: httpx.Client, url: str, prompt: str, model: str) -> dict:
+    """One blocking 1-token completion of `model`: client wall ms and the server's Server-Timing entries (ms)."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0}
     t0 = time.perf_counter()
     r = client.post(url + "/v1/chat/completions", json=body)
     wall_ms = (time.perf_counter() - t0) * 1000
@@ -45,12 +72,34 @@ class Command(BaseCommand):
 
     def handle(self, *args, requests, prompt, **options):
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        model = settings.METRALE["MODEL"]
-        with tempfile.TemporaryDirectory() as tmp, LiveServer({"METRALE_MODEL": model}, Path(tmp)) as server, \
+        from inference.engine.kernels.build import cpuinfo_field
+        from inference.operations.runtime import embedding_folder
+
+        env = {"METRALE_MODEL": settings.METRALE["MODEL"]}
+        minilm = embedding_folder("all-minilm-l6-v2")
+        if (minilm / "config.json").is_file():
+            env["METRALE_EMBEDDING_MODEL"] = str(minilm)
+        with tempfile.TemporaryDirectory() as tmp, LiveServer(env, Path(tmp)) as server, \
                 httpx.Client(timeout=120) as client:
-            for _ in range(5):  # warm-up: first-use costs (template compile, DB connection)
-                one_request(client, server.url, prompt)
-            rows = [one_request(client, server.url, prompt) for _ in range(requests)]
+            served = client.get(server.url + "/v1/models").json()["data"][0]["id"]
+            sends = {"health": lambda: client.get(server.url + "/health/live").raise_for_status(),
+                     "chat": lambda: one_request(client, server.url, prompt, served)}
+            if "METRALE_EMBEDDING_MODEL" in env:
+                sends["embeddings"] = lambda: client.post(server.url + "/v1/embeddings", json={
+                    "input": "The quick brown fox jumps over the lazy dog.", "model": minilm.name}).raise_for_status()
+            for send in sends.values():
+                for _ in range(10):  # warm-up: first-use costs (template compile, DB connection)
+                    send()
+            self.stdout.write(f"server CPU per request ({requests} sequential requests each, one client; CPU "
+                              f"{cpuinfo_field('model name') or 'unknown'}, {os.cpu_count()} CPUs)")
+            for name in ("health", "embeddings", "chat"):
+                if name not in sends:
+                    self.stdout.write(f"  {name:<11} skipped: no embedding model pulled")
+                    continue
+                cpu_ms, wall_ms = cpu_per_request(server.proc.pid, sends[name], requests)
+                self.stdout.write(f"  {name:<11} {cpu_ms:7.2f} ms CPU (target <= {CPU_TARGETS_MS[name]} ms), "
+                                  f"median wall {wall_ms:6.2f} ms")
+            rows = [one_request(client, server.url, prompt, served) for _ in range(requests)]
         for r in rows:
             r["auth+middleware"] = r["app"] - r["view"]
             r["encode"] = r["view"] - r["prep"] - r["engine"]

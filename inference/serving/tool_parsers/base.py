@@ -12,13 +12,14 @@ regions into deltas under one set of rules:
   was cut (so calls separated only by newlines leave no content). Whitespace
   between content and a call stays, llama3_json's `;` between two calls goes,
   and a turn without calls keeps its text exactly.
-- One-shot delivery (the default, and what blocking responses use): a call is
+- One-shot delivery (the default here; served requests stream arguments, below): a call is
   delivered only when its region is complete: ToolCallStart, then one
   ToolCallArgs whose fragment is the whole arguments object as compact JSON
   (`json.dumps(..., ensure_ascii=False, separators=(",", ":"))`, after schema
   coercion). Nothing about a call is sent before it closes, so a call cut off by
   the end of generation is never half-delivered.
-- Streamed arguments (`stream_arguments=True`, what streamed responses use),
+- Streamed arguments (`stream_arguments=True`, what every served request uses, streamed or
+  blocking: a blocking answer joins the same deltas, so the two modes agree call for call),
   for the formats that define `_new_stream` (hermes, llama3_json, qwen3_coder,
   and mistral's `NAME[ARGS]{...}` form): a CallStream reads the open region.
   Once it knows the call's name and its arguments have begun (hermes /
@@ -38,9 +39,11 @@ regions into deltas under one set of rules:
   region is cut off at `finish()`, nothing more is sent for it; it is recorded
   in `rejected`, not in `calls`, and the client keeps what it got (a prefix of
   an object, never closed, so it never parses as a complete one; vLLM and
-  OpenAI also leave a cut-off call as sent). A call cut off this way sets
-  `cut_off`: the turn's finish reason is then the engine's (length at
-  max_tokens), not tool_calls. Call indices count started calls, so a call
+  OpenAI also leave a cut-off call as sent, and OpenAI documents that a
+  call's arguments may not be valid JSON). Any call region still open at
+  `finish()` sets `cut_off`: the turn's finish reason is then the engine's
+  (length at max_tokens), not tool_calls, whatever calls came before it.
+  Call indices count started calls, so a call
   after a broken one does not reuse its index. The other formats stay
   one-shot: mistral's JSON list and pythonic's list are valid only as a whole
   (one bad element rejects them all, or makes pythonic's text content);
@@ -151,7 +154,8 @@ class ToolParser:
     `rejected` lists {"name", "reason"} for markup that was not delivered;
     `should_stop` tells the caller to end the response. stream_arguments: send a
     call's arguments as they are generated where the format can (module doc);
-    `cut_off` tells that a streamed call was left open by the end of generation.
+    `cut_off` tells that generation ended inside a call region (a streamed call left open, or a
+    region still being read).
     """
 
     name: ClassVar[str] = ""
@@ -206,9 +210,9 @@ class ToolParser:
         out = self._drain(final=True)
         if self._scanner is not None and not self.should_stop:
             region, self._buf, self._scanner = self._buf, "", None
+            self.cut_off = True
             if self._open is not None:
                 self._end_streamed(None, "the call was cut off before it closed", out)
-                self.cut_off = True
             else:
                 self._truncated(region, out)
         if self._pending and not self._cut_any:
