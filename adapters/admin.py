@@ -83,8 +83,8 @@ class ModelSettingAdmin(admin.ModelAdmin):
     keep_alive, pinned, idle time, requests running), with load / unload / pin / unpin actions; editing a
     row sets the operators' pin and keep_alive over the configuration's (adapters/operator_choices.py)."""
 
-    list_display = ("name", "kind", "state", "resident_mb", "kv_pool_mb", "keep_alive_now", "pinned_now",
-                    "idle_s", "requests_running", "error")
+    list_display = ("name", "kind", "live_state", "resident_mb", "kv_pool_mb", "keep_alive_now", "pinned_now",
+                    "idle_s", "requests_running", "live_error")
     readonly_fields = ("name", "updated")
     fields = ("name", "pinned", "keep_alive", "updated")
     actions = ("load_models", "unload_models", "pin_models", "unpin_models")
@@ -106,7 +106,7 @@ class ModelSettingAdmin(admin.ModelAdmin):
         return self._state(obj).get("kind")
 
     @admin.display(description="state")
-    def state(self, obj):
+    def live_state(self, obj):
         return self._state(obj).get("state")
 
     @admin.display(description="resident MB")
@@ -136,7 +136,7 @@ class ModelSettingAdmin(admin.ModelAdmin):
         return self._state(obj).get("requests_running")
 
     @admin.display(description="error")
-    def error(self, obj):
+    def live_error(self, obj):
         return self._state(obj).get("error") or ""
 
     def save_model(self, request, obj, form, change):

@@ -267,3 +267,49 @@ def test_acquire_raises_model_load_failed_and_releases_its_hold(models):
     assert failed.value.model == A and "boom" in failed.value.cause
     assert registry.entries[A].holds == 0
     assert not isinstance(failed.value, ModelBudgetBusy)
+
+
+def test_the_admin_shows_each_model_live_with_load_unload_and_pin(models, admin_client):
+    from adapters.models import ModelSetting
+
+    registry, loader, _ = models(A, B, sizes={A: 2_500_000})
+    content(chat(A))
+    page = admin_client.get("/admin/adapters/modelsetting/").content.decode()
+    assert A in page and B in page and "2.5" in page  # resident MB
+    import re
+
+    assert re.findall(r'class="field-live_state">(\w+)<', page) == ["loaded", "unloaded"]
+    pk = {row.name: row.pk for row in ModelSetting.objects.all()}
+    admin_client.post("/admin/adapters/modelsetting/", {"action": "pin_models", "_selected_action": [pk[B]]})
+    assert registry.entries[B].pinned and ModelSetting.objects.get(name=B).pinned is True
+    for _ in range(200):
+        if registry.entries[B].state == LOADED:
+            break
+        time.sleep(0.01)
+    assert registry.entries[B].state == LOADED  # pinning loads it
+    admin_client.post("/admin/adapters/modelsetting/", {"action": "unload_models", "_selected_action": [pk[A]]})
+    assert registry.entries[A].state == UNLOADED and loader.released == [A]
+    admin_client.post(f"/admin/adapters/modelsetting/{pk[B]}/change/", {"pinned": "false", "keep_alive": "90s"})
+    assert registry.entries[B].keep_alive_s == 90.0 and not registry.entries[B].pinned
+
+
+def test_manage_models_commands_reach_the_registry_through_the_database(models):
+    from django.core.management import call_command
+
+    from adapters import swap_watch
+    from adapters.models import ModelSetting
+
+    registry, _, _ = models(A, B)
+    swap_watch.run_model_commands(registry)  # a server's report
+    ModelSetting.objects.filter(name=B).update(command="load")
+    assert swap_watch.run_model_commands(registry) == [(B, "load")]
+    for _ in range(200):
+        if registry.entries[B].state == LOADED:
+            break
+        time.sleep(0.01)
+    swap_watch.run_model_commands(registry)
+    from io import StringIO
+
+    out = StringIO()
+    call_command("models", "list", stdout=out)
+    assert f"{B}\tloaded" in out.getvalue() and f"{A}\tunloaded" in out.getvalue()

@@ -31,7 +31,7 @@ class Command(BaseCommand):
         for item in [m.strip() for m in models.split(",") if m.strip()]:
             spec = spec_for(item)
             if (spec.folder / "config.json").is_file():
-                names.append(spec.name if spec.folder.name == spec.name else str(spec.folder))
+                names.append(str(spec.folder) if Path(item).expanduser().exists() else spec.name)
             else:
                 self.stdout.write(f"skipped {item}: not pulled ({spec.folder})")
         if not names:
