@@ -13,7 +13,8 @@ class AdaptersConfig(AppConfig):
         from inference.operations import runtime
 
         from .operator_choices import apply_operator_choices
-        from .registry import load_startup_adapters
+        from .registry import load_startup_adapters, start_watchers_at_start
 
         runtime.runtime_ready.connect(load_startup_adapters, dispatch_uid="adapters.load_startup_adapters")
         runtime.runtime_starting.connect(apply_operator_choices, dispatch_uid="adapters.apply_operator_choices")
+        runtime.runtime_starting.connect(start_watchers_at_start, dispatch_uid="adapters.start_watchers")

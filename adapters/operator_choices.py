@@ -39,11 +39,9 @@ def apply_operator_choices(sender=None, registry=None, **kwargs) -> None:
     """runtime_starting's receiver (before the pinned models load): the operators' swap of the default chat
     model where it applies (swap_watch.chosen_model), then their ModelSetting rows; each logged with why."""
     from . import swap_watch
-    from .registry import start_watchers
 
     if registry is None:
         return
-    start_watchers()
     chosen = swap_watch.chosen_model()
     default = registry.default(CHAT)
     if chosen is not None and default is not None:

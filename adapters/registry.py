@@ -178,10 +178,16 @@ def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> No
         log.info("LoRA adapter %r loaded from %s", name, path)
 
 
+def start_watchers_at_start(sender=None, registry=None, **kwargs) -> None:
+    """runtime_starting's receiver: start_watchers() when a server starts its registry."""
+    if registry is not None:
+        start_watchers()
+
+
 def start_watchers() -> None:
     """Start, once per process, the request-count flush and the served-model watcher (adapters.swap_watch:
     the operators' swap and `manage.py models`' commands). Called when the server starts its registry
-    (operator_choices.apply_operator_choices, a runtime_starting receiver)."""
+    (start_watchers_at_start, a runtime_starting receiver)."""
     if not _flushing.is_set():
         _flushing.set()
         threading.Thread(target=_flush_loop, name="metrale-adapter-counts", daemon=True).start()

@@ -313,3 +313,44 @@ def test_manage_models_commands_reach_the_registry_through_the_database(models):
     out = StringIO()
     call_command("models", "list", stdout=out)
     assert f"{B}\tloaded" in out.getvalue() and f"{A}\tunloaded" in out.getvalue()
+
+
+def test_the_operators_choices_apply_over_the_configuration_where_they_may_and_the_log_says_so(models, tmp_path,
+                                                                                              caplog):
+    from adapters import swap_watch
+    from adapters.models import ModelSetting, ServedModel
+    from adapters.operator_choices import apply_operator_choices
+
+    registry, _, _ = models(A, B)
+    ServedModel.objects.create(pk=1, path=str(tmp_path / "other"), served_name="other", configured="/not/this/one")
+    ModelSetting.objects.create(name=B, pinned=True, keep_alive="-1")
+    ModelSetting.objects.create(name="not-configured", pinned=True)
+    with caplog.at_level("INFO"):
+        apply_operator_choices(registry=registry)
+    assert registry.names() == [A, B]  # a swap made over another configured default: the configuration wins
+    assert "configuration wins" in caplog.text
+    assert registry.entries[B].pinned and registry.entries[B].keep_alive_s == math.inf
+    assert "not-configured" not in registry.entries  # which models exist is the configuration's
+    ServedModel.objects.filter(pk=1).update(configured=swap_watch.configured_default())
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        apply_operator_choices(registry=registry)
+        registry.log_configuration()
+    assert registry.names() == ["other", B] and registry.default().pinned  # the swap, in the default's place
+    assert "the operators' swap applies" in caplog.text
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("models configured")][-1]
+    assert f"pinned (loaded at start, never unloaded): other, {B}" in line and "loaded: none" in line
+
+
+def test_with_several_chat_models_a_dead_engine_marks_its_model_failed_and_the_others_serve(models):
+    from inference.operations.runtime import ModelLoader
+
+    registry, loader, _ = models(A, B)
+    content(chat(A))
+    content(chat(B))
+    several = ModelLoader()
+    several.several_chat_models = True
+    several.on_fatal(registry, B)(RuntimeError("a kernel fault"))
+    assert registry.entries[B].state == FAILED and "a kernel fault" in registry.entries[B].error
+    assert content(chat(A)) == f"I am {A}"  # the other model's requests go on
+    assert content(chat(B)) == f"I am {B}" and loader.loads.count(B) == 2  # loaded again on its next request
