@@ -29,6 +29,8 @@ _lock = threading.Lock()
 
 
 _ignored: set = set()
+# Seconds between two reports of an unchanged model state (run_model_commands).
+REPORT_EVERY_S = 60.0
 
 
 def configured_default() -> str:
@@ -109,10 +111,15 @@ def run_model_commands(registry=None) -> list[tuple[str, str]]:
         ModelSetting.objects.filter(pk=row.pk, command=row.command).update(command="")
         done.append((row.name, row.command))
     now = timezone.now()
+    rows = {row.name: row for row in ModelSetting.objects.filter(name__in=list(registry.entries))}
     for state in registry.states():
+        seen = (state["state"], state["error"] or "", state["resident_bytes"])
+        row = rows.get(state["id"])
+        if row is not None and (row.state, row.error, row.resident_bytes) == seen and row.reported is not None \
+                and (now - row.reported).total_seconds() < REPORT_EVERY_S:
+            continue  # written only when it changed, or to say this server still reports
         ModelSetting.objects.update_or_create(name=state["id"], defaults={
-            "state": state["state"], "error": state["error"] or "", "resident_bytes": state["resident_bytes"],
-            "reported": now})
+            "state": seen[0], "error": seen[1], "resident_bytes": seen[2], "reported": now})
     return done
 
 

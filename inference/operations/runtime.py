@@ -202,6 +202,15 @@ def _safetensors_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
 
+def release_embeddings(runner) -> None:
+    """An unloading embedding model's runner: detached from the chat engine that ran its units (so that
+    engine no longer holds it), or its own thread stopped."""
+    host = runner.host
+    if host is not None and host is not runner and hasattr(host, "detach_embeddings"):
+        host.detach_embeddings(runner)
+    runner.stop()
+
+
 class ModelLoader:
     """The registry's real Loader (operations/registry.Loader): a chat model's AsyncEngine, Tokenizer and
     fingerprint as a Runtime; an embedding model's EmbeddingModel and EmbeddingRunner as an
@@ -309,7 +318,7 @@ class ModelLoader:
                  "%s)", spec.name, model.dimensions, model.max_input_tokens, enc.weights,
                  ", compiled steps" if enc.compiled_steps() else "",
                  f"between {host.model_id}'s steps" if host is not None else "on a thread of their own")
-        return Loaded(service, max(0, rss_bytes() - before), 0, release=runner.stop)
+        return Loaded(service, max(0, rss_bytes() - before), 0, release=lambda: release_embeddings(runner))
 
     def on_fatal(self, registry, name: str) -> Callable[[BaseException], None]:
         """The engine's on_fatal: with one chat model configured, exit the process (_engine_died);

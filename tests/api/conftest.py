@@ -222,5 +222,4 @@ def embed_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, minilm_model, monke
     rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
     with serving(registry_of(rt, service)):
         yield rt
-    smollm2_engine._embeddings = None
-    runner.host = None
+    smollm2_engine.detach_embeddings(runner)
