@@ -367,6 +367,8 @@ class ModelRegistry:
             runner = getattr(service, "runner", None)
             if runner is not None and engine is not None and getattr(runner, "host", None) is engine:
                 runner.start_thread()
+                log.info("embedding model %s: its passes run on a thread of their own (%s unloaded)",
+                         getattr(service, "name", "?"), entry.name)
 
     def mark_failed(self, name: str, error: str) -> None:
         """`name`'s engine died (its requests have ended Failed): drop it as failed; the next request

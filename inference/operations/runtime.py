@@ -291,6 +291,14 @@ class ModelLoader:
         fp = model_fingerprint(folder, fingerprint_settings(config))
         engine = AsyncEngine(config=config, on_fatal=self.on_fatal(registry, spec.name))
         kv = engine.engine.runner.kv_pool.nbytes
+        from .model_specs import EMBEDDING
+
+        for _, service in registry.loaded_models(EMBEDDING):  # passes on a thread of their own come here,
+            runner = getattr(service, "runner", None)  # between this engine's steps (chat is never starved)
+            if runner is not None and runner.host is runner:
+                runner.end_thread()
+                engine.attach_embeddings(runner)
+                log.info("embedding model %s: its passes run between %s's steps from now on", service.name, spec.name)
         rt = Runtime(engine, tokenizer, spec.name, folder, int(time.time()), fingerprint=fp)
         _send_from_this_thread(runtime_ready, runtime=rt, swap=swap)
         return Loaded(rt, max(0, rss_bytes() - before) + kv, kv, release=engine.stop)

@@ -60,7 +60,10 @@ def test_models_load_on_demand_and_the_budget_evicts_the_idle_one(many_server):
     after = states(url)
     assert after["tiny"]["state"] == "loaded" and after["smollm2-135m-instruct"]["state"] == "unloaded"
     assert after["all-minilm-l6-v2"]["state"] == "loaded"
-    assert len(embed(url)["data"]) == 2  # its passes moved off the unloaded engine
+    assert len(embed(url)["data"]) == 2  # its passes moved off the unloaded engine, onto the new one
+    log = many_server.log()
+    assert "all-minilm-l6-v2: its passes run on a thread of their own (smollm2-135m-instruct unloaded)" in log
+    assert "all-minilm-l6-v2: its passes run between tiny's steps from now on" in log
     metrics = httpx.get(url + "/metrics", timeout=30).text
     assert 'metrale:model_loaded{model_name="smollm2-135m-instruct",state="unloaded"} 0.0' in metrics
     assert re.search(r'vllm:num_requests_running\{[^}]*model_name="tiny"', metrics)
