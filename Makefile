@@ -42,8 +42,12 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
+# Without a model setting in the environment, SmolLM2 (the default), all-MiniLM-L6-v2 and, once pulled
+# (`manage.py pull_model gemma-3-270m`), Gemma 3 270M, each by its name (README "Many models behind one endpoint").
+SERVE_MODELS := $(if $(METRALE_MODELS)$(METRALE_MODEL)$(METRALE_EMBEDDING_MODEL),,smollm2-135m-instruct,all-minilm-l6-v2,gemma-3-270m)
+
 serve: migrate model static
-	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+	$(if $(SERVE_MODELS),METRALE_MODELS=$(SERVE_MODELS) )$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
 # fixtures started once there); the 30 slowest durations printed at the end.

@@ -124,6 +124,14 @@ def flush_served(rt) -> None:
                 raise
 
 
+def flush_all(registry) -> None:
+    """flush_served for every loaded chat model of `registry` (operations/registry.ModelRegistry)."""
+    from inference.operations.model_specs import CHAT
+
+    for _, rt in registry.loaded_models(CHAT):
+        flush_served(rt)
+
+
 def refresh_allow_list(rt, row: Adapter) -> None:
     """After an operator edits a row's tenants: the served entry takes the new allow-list."""
     entry = rt.adapters.get(row.name) if rt is not None else None
@@ -146,13 +154,17 @@ def startup_adapters() -> dict[str, str]:
 
 
 def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> None:
-    """runtime_ready's receiver (the loading thread): load every startup adapter before the server
-    is ready. One that fails is logged and its row says why; the others and the base still serve.
-    At a process's first load it also starts the request-count flush and the served-model watcher."""
+    """runtime_ready's receiver (the loading thread): load every startup adapter of the default chat model
+    (or of the model a swap puts in its place) before it is served. One that fails is logged and its row
+    says why; the others and the base still serve."""
     from inference.engine.lora_control import install, read_adapter
 
+    from inference.operations.runtime import served_model_name
+
     rt = runtime
-    for name, path in startup_adapters().items():
+    # Startup adapters belong to the default chat model (or the model a swap puts in its place).
+    adapters = startup_adapters() if swap or rt.model_id == served_model_name() else {}
+    for name, path in adapters.items():
         try:
             check_name(rt, name)
             install(rt.engine, read_adapter(rt.engine, name, path)).result()
@@ -164,8 +176,18 @@ def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> No
             continue
         rt.adapters[name] = _served_entry(name, path, _record(name, path, True))
         log.info("LoRA adapter %r loaded from %s", name, path)
-    if swap:
-        return
+
+
+def start_watchers_at_start(sender=None, registry=None, **kwargs) -> None:
+    """runtime_starting's receiver: start_watchers() when a server starts its registry."""
+    if registry is not None:
+        start_watchers()
+
+
+def start_watchers() -> None:
+    """Start, once per process, the request-count flush and the served-model watcher (adapters.swap_watch:
+    the operators' swap and `manage.py models`' commands). Called when the server starts its registry
+    (start_watchers_at_start, a runtime_starting receiver)."""
     if not _flushing.is_set():
         _flushing.set()
         threading.Thread(target=_flush_loop, name="metrale-adapter-counts", daemon=True).start()
@@ -175,11 +197,11 @@ def load_startup_adapters(sender=None, runtime=None, swap=False, **kwargs) -> No
 
 
 def _flush_loop() -> None:
-    from inference.operations import runtime
+    from inference.operations.registry import process_registry
 
     while True:
         time.sleep(FLUSH_INTERVAL_S)
         try:
-            flush_served(runtime.current())
+            flush_all(process_registry())
         except Exception:  # the database may be briefly away; the counts wait for the next flush
             log.warning("flushing adapter request counts failed", exc_info=True)

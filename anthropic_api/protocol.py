@@ -21,7 +21,7 @@ import re
 from rest_framework import serializers
 
 from inference.serving.errors import bad_request
-from inference.serving.fields import (BooleanField, IntegerField, NumberField, StrictField, StringField,
+from inference.serving.fields import (BooleanField, IntegerField, KeepAliveField, NumberField, StrictField, StringField,
                                       StringListField)
 from inference.serving.protocol import SamplingExtensions, opt, parse_json_body, validate
 from inference.serving.schema_size import check_schema_size
@@ -296,6 +296,7 @@ class MessagesRequest(CountTokensRequest, SamplingExtensions):
     """POST /v1/messages."""
 
     max_tokens = IntegerField(low=0)
+    keep_alive = KeepAliveField(**opt())
     stop_sequences = StringListField(**opt(max_items=MAX_STOP_SEQUENCES))
     temperature = NumberField(**opt(low=0, high=1))
     top_p = NumberField(**opt(low=0, high=1, low_open=True))

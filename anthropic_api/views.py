@@ -26,7 +26,7 @@ async def messages(request):
     """POST /v1/messages, blocking or streamed (SSE)."""
     started = time.perf_counter()
     req = await cpu_work(protocol.parse_messages, request.body)
-    rt = await ready_runtime()
+    rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
     prepared = await prepare(generation_request(req), rt, request_id=getattr(request, "request_id", None),
                              cache_salt=cache_salt_of(request))
     return await respond(request, rt, prepared, MessagesWire(req, prepared), param="messages", started=started)
@@ -37,7 +37,7 @@ async def messages(request):
 async def count_tokens(request):
     """POST /v1/messages/count_tokens: {"input_tokens": N} of exactly the prompt /v1/messages would run."""
     req = await cpu_work(protocol.parse_count_tokens, request.body)
-    ids = await prompt_ids(generation_request(req), await ready_runtime())
+    ids = await prompt_ids(generation_request(req), await ready_runtime(request, req["model"]))
     return JsonResponse({"input_tokens": len(ids)})
 
 

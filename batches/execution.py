@@ -22,7 +22,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from inference.operations import heartbeat, runtime
+from inference.operations import heartbeat
+from inference.operations.registry import process_registry
 
 from .models import Batch
 from .store import ACTIVE
@@ -57,20 +58,17 @@ def claim(batch_id: str) -> bool:
 
 
 def run_here(batch_id: str) -> str | None:
-    """Claim and run the batch to its end on this process's engine (loading it if needed), from
+    """Claim and run the batch to its end on this process's models (each loaded when a line names it), from
     a thread with no event loop; its final status, or None when another live process owns it.
     A run that raises releases the batch (release) and raises again."""
     heartbeat.start()
     if not claim(batch_id):
         log.info("batch %s: owned by another live process (or ended); not run here", batch_id)
         return None
-    rt = runtime.get_runtime(wait=True)
-    if rt is None:
-        raise RuntimeError(f"the model could not be loaded: {runtime.status()[1]}")
     from .runner import run_batch
 
     try:
-        status = asyncio.run(run_batch(batch_id, rt))
+        status = asyncio.run(run_batch(batch_id, process_registry()))
     except BaseException:
         release(batch_id)  # handed on again (embedded: at the next heartbeat; Celery: the task's retry)
         raise

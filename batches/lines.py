@@ -17,12 +17,13 @@ from inference.engine.request import BATCH_PRIORITY
 from inference.serving.errors import ApiError
 from inference.serving.prepare import cpu_work
 from inference.http.surfaces import SURFACES
-from inference.http.views import engine_refusal
+from inference.http.views import engine_refusal, hold_model
+from inference.operations.model_specs import CHAT, EMBEDDING
 from responses_api import protocol as responses_protocol
 from responses_api.service import responses_call
 
 MAX_LINES = 50_000
-# endpoint -> (parse its raw body, prepare it -> a call with `param` and `blocking_run(rt)`)
+# endpoint -> (parse its raw body, prepare it on its model -> a call with `param` and `blocking_run(model)`)
 ENDPOINTS = {**SURFACES, "/v1/responses": (responses_protocol.parse_create, responses_call)}
 REQUIRED = ("custom_id", "method", "url", "body")
 
@@ -110,9 +111,10 @@ def output_line(custom_id: str, status_code: int | None = None, request_id: str 
                        "error": error}, ensure_ascii=False, separators=(",", ":"))
 
 
-async def run_line(endpoint: str, line: Line, rt, *, tenant, cache_salt: str):
-    """Run one line as its endpoint would (the same parse, preparation, engine and wire body as
-    the view, at BATCH_PRIORITY). Returns (status_code, request_id, body, usage or None); the
+async def run_line(endpoint: str, line: Line, registry, *, tenant, cache_salt: str):
+    """Run one line as its endpoint would (the same parse, the model its `model` names from `registry`
+    (operations/registry.ModelRegistry; loaded on demand, held while the line runs), the same preparation,
+    engine and wire body as the view, at BATCH_PRIORITY). Returns (status_code, request_id, body, usage or None); the
     endpoint's 4xx/5xx ApiError becomes (status, ..., OpenAI's error body, None). Raises
     EngineOverloaded when the engine's waiting queue is full (the caller retries the line) and
     CancelledError when cancelled."""
@@ -121,12 +123,17 @@ async def run_line(endpoint: str, line: Line, rt, *, tenant, cache_salt: str):
     try:
         raw = json.dumps(line.body).encode()
         req = await cpu_work(parse, raw)
-        call = await prepare_call(req, rt, tenant=tenant, request_id=request_id, cache_salt=cache_salt,
-                                  priority=BATCH_PRIORITY)
+        kind = EMBEDDING if endpoint == "/v1/embeddings" else CHAT
+        hold = await hold_model(registry, req.get("model") or "", kind, req.get("keep_alive"), cache_salt)
         try:
-            run_body, usage = await call.blocking_run(rt)
-        except RequestRejected as exc:
-            raise engine_refusal(exc, call.param) from exc
+            call = await prepare_call(req, hold.model, tenant=tenant, request_id=request_id, cache_salt=cache_salt,
+                                      priority=BATCH_PRIORITY)
+            try:
+                run_body, usage = await call.blocking_run(hold.model)
+            except RequestRejected as exc:
+                raise engine_refusal(exc, call.param) from exc
+        finally:
+            hold.release()
     except EngineOverloaded:
         raise
     except ApiError as exc:

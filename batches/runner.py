@@ -61,11 +61,12 @@ EXPIRED = {"code": "batch_expired", "message": "This request could not be execut
 
 
 class BatchRun:
-    """The run of one claimed batch on `rt` (the process's runtime)."""
+    """The run of one claimed batch on `registry`'s models (operations/registry.ModelRegistry): each line on
+    the model its `model` names."""
 
-    def __init__(self, batch: Batch, rt):
+    def __init__(self, batch: Batch, registry):
         self.batch = batch
-        self.rt = rt
+        self.registry = registry
         self.stopped: str | None = None  # "cancelling", "expired" or "shutdown" once the run must stop
         self.concurrency = runtime.engine_config().batch_max_num_seqs
 
@@ -137,7 +138,7 @@ class BatchRun:
             else:
                 while True:
                     try:
-                        result = await run_line(b.endpoint, line, self.rt, tenant=b.tenant,
+                        result = await run_line(b.endpoint, line, self.registry, tenant=b.tenant,
                                                 cache_salt=b.tenant.prefix_cache_salt)
                         break
                     except EngineOverloaded:
@@ -171,14 +172,14 @@ class BatchRun:
         store.write_files(self.batch)
 
 
-async def run_batch(batch_id: str, rt) -> str:
-    """Run the (claimed) batch `batch_id` to its end on `rt`; its final status. The run's
+async def run_batch(batch_id: str, registry) -> str:
+    """Run the (claimed) batch `batch_id` to its end on `registry`'s models; its final status. The run's
     database work happens on a thread of its own."""
     async with ThreadSensitiveContext():
         try:
             batch = await db(Batch.objects.select_related("tenant").get, pk=batch_id)
             if batch.status in (Status.VALIDATING, Status.IN_PROGRESS, Status.FINALIZING, Status.CANCELLING):
-                return await BatchRun(batch, rt).run()
+                return await BatchRun(batch, registry).run()
             return batch.status
         finally:
             await db(close_old_connections)

@@ -110,7 +110,9 @@ async def drain() -> None:
     """Drain this process (see the module doc); returns once nothing of it is left running or
     every bound passed. Does not stop the reactor."""
     global _draining_since
-    from inference.operations import heartbeat, runtime
+    from inference.operations import heartbeat
+    from inference.operations.model_specs import CHAT
+    from inference.operations.registry import process_registry
     from responses_api import live
 
     if _draining_since is not None:
@@ -123,11 +125,11 @@ async def drain() -> None:
     log.info("shutting down: %d request(s) and background response(s) get %.0f s to finish",
              _running(), grace_s)
     await _until_idle(_draining_since + grace_s)
-    rt = runtime.get_runtime(wait=False)
+    engines = [rt.engine for _, rt in process_registry().loaded_models(CHAT)]
     if _running():
         log.warning("shutting down: ending %d still running", _running())
-        if rt is not None:
-            rt.engine.fail_all(SHUTDOWN_MESSAGE)
+        for engine in engines:
+            engine.fail_all(SHUTDOWN_MESSAGE)
         await _until_idle(time.monotonic() + SETTLE_S)
     leftovers = [entry.task for entry in live.running() if entry.task is not None]
     for task in leftovers:  # one that never reached the engine: recorded as cancelled
@@ -135,8 +137,8 @@ async def drain() -> None:
     if leftovers:
         await asyncio.wait(leftovers, timeout=SETTLE_S)
     await asyncio.to_thread(heartbeat.stop)
-    if rt is not None:
-        await asyncio.to_thread(rt.engine.stop)
+    for engine in engines:
+        await asyncio.to_thread(engine.stop)
     log.info("shut down after %.1f s", time.monotonic() - _draining_since)
 
 

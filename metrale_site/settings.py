@@ -183,6 +183,23 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 # Metrale's own settings, one namespace (documented in README.md).
 METRALE = {
+    # The models this server may serve, comma-separated: names from `manage.py pull_model`'s catalogue,
+    # model folders, GGUF files (imported once on first use). Unset: METRALE_MODEL and METRALE_EMBEDDING_MODEL.
+    # The first chat model is the default (inference/operations/model_specs.py; README "Models").
+    "MODELS": envlist("METRALE_MODELS"),
+    # Models loaded at start and never unloaded (comma-separated names; "none": none); unset: the first chat model.
+    "PIN": envlist("METRALE_PIN") or None,
+    # How long a model stays loaded once idle (Ollama's keep_alive: "5m", seconds, 0, negative = never),
+    # and per model: name=value items, comma-separated.
+    "KEEP_ALIVE": envstr("METRALE_KEEP_ALIVE", "5m"),
+    "MODEL_KEEP_ALIVE": envlist("METRALE_MODEL_KEEP_ALIVE"),
+    # The loaded models' resident memory (weights as measured after load, plus KV pools), e.g. 4GB; loading
+    # past it unloads idle models, least recently used first. Unset: no budget.
+    "MEMORY_BUDGET": envstr("METRALE_MEMORY_BUDGET"),
+    # With a budget and no KV_CACHE_BYTES: each chat model's KV pool is this fraction of the budget.
+    "KV_BUDGET_SHARE": envfloat("METRALE_KV_BUDGET_SHARE", 0.1),
+    # Seconds a load waits for busy models to make room under the budget before it fails (503).
+    "MODEL_LOAD_WAIT_S": envfloat("METRALE_MODEL_LOAD_WAIT_S", 30.0),
     # An HF-format folder (config.json, model.safetensors, tokenizer.json, ...).
     "MODEL": envstr("METRALE_MODEL", str(METRALE_HOME / "models" / DEFAULT_MODEL_NAME)),
     # The id the API reports for the model; default: the folder's name.

@@ -17,7 +17,7 @@ import copy
 from rest_framework import serializers
 
 from inference.serving.errors import bad_request
-from inference.serving.fields import (INT64_MAX, BooleanField, IntegerField, MetadataField, StrictField,
+from inference.serving.fields import (INT64_MAX, BooleanField, IntegerField, KeepAliveField, MetadataField, StrictField,
                                       StringField)
 from inference.serving.protocol import MAX_TOP_LOGPROBS, ChatCompletionRequest, opt, parse_json_body, validate
 from inference.serving.structured import check_request as check_structured_request
@@ -242,6 +242,7 @@ class StreamOptionsSerializer(serializers.Serializer):
 
 class _CreateResponseFields(serializers.Serializer):
     model = StringField(**opt())
+    keep_alive = KeepAliveField(**opt())
     input = InputField(required=False, default=list)
     instructions = StringField(**opt())
     max_output_tokens = IntegerField(**opt(low=1))

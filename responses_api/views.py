@@ -72,7 +72,7 @@ async def create_response(request):
     it runs).
     """
     req = await cpu_work(protocol.parse_create, request.body)
-    rt = await ready_runtime()
+    rt = await ready_runtime(request, req["model"] or "", req.get("keep_alive"))
     tenant = tenant_of(request)
     context = await db(service.load_context, tenant, req)
     p = await service.prepare(req, rt, tenant, context, cache_salt=cache_salt_of(request))

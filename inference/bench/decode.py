@@ -58,12 +58,16 @@ class StreamTiming:
 
 
 def stream_once(url: str, prompt: str, max_tokens: int, temperature: float, seed: int | None,
-                timeout_s: float = 900) -> StreamTiming:
-    """One streamed chat completion against the server at base URL `url`. Raises RuntimeError on a
-    non-200 answer or a stream without content."""
+                timeout_s: float = 900, model: str | None = None, keep_alive=None) -> StreamTiming:
+    """One streamed chat completion against the server at base URL `url` (of `model`, with `keep_alive`,
+    where given). Raises RuntimeError on a non-200 answer or a stream without content."""
     parts = urlsplit(url)
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if model is not None:
+        body["model"] = model
+    if keep_alive is not None:
+        body["keep_alive"] = keep_alive
     if seed is not None:
         body["seed"] = seed
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)

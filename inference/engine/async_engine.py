@@ -353,6 +353,14 @@ class AsyncEngine:
         runner.wake = self._wake.set
         self._wake.set()
 
+    def detach_embeddings(self, runner) -> None:
+        """Stop running `runner`'s units here (its embedding model unloads, idle); nothing when another
+        runner is attached. The engine then holds no reference to it (its memory can go)."""
+        if self._embeddings is runner:
+            self._embeddings = None
+        if runner.host is self:
+            runner.host = None
+
     def _die(self, exc: BaseException) -> None:
         """The loop died: log why, fail every live and queued request (no client waits forever),
         let their consumers read that, then call on_fatal."""

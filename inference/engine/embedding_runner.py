@@ -7,8 +7,8 @@ chat engine's (AsyncEngine.attach_embeddings), which after each step of its own 
 `share` of that step's time, units of at most `busy_chunk_rows` rows, so an interactive stream's
 decode steps are never more than about (1 + share) apart however much embedding work waits; with no
 chat work the runner's units are `idle_chunk_rows` rows and run back to back. Without a chat engine,
-`start_thread` gives the runner a thread of its own. A pass that raises fails the requests it held
-and no other.
+`start_thread` gives the runner a thread of its own (`end_thread` ends it when a chat engine comes to
+host it). A pass that raises fails the requests it held and no other.
 """
 from __future__ import annotations
 
@@ -223,6 +223,16 @@ class EmbeddingRunner:
 
         self._thread = threading.Thread(target=loop, name="metrale-embeddings", daemon=True)
         self._thread.start()
+
+    def end_thread(self) -> None:
+        """End the runner's own thread (after its current unit), so that a chat engine can host its units
+        (AsyncEngine.attach_embeddings); the queued work stays and runs there."""
+        if self._thread is None:
+            return
+        self._stopped = True
+        self.wake()
+        self._thread.join(10)
+        self._thread, self._stopped, self.host = None, False, None
 
     def stop(self) -> None:
         """Stop the runner's own thread (if it has one) after its current unit."""

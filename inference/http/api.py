@@ -108,6 +108,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
         request.principal = None
         request.ratelimit_lease = None
         request.generation_lease = None
+        request.model_holds = []
         refused = None
         try:
             request.principal = await authenticate(request)
@@ -120,6 +121,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
             response = error_response(error, error_shape, getattr(request, "request_id", None))
         except BaseException:
             await _settle(request)
+            release_models(request)
             raise
         lease = request.ratelimit_lease
         principal = request.principal
@@ -134,17 +136,28 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
         for name, value in headers.items():
             response.headers.setdefault(name, value)
         owner = request.generation_lease
-        if owner is not None and not owner.handed_off:
-            if isinstance(response, StreamingHttpResponse) and response.is_async:
-                response.streaming_content = _SettledStream(response, owner)
-            else:
+        if isinstance(response, StreamingHttpResponse) and response.is_async and (
+                request.model_holds or (owner is not None and not owner.handed_off)):
+            response.streaming_content = _SettledStream(response, owner if owner is not None and not owner.handed_off
+                                                        else None, request)
+        else:
+            if owner is not None and not owner.handed_off:
                 await owner.settle()
+            release_models(request)
         return response
 
     wrapper.csrf_exempt = True
     wrapper.openai_endpoint = True
     wrapper.error_shape = error_shape
     return wrapper
+
+
+def release_models(request) -> None:
+    """Release the request's holds on its models (views.ready_model took them): from now on the registry
+    may unload them once idle (operations/registry.py)."""
+    holds, request.model_holds = getattr(request, "model_holds", None) or [], []
+    for hold in holds:
+        hold.release()
 
 
 async def _settle(request) -> None:
@@ -154,7 +167,8 @@ async def _settle(request) -> None:
 
 
 class _SettledStream:
-    """A generating view's stream body whose lease is settled when the body ends, however it ends.
+    """A generating view's stream body whose lease is settled (and its models' holds released) when the
+    body ends, however it ends.
 
     Django closes a streaming response when sending stops, also when the client left while the
     server was blocked in `send`; the view's generator is then merely dropped, and its `finally`
@@ -162,11 +176,12 @@ class _SettledStream:
     (any body with a `close` gets called), which schedules on the event loop: close the view's
     generator, then settle the lease with the tokens used."""
 
-    def __init__(self, response: StreamingHttpResponse, owner: GenerationLease):
+    def __init__(self, response: StreamingHttpResponse, owner: GenerationLease | None, request=None):
         # The view's own iterator, not Django's wrapper around it: only closing that one runs
         # the view's `finally`.
         self._content = getattr(response, "_iterator", None) or response.streaming_content
         self._owner = owner
+        self._request = request
         self._loop = asyncio.get_running_loop()
 
     async def __aiter__(self):
@@ -188,7 +203,10 @@ class _SettledStream:
                 await self._content.aclose()
             except RuntimeError:  # already being closed (by cancellation)
                 pass
-        await self._owner.settle()
+        if self._owner is not None:
+            await self._owner.settle()
+        if self._request is not None:
+            release_models(self._request)
 
 
 def operator_endpoint(view):

@@ -1,6 +1,6 @@
 """The generating surfaces' one flow from a validated body to its answer: prepare -> wire, shared by the views and the Batch API.
 
-A view parses its body, takes the runtime, and answers `surface.call(...)`'s prepared request
+A view parses its body, takes the model its `model` names from the registry, and answers `surface.call(...)`'s prepared request
 through `views.respond` (admission, streaming); a batch line (batches/lines.py) runs the
 same call's `blocking_run`, so a line's body is exactly what the endpoint answers. Source:
 issue 17 ("each line runs through the same preparation and engine as the synchronous
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from ..serving import chat
 from ..serving import embeddings as embeddings_api
-from ..serving.errors import ApiError, not_found
-from ..serving.model_names import served_names
+from ..serving.errors import ApiError
 from ..serving import completions as legacy_completions
 from ..serving.choices import Choices
 from ..serving.deltas import Usage
@@ -64,7 +63,7 @@ class EmbeddingsCall:
     """One prepared embeddings request (serving/embeddings.EmbeddingCall) and the model that runs it."""
 
     call: embeddings_api.EmbeddingCall
-    service: object  # runtime.EmbeddingService
+    service: object  # operations.runtime.EmbeddingService
     param: str = "input"
 
     async def vectors(self) -> list[bytes]:
@@ -81,27 +80,12 @@ class EmbeddingsCall:
         return body, Usage(prompt_tokens=self.call.prompt_tokens)
 
 
-def embedding_service_for(model: str, rt):
-    """The embedding model a request's `model` names (empty: the one served). Raises ApiError 404
-    (model_not_found) when no embedding model is served or the name is another; 400 when it names the
-    chat model (a generation model, which /v1/embeddings does not pool)."""
-    service = rt.embeddings
-    if service is not None and model in ("", service.name):
-        return service
-    served = f"'{service.name}'" if service is not None else "none (set METRALE_EMBEDDING_MODEL)"
-    if model and model in served_names(rt.model_id):
-        raise ApiError(400, f"The model '{model}' is a generation model; /v1/embeddings serves the embedding "
-                            f"model: {served}.", param="model", code="model_not_embedding")
-    raise not_found(f"The model '{model}' does not exist or is not an embedding model. Embedding models served: "
-                    f"{served}.", code="model_not_found", param="model")
-
-
-async def embeddings_call(req: dict, rt, *, tenant, request_id: str | None, cache_salt: str,
+async def embeddings_call(req: dict, service, *, tenant, request_id: str | None, cache_salt: str,
                           priority: int = 0, size: int | None = None) -> EmbeddingsCall:
-    """POST /v1/embeddings's validated body (embeddings.parse) tokenized and checked against the embedding
-    model (on the prepare pool, or inline for a body of at most prepare.INLINE_BYTES: `size`, its bytes).
-    Raises ApiError (serving/embeddings.prepare's 400s, the model's 404/400)."""
-    service = embedding_service_for(req["model"], rt)
+    """POST /v1/embeddings's validated body (embeddings.parse) tokenized and checked against `service`, the
+    embedding model its `model` names (views.ready_model / the batch runner take it from the registry), on
+    the prepare pool, or inline for a body of at most prepare.INLINE_BYTES (`size`, its bytes).
+    Raises ApiError (serving/embeddings.prepare's 400s)."""
     prepared = await (light_work(embeddings_api.prepare, size, req, service) if size is not None
                       else cpu_work(embeddings_api.prepare, req, service))
     return EmbeddingsCall(prepared, service)

@@ -18,6 +18,9 @@ from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from ..operations import runtime, swap
+from ..operations.model_settings import SettingError, parse_keep_alive
+from ..operations.model_specs import CHAT, EMBEDDING
+from ..operations.registry import ModelBudgetBusy, ModelLoadFailed, process_registry
 from .api import admit, openai_endpoint
 from .surfaces import chat_call, completions_call, embeddings_call
 from ..engine.outputs import EngineOverloaded, RequestRejected
@@ -27,7 +30,7 @@ from ..serving import embeddings as embeddings_api
 from ..serving import completions as legacy_completions
 from ..serving.choices import Choices
 from ..serving.errors import ApiError, not_found
-from ..serving.model_names import find_model, model_cards, model_object
+from ..serving.model_names import find_model, model_cards, model_object, unknown_model, wrong_kind
 from ..serving.prepare import Prepared, cpu_work, light_work
 from ..stored.objects import tenant_of
 
@@ -49,34 +52,69 @@ def allow(*methods: str):
     return wrap
 
 
-async def ready_runtime():
-    """The runtime that serves this request.
+async def ready_model(request, model: str = "", keep_alive=None, kind: str = CHAT):
+    """The loaded model a request's `model` names on a route serving `kind` (CHAT: a Runtime;
+    EMBEDDING: an EmbeddingService), loaded first if it is not (operations/registry.py), and held
+    until the request's answer ends (http/api.openai_endpoint releases `request.model_holds`).
 
-    While a swap that drains the old model first has none installed, the request waits for the new
-    one: up to METRALE["SWAP_WAIT_S"] seconds, at most METRALE["SWAP_WAIT_MAX"] requests at once
-    (issue: "wait, with a bounded queue and a 503 model_not_loaded with Retry-After past it").
-    Raises ApiError 503 with Retry-After: model_not_loaded past that wait, model_not_ready while the
-    model loads or after it failed.
+    keep_alive: the request's `keep_alive` field (Ollama's meaning; None: the model's own). While a
+    swap that drains the old model first has none installed, the request waits for the new one: up to
+    METRALE["SWAP_WAIT_S"] seconds, at most METRALE["SWAP_WAIT_MAX"] requests at once.
+    Raises ApiError: 404 model_not_found naming the model (serving/model_names.unknown_model); 400
+    model_not_embedding / model_not_chat for a model of the other kind; 503 with Retry-After:
+    model_load_failed (the model and the cause), model_budget_busy, model_not_loaded past a swap's wait.
     """
-    rt = runtime.get_runtime(wait=False)
-    if rt is None and runtime.status()[0] == "swapping":
-        rt = await _wait_for_swap()
-    if rt is None:
-        state, error = runtime.status()
-        if state == "swapping":
-            raise ApiError(503, f"The model is not loaded: {error}; retry shortly.", type="server_error",
-                           code="model_not_loaded", headers={"Retry-After": "5"})
-        msg = "The model is still loading; retry shortly." if state != "failed" else f"The model failed to load: {error}"
-        raise ApiError(503, msg, type="server_error", code="model_not_ready", headers={"Retry-After": "5"})
-    return rt
+    hold = await hold_model(process_registry(), model, kind, keep_alive, cache_salt_of(request))
+    holds = getattr(request, "model_holds", None)
+    if holds is None:
+        holds = request.model_holds = []
+    holds.append(hold)
+    return hold.model
+
+
+async def hold_model(registry, model: str, kind: str = CHAT, keep_alive=None, cache_salt: str = ""):
+    """A Hold (operations/registry.Hold) on the model `model` names in `registry`, loaded first if needed;
+    the caller releases it. What ready_model raises (ApiError)."""
+    entry = registry.find(model, kind)
+    if entry is None:
+        raise unknown_model(model, registry, cache_salt, kind)
+    if entry.kind != kind:
+        raise wrong_kind(entry.name, kind, registry)
+    if entry.unavailable is not None:
+        entry = await _wait_for_swap(registry, entry) or entry
+        if entry.unavailable is not None or entry.name not in registry.entries:
+            raise ApiError(503, f"The model is not loaded: {entry.unavailable or 'it was swapped'}; retry shortly.",
+                           type="server_error", code="model_not_loaded", headers={"Retry-After": "5"})
+    seconds = keep_alive_seconds(keep_alive)
+    try:
+        return await registry.acquire(entry, seconds)
+    except ModelLoadFailed as exc:
+        code = "model_budget_busy" if isinstance(exc, ModelBudgetBusy) else "model_load_failed"
+        raise ApiError(503, str(exc), type="server_error", code=code, param="model",
+                       headers={"Retry-After": "5"}) from exc
+
+
+async def ready_runtime(request, model: str = "", keep_alive=None):
+    """The chat model (a Runtime) a request names: ready_model with kind CHAT."""
+    return await ready_model(request, model, keep_alive, CHAT)
+
+
+def keep_alive_seconds(value) -> float | None:
+    """A request's `keep_alive` in seconds (None when absent). Raises ApiError 400 naming the field."""
+    if value is None:
+        return None
+    try:
+        return parse_keep_alive(value)
+    except SettingError as exc:
+        raise ApiError(400, str(exc), param="keep_alive", code="invalid_keep_alive") from exc
 
 
 _swap_waiters = 0
 
 
-async def _wait_for_swap():
-    """The runtime a drain-first swap installs, polled every 50 ms; None past SWAP_WAIT_S, when
-    SWAP_WAIT_MAX requests already wait, or when the swap ends without a model."""
+async def _wait_for_swap(registry, entry):
+    """The entry a drain-first swap installs in `entry`'s place, polled every 50 ms; None past
+    SWAP_WAIT_S or when SWAP_WAIT_MAX requests already wait."""
     global _swap_waiters
     limits = settings.METRALE
     if _swap_waiters >= limits["SWAP_WAIT_MAX"]:
@@ -84,10 +122,11 @@ async def _wait_for_swap():
     _swap_waiters += 1
     try:
         deadline = time.monotonic() + limits["SWAP_WAIT_S"]
-        while (rt := runtime.get_runtime(wait=False)) is None and runtime.status()[0] == "swapping" \
-                and time.monotonic() < deadline:
+        current = entry
+        while current.unavailable is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return rt
+            current = registry.default(entry.kind) if entry.name not in registry.entries else registry.entries[entry.name]
+        return current
     finally:
         _swap_waiters -= 1
 
@@ -149,13 +188,19 @@ def _ids(request) -> dict:
 
 
 async def health(request):
-    """GET /health: 200 {"status": "ready", "model", "system_fingerprint", "adapters", "swap"} once loaded; 503
-    {"status": "swapping"} (Retry-After) while a swap drains the old model first, else {"status": "loading"}."""
+    """GET /health: 200 {"status": "ready", "model", "system_fingerprint", "adapters", "swap", "models"} once the
+    default model is loaded ("models": each configured model's state); 503 {"status": "swapping"} (Retry-After)
+    while a swap drains it first, else {"status": "loading"} or {"status": "failed", "error"}."""
     state, error = runtime.status()
-    rt = runtime.current()
-    if state == "ready" and rt is not None:
+    registry = process_registry()
+    rt = registry.runtime()
+    models = {e["id"]: e["state"] for e in registry.states()}
+    if state == "ready":
+        if rt is None:  # the default model is an embedding model, or loads on demand
+            default = registry.default() or registry.default(EMBEDDING)
+            return JsonResponse({"status": "ready", "model": default.name, "models": models})
         return JsonResponse({"status": "ready", "model": rt.model_id, "system_fingerprint": rt.fingerprint or None,
-                             "adapters": sorted(rt.adapters), "swap": swap.status()})
+                             "adapters": sorted(rt.adapters), "swap": swap.status(), "models": models})
     if state == "swapping":
         return JsonResponse({"status": "swapping", "error": error, "swap": swap.status()}, status=503,
                             headers={"Retry-After": "5"})
@@ -172,16 +217,31 @@ async def health_live(request):
 @openai_endpoint
 @allow("GET")
 async def list_models(request):
-    """GET /v1/models: the served model and the LoRA adapters this tenant may use (OpenAI's list of
-    Model objects, with vLLM's root and parent)."""
-    rt = runtime.get_runtime(wait=False)
-    if rt is None:
-        return JsonResponse({"object": "list", "data": [model_object(runtime.served_model_name(), int(time.time()))]})
-    cards = model_cards(rt.model_id, rt.created, str(rt.model_path), rt.adapters, cache_salt_of(request),
-                        rt.engine.max_model_len)
-    if rt.embeddings is not None:
-        cards.append(embedding_card(rt.embeddings))
+    """GET /v1/models: every configured model (OpenAI's Model objects, with vLLM's root and parent, and the
+    registry's extra fields: kind, state, error, pinned, keep_alive, resident_bytes, ...), then the LoRA
+    adapters of each loaded chat model that this tenant may use."""
+    registry = process_registry()
+    salt = cache_salt_of(request)
+    cards = []
+    for state in registry.states():
+        loaded = registry.runtime(state["id"])
+        cards += model_entry_cards(state, loaded, salt)
     return JsonResponse({"object": "list", "data": cards})
+
+
+def model_entry_cards(state: dict, loaded, cache_salt: str) -> list[dict]:
+    """The Model objects of one registry entry: the model (its state in extra fields) and, for a loaded
+    chat model, its adapters this tenant may use."""
+    extra = {k: state[k] for k in ("kind", "state", "error", "pinned", "keep_alive", "resident_bytes",
+                                   "kv_cache_bytes", "requests_running")}
+    if loaded is None:
+        return [model_object(state["id"], state["loaded_at"] or 0, root=state["source"]) | extra]
+    if state["kind"] == EMBEDDING:
+        return [embedding_card(loaded) | extra]
+    cards = model_cards(loaded.model_id, loaded.created, str(loaded.model_path), loaded.adapters, cache_salt,
+                        loaded.engine.max_model_len)
+    cards[0] |= extra
+    return cards
 
 
 def embedding_card(service) -> dict:
@@ -192,14 +252,20 @@ def embedding_card(service) -> dict:
 @openai_endpoint
 @allow("GET")
 async def retrieve_model(request, model_id: str):
-    """GET /v1/models/{id} (ids may contain '/'): the served model, an alias or an adapter, else 404."""
-    rt = runtime.get_runtime(wait=False)
-    if rt is None:
-        return JsonResponse(find_model(model_id, runtime.served_model_name(), int(time.time())))
-    if rt.embeddings is not None and model_id == rt.embeddings.name:
-        return JsonResponse(embedding_card(rt.embeddings))
-    return JsonResponse(find_model(model_id, rt.model_id, rt.created, str(rt.model_path), rt.adapters,
-                                   cache_salt_of(request)))
+    """GET /v1/models/{id} (ids may contain '/'): a configured model (its state in extra fields), an alias
+    or an adapter, else 404."""
+    registry = process_registry()
+    entry = registry.find(model_id, CHAT) or registry.find(model_id, EMBEDDING)
+    if entry is None:
+        raise not_found(f"The model '{model_id}' does not exist.", code="model_not_found", param="model")
+    loaded = registry.runtime(entry.name)
+    if loaded is not None and entry.kind == CHAT:
+        card = find_model(model_id, loaded.model_id, loaded.created, str(loaded.model_path), loaded.adapters,
+                          cache_salt_of(request))
+        if card["id"] != entry.name:
+            return JsonResponse(card)
+    cards = model_entry_cards(registry.state_of(entry), loaded, cache_salt_of(request))
+    return JsonResponse(cards[0] | {"id": model_id} if model_id != entry.name else cards[0])
 
 
 @openai_endpoint(generates=True)
@@ -208,7 +274,7 @@ async def chat_completions(request):
     """POST /v1/chat/completions, blocking or streamed (SSE)."""
     started = time.perf_counter()
     req = await cpu_work(chat.parse, request.body)
-    rt = await ready_runtime()
+    rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
     call = await chat_call(req, rt, tenant=tenant_of(request), **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
@@ -219,7 +285,7 @@ async def completions(request):
     """POST /v1/completions (legacy), blocking or streamed (SSE)."""
     started = time.perf_counter()
     req = await cpu_work(legacy_completions.parse, request.body)
-    rt = await ready_runtime()
+    rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
     call = await completions_call(req, rt, tenant=tenant_of(request), **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
@@ -231,8 +297,8 @@ async def embeddings_view(request):
     rate limit is charged the inputs' tokens."""
     size = len(request.body)
     req = await light_work(embeddings_api.parse, size, request.body)
-    rt = await ready_runtime()
-    run = await embeddings_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
+    service = await ready_model(request, req["model"], req.get("keep_alive"), EMBEDDING)
+    run = await embeddings_call(req, service, tenant=tenant_of(request), size=size, **_ids(request))
     tokens = run.call.prompt_tokens
     await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
     record = current_record.get()
@@ -249,14 +315,16 @@ async def embeddings_view(request):
 @allow("POST")
 async def tokenize_view(request):
     """POST /tokenize: {prompt} or {messages} -> {tokens, count, max_model_len}."""
-    return JsonResponse(await cpu_work(tokenize.tokenize, request.body, await ready_runtime()))
+    req = await cpu_work(tokenize.parse_tokenize, request.body)
+    return JsonResponse(await cpu_work(tokenize.tokenize, req, await ready_runtime(request, req["model"])))
 
 
 @openai_endpoint
 @allow("POST")
 async def detokenize_view(request):
     """POST /detokenize: {tokens} -> {prompt}."""
-    return JsonResponse(await cpu_work(tokenize.detokenize, request.body, await ready_runtime()))
+    req = await cpu_work(tokenize.parse_detokenize, request.body)
+    return JsonResponse(await cpu_work(tokenize.detokenize, req, await ready_runtime(request, req["model"])))
 
 
 @openai_endpoint

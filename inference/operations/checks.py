@@ -71,7 +71,7 @@ def check_parser_settings(app_configs, **kwargs):
 @register()
 def check_engine_settings(app_configs, **kwargs):
     """E002: an engine setting (METRALE_DTYPE, METRALE_WEIGHTS, ...) the engine cannot use.
-    W003: the model folder is missing or unreadable. That one is only a warning: on a fresh
+    W003: a configured model's folder (or GGUF file) is missing or unreadable. Only a warning: on a fresh
     machine `migrate` runs before `pull_model` has fetched the model, and must not be blocked."""
     from inference.engine.config import ConfigError
     from inference.engine.model_folder import ModelFolder
@@ -82,15 +82,26 @@ def check_engine_settings(app_configs, **kwargs):
     except ConfigError as exc:
         return [Error(f"The engine settings are invalid: {exc}.", hint="See the settings table in README.md.",
                       id="metrale.E002")]
-    folder = ModelFolder.load(config.model_path)
+    from inference.operations.model_specs import CHAT, configured_specs
+
     problems = []
-    try:
-        folder.model_config
-    except ConfigError as exc:
-        problems.append(str(exc))
-    if not (folder.path / "tokenizer.json").is_file():
-        problems.append(f"{folder.path / 'tokenizer.json'} does not exist")
-    return [Warning(f"The model folder METRALE_MODEL={config.model_path} cannot be served: {problem}.",
-                    hint="Run `manage.py pull_model smollm2-135m-instruct` (make serve does), or point "
-                         "METRALE_MODEL at an HF-format folder.", id="metrale.W003")
-            for problem in problems]
+    for spec in configured_specs():
+        if spec.gguf is not None and not (spec.folder / "config.json").is_file():
+            if not spec.gguf.is_file():
+                problems.append((spec, f"the GGUF file {spec.gguf} does not exist"))
+            continue
+        if spec.kind != CHAT:
+            if not (spec.folder / "config.json").is_file():
+                problems.append((spec, f"{spec.folder / 'config.json'} does not exist"))
+            continue
+        folder = ModelFolder.load(spec.folder)
+        try:
+            folder.model_config
+        except ConfigError as exc:
+            problems.append((spec, str(exc)))
+        if not (folder.path / "tokenizer.json").is_file():
+            problems.append((spec, f"{folder.path / 'tokenizer.json'} does not exist"))
+    return [Warning(f"The model {spec.name} ({spec.source}) cannot be served: {problem}.",
+                    hint="Run `manage.py pull_model NAME` (make serve pulls SmolLM2), or point METRALE_MODELS "
+                         "(or METRALE_MODEL) at an HF-format folder or a GGUF file.", id="metrale.W003")
+            for spec, problem in problems]

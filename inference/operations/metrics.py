@@ -14,7 +14,7 @@ Metrale's own series (prometheus_client objects, incremented off the engine thre
 `vllm:spec_decode_*` counters once a drafting engine records drafts (EngineStats.record_spec_decode).
 
 Importing this module needs no Django (serving increments the counters); the collector
-looks the runtime up lazily.
+looks the registry up lazily.
 """
 from __future__ import annotations
 
@@ -163,19 +163,68 @@ def spec_decode_families(stats: engine_stats.EngineStats, labels: list[str]):
                  stats.spec_decode_num_accepted_tokens / drafted if drafted else 0.0, labels)
 
 
+def pooling_families(service):
+    """An embedding model's series (`service`: runtime.EmbeddingService) under its own model_name, in the
+    families vLLM counts pooling requests in (prompt tokens, request success with finished_reason
+    "stop", e2e latency, prompt tokens per request)."""
+    pool = service.runner.stats
+    labels = [service.name, ENGINE_INDEX]
+    yield from _counters(labels, (("vllm:prompt_tokens", "Number of prefill tokens processed.", pool.prompt_tokens),))
+    success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                  labels=[*LABELS, "finished_reason"])
+    success.add_metric([*labels, "stop"], pool.requests_finished)
+    yield success
+    yield _histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", pool.e2e_s,
+                     labels)
+    yield _histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", pool.request_prompt_tokens,
+                     labels)
+
+
+def merged(families):
+    """Families of the same name (one per model) as one family with every model's samples: an exposition
+    names each family once."""
+    by_name: dict = {}
+    for family in families:
+        first = by_name.get(family.name)
+        if first is None:
+            by_name[family.name] = family
+        else:
+            first.samples.extend(family.samples)
+    return list(by_name.values())
+
+
 class EngineCollector:
-    """The engine's series at scrape time (none while the model loads) and the grammar compile time."""
+    """Every loaded model's series at scrape time (operations/registry: each under its model_name; none
+    for a model not loaded), metrale:model_loaded, and the grammar compile time."""
 
     def describe(self):
-        # Nothing to declare up front: registering must not look the runtime up (or load it).
+        # Nothing to declare up front: registering must not look the registry up (or load a model).
         return []
 
     def collect(self):
-        from inference.operations import runtime
+        from inference.operations.model_specs import EMBEDDING
+        from inference.operations.registry import LOADED, process_registry
 
-        rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
-        if rt is not None and getattr(getattr(rt.engine, "engine", None), "stats", None) is not None:
-            yield from engine_families(rt.engine, runtime.served_model_name(), rt.embeddings)
+        registry = process_registry()
+        families = []
+        for entry, model in registry.loaded_models():
+            if entry.kind == EMBEDDING:
+                if getattr(getattr(model, "runner", None), "stats", None) is not None:
+                    families += pooling_families(model)
+            elif getattr(getattr(model.engine, "engine", None), "stats", None) is not None:
+                families += engine_families(model.engine, entry.name)
+        yield from merged(families)
+        loaded = GaugeMetricFamily("metrale:model_loaded", "Whether each configured model is loaded (1) or not "
+                                   "(0: unloaded, loading or failed), by model_name and state.",
+                                   labels=["model_name", "state"])
+        resident = GaugeMetricFamily("metrale:model_resident_bytes", "Resident bytes of each loaded model (its "
+                                     "weights as measured after load, plus its KV pool).", labels=["model_name"])
+        for state in registry.states():
+            loaded.add_metric([state["id"], state["state"]], 1.0 if state["state"] == LOADED else 0.0)
+            if state["resident_bytes"] is not None:
+                resident.add_metric([state["id"]], state["resident_bytes"])
+        yield loaded
+        yield resident
         family = HistogramMetricFamily("metrale:grammar_compile_seconds",
                                        "Seconds to compile a request's grammar (structured outputs, forced "
                                        "tool calls), off the engine thread; cached grammars are not counted.")

@@ -17,9 +17,10 @@ import time
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.conf import settings
 
 from . import heartbeat, runtime
+from .model_specs import CHAT
+from .registry import process_registry
 from .request_log import live_records
 
 log = logging.getLogger("metrale")
@@ -80,44 +81,60 @@ def _with_requests(views: list[dict]) -> list[dict]:
     return views
 
 
-async def snapshot(replica: str | None = None) -> dict:
-    """This replica's dashboard snapshot (type "snapshot"; schema in ARCHITECTURE.md), named
-    `replica` (default replica_id()). Raises nothing: a model still loading, or an engine that
-    does not answer, gives empty lists."""
-    state, error = runtime.status()
-    metrale = settings.METRALE
-    out = {"type": "snapshot", "replica": replica or replica_id(), "replicas": await replicas(), "time": time.time(),
-           "model": {"id": runtime.served_model_name(), "state": state, "error": error,
-                     "path": str(metrale["MODEL"]), "max_model_len": None},
-           "engine": {}, "kv": {}, "running": [], "waiting": [], "series": {}}
-    rt = runtime.get_runtime(wait=False) if state == "ready" else None
-    take = getattr(rt.engine, "snapshot", None) if rt is not None else None
+async def engine_view(rt) -> dict | None:
+    """One chat engine's part of a snapshot (model, engine, kv, running, waiting, series), None when it
+    gives none in SNAPSHOT_TIMEOUT_S or its loop died."""
+    take = getattr(rt.engine, "snapshot", None)
     if take is None:
-        return out
+        return None
     try:
         engine = await asyncio.wait_for(asyncio.wrap_future(take()), SNAPSHOT_TIMEOUT_S)
-    except (asyncio.TimeoutError, RuntimeError) as exc:
-        out["model"]["error"] = f"the engine gave no snapshot: {exc or 'timed out'}"
-        return out
-    out["model"]["max_model_len"] = engine["max_model_len"]
-    out.update(engine=engine["engine"], kv=engine["kv"], running=_with_requests(engine["running"]),
-               waiting=_with_requests(engine["waiting"]), series=engine["series"])
+    except (asyncio.TimeoutError, RuntimeError):
+        return None
+    return {"id": rt.model_id, "max_model_len": engine["max_model_len"], "engine": engine["engine"],
+            "kv": engine["kv"], "running": _with_requests(engine["running"]),
+            "waiting": _with_requests(engine["waiting"]), "series": engine["series"]}
+
+
+async def snapshot(replica: str | None = None) -> dict:
+    """This replica's dashboard snapshot (type "snapshot"; schema in ARCHITECTURE.md), named
+    `replica` (default replica_id()): the default chat model's engine at the top level (as before the
+    registry), every configured model's state in `models`, and each resident chat engine in `engines`.
+    Raises nothing: a model still loading, or an engine that does not answer, gives empty lists."""
+    registry = process_registry()
+    state, error = runtime.status()
+    default = registry.default()
+    out = {"type": "snapshot", "replica": replica or replica_id(), "replicas": await replicas(), "time": time.time(),
+           "model": {"id": runtime.served_model_name(), "state": state, "error": error,
+                     "path": default.spec.source if default is not None else None, "max_model_len": None},
+           "engine": {}, "kv": {}, "running": [], "waiting": [], "series": {},
+           "models": registry.states(), "engines": []}
+    for entry, rt in registry.loaded_models(CHAT):
+        view = await engine_view(rt)
+        if view is None:
+            if entry is default:
+                out["model"]["error"] = "the engine gave no snapshot"
+            continue
+        out["engines"].append(view)
+        if entry is default:
+            out["model"]["max_model_len"] = view["max_model_len"]
+            out.update({k: view[k] for k in ("engine", "kv", "running", "waiting", "series")})
     return out
 
 
 async def cancel(request_id: str) -> int:
-    """End the request(s) named `request_id` in this process's engine: an engine request id, or
+    """End the request(s) named `request_id` in this process's engines: an engine request id, or
     the x-request-id of an API request in flight here (all its engine requests, whatever their ids,
     e.g. a Response's `resp_...-0`). How many engine requests ended."""
-    rt = runtime.get_runtime(wait=False) if runtime.status()[0] == "ready" else None
-    if rt is None or not hasattr(rt.engine, "cancel"):
-        return 0
     record = live_records.get(request_id)
     names = record.engine_ids if record is not None and record.request_id == request_id and record.engine_ids \
         else [request_id]
     ended = 0
-    for name in names:
-        ended += await asyncio.wrap_future(rt.engine.cancel(name))
+    for _, rt in process_registry().loaded_models(CHAT):
+        if not hasattr(rt.engine, "cancel"):
+            continue
+        for name in names:
+            ended += await asyncio.wrap_future(rt.engine.cancel(name))
     return ended
 
 

@@ -1,10 +1,14 @@
-"""The process's engine and tokenizer, created from settings.METRALE when the server starts or on first use.
+"""What a loaded model is (Runtime: a chat model's engine and tokenizer; EmbeddingService) and how the registry loads one.
 
-Never at import time, in AppConfig.ready() or during migrate: `start_loading()`
-is called by metrale_site/asgi.py, and `get_runtime()` loads on first use.
+The process's models live in its registry (operations/registry.py); this module builds it from
+settings.METRALE (`build_registry`: the configured models, pins, keep_alive, the memory budget)
+with the real loader (`ModelLoader`: engine, tokenizer, fingerprint, the resident bytes it
+took). Nothing loads at import time, in AppConfig.ready() or during migrate: `start_loading()`
+(called by metrale_site/asgi.py) loads the pinned models, a request loads the model it names.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -39,8 +43,6 @@ class Runtime:
     fingerprint: str = ""
     # Requests per adapter name not yet added to the adapters app's rows (its flush_served).
     adapter_requests: Counter = field(default_factory=Counter)
-    # The embedding model served beside this one (METRALE_EMBEDDING_MODEL), or None.
-    embeddings: "EmbeddingService | None" = None
 
     def fingerprint_of(self, adapter: str | None) -> str | None:
         """The system_fingerprint of a response by the base model (None) or by adapter `adapter`."""
@@ -87,43 +89,6 @@ class EmbeddingService:
         return self.model.truncate(ids, limit, from_text)
 
 
-_embeddings: EmbeddingService | None = None
-_embeddings_lock = threading.Lock()
-
-
-def embedding_folder(value: str) -> Path:
-    """METRALE_EMBEDDING_MODEL as a folder: a path, or a model name pulled to METRALE_HOME/models."""
-    path = Path(value).expanduser()
-    if not path.exists() and "/" not in value:
-        path = Path(settings.METRALE_HOME) / "models" / value
-    return path
-
-
-def embedding_service() -> EmbeddingService | None:
-    """The process's embedding model (loaded once, kept across chat-model swaps), None when
-    METRALE_EMBEDDING_MODEL is unset. Raises what EmbeddingModel raises (ConfigError, OSError)."""
-    global _embeddings
-    value = settings.METRALE.get("EMBEDDING_MODEL")
-    if not value:
-        return None
-    with _embeddings_lock:
-        if _embeddings is None:
-            import time
-
-            from inference.engine.embedding_model import EmbeddingModel
-            from inference.engine.embedding_runner import EmbeddingRunner
-
-            path = embedding_folder(value)
-            model = EmbeddingModel(path, settings.METRALE.get("EMBEDDING_WEIGHTS") or "auto")
-            runner = EmbeddingRunner(model, share=settings.METRALE.get("EMBEDDING_SHARE") or 0.35)
-            _embeddings = EmbeddingService(path.name, path, int(time.time()), model, runner)
-            enc = model.encoder
-            log.info("embedding model ready: %s beside the chat model (%d dimensions, up to %d tokens an input; "
-                     "linears %s%s)", path.name, model.dimensions, model.max_input_tokens, enc.weights,
-                     ", compiled steps" if enc.compiled_steps() else "")
-        return _embeddings
-
-
 # METRALE settings -> EngineConfig fields. A setting left unset (None) takes EngineConfig's own
 # default, so each engine setting has exactly one default: the dataclass's.
 ENGINE_SETTINGS = {
@@ -152,78 +117,6 @@ def engine_config(metrale: dict | None = None) -> EngineConfig:
     return EngineConfig(**values)
 
 
-_lock = threading.Lock()
-_runtime: Runtime | None = None
-_error: str | None = None
-_thread: threading.Thread | None = None
-
-runtime_starting = Signal()
-"""Sent once per process from the loading thread, before the model loads: apps do their
-restart work here (responses_api fails the responses a dead process left unfinished)."""
-
-runtime_ready = Signal()
-"""Sent from the loading thread with `runtime=` the loaded Runtime, before it is served (/health
-answers "loading" until the receivers return): the adapters app loads the startup adapters here.
-`swap=True` when it is the new model of a swap (inference.operations.swap), not the process's first."""
-
-
-def served_model_name() -> str:
-    """The model id reported by /v1/models: METRALE_SERVED_MODEL_NAME, else the folder's name."""
-    return settings.METRALE["SERVED_MODEL_NAME"] or Path(settings.METRALE["MODEL"]).name
-
-
-# Set by the adapters app: () -> (folder, served name or None) of the model the operators chose
-# (the ServedModel row every replica follows), or None to serve METRALE_MODEL.
-model_choice: Callable[[], tuple[str, str | None] | None] | None = None
-
-
-def load_runtime(model_path: str | None = None, served_name: str | None = None) -> Runtime:
-    """A new Runtime (engine thread, tokenizer, fingerprint) for `model_path` (default: the operators'
-    choice, else METRALE_MODEL) under `served_name` (default: METRALE_SERVED_MODEL_NAME for the
-    configured folder, else the folder's name), with the other engine settings from METRALE.
-    Raises what the engine raises for a folder it cannot load (ConfigError, OSError, ...)."""
-    import time
-
-    from inference.engine.async_engine import AsyncEngine
-    from inference.engine.tokenizer import Tokenizer
-
-    if model_path is None and model_choice is not None:
-        model_path, served_name = model_choice() or (None, None)
-    config = engine_config()
-    if model_path is not None and Path(model_path) != Path(config.model_path):
-        config.model_path = str(model_path)
-        served_name = served_name or Path(model_path).name
-    path = Path(config.model_path)
-    tokenizer = Tokenizer.from_folder(path)
-    fp = model_fingerprint(path, fingerprint_settings(config))
-    engine = AsyncEngine(config=config, on_fatal=_engine_died)
-    embeddings = embedding_service()
-    if embeddings is not None:
-        engine.attach_embeddings(embeddings.runner)
-    return Runtime(engine, tokenizer, served_name or served_model_name(), path, int(time.time()), fingerprint=fp,
-                   embeddings=embeddings)
-
-
-_unavailable: str | None = None
-
-
-def set_unavailable(reason: str | None) -> None:
-    """While no model is installed on purpose (a swap that drains the old model first), why; None after."""
-    global _unavailable
-    _unavailable = reason
-
-
-def install(rt: Runtime | None) -> None:
-    """Serve `rt` from now on: every request that starts after this call gets it (the swap's switch;
-    requests already running keep the Runtime they took). None: no model until the next install."""
-    global _runtime
-    _runtime = rt
-
-
-def _load() -> Runtime:
-    return load_runtime()
-
-
 # The engine settings that change what a model answers (so they are part of system_fingerprint).
 FINGERPRINT_SETTINGS = ("dtype", "device", "kv_cache_dtype", "weights", "prefill_weights", "max_model_len")
 
@@ -238,8 +131,9 @@ ENGINE_DIED_EXIT_STATUS = 70
 
 
 def _engine_died(exc: BaseException) -> None:
-    """AsyncEngine's on_fatal: its loop died and every request has ended with Failed; log why and
-    end the process with ENGINE_DIED_EXIT_STATUS so that a supervisor starts a fresh one."""
+    """AsyncEngine's on_fatal of the only chat model: its loop died and every request has ended with
+    Failed; log why and end the process with ENGINE_DIED_EXIT_STATUS so that a supervisor starts a
+    fresh one (with several chat models, `ModelLoader.on_fatal` marks that one failed instead)."""
     log.critical("the engine thread died (%s: %s); exiting with status %d so the server is restarted",
                  type(exc).__name__, exc, ENGINE_DIED_EXIT_STATUS)
     logging.shutdown()
@@ -261,19 +155,6 @@ def _send_from_this_thread(signal: Signal, **kwargs) -> None:
         connections.close_all()
 
 
-def _load_guarded() -> None:
-    global _runtime, _error
-    _send_from_this_thread(runtime_starting)
-    try:
-        rt = _load()
-    except Exception as exc:  # reported by /health and every request
-        log.exception("loading the model failed")
-        _error = f"{type(exc).__name__}: {exc}"
-        return
-    _send_from_this_thread(runtime_ready, runtime=rt)
-    _runtime = rt
-
-
 class ModelStateFilter(logging.Filter):
     """Drops django.request's record of a 503 answered while the model loads or a swap drains it
     (status() "idle", "loading" or "swapping"): Django logs every 5xx at ERROR, but such an
@@ -288,34 +169,242 @@ class ModelStateFilter(logging.Filter):
         return status()[0] not in ("idle", "loading", "swapping")
 
 
+
+
+runtime_starting = Signal()
+"""Sent once per process from the loading thread, with `registry=` the process's registry, before the
+first model loads: apps do their restart work here (responses_api fails the responses a dead process
+left unfinished) and the adapters app applies the operators' choices (adapters/operator_choices.py)."""
+
+runtime_ready = Signal()
+"""Sent from the loading thread with `runtime=` a loaded chat model's Runtime, before it is served
+(requests for it wait until the receivers return): the adapters app loads the startup adapters of
+the default chat model here. `swap=True` when it is the new model of a swap (operations.swap)."""
+
+
+def served_model_name() -> str:
+    """The default chat model's id (/v1/models, the dashboard): the registry's first chat model."""
+    from .registry import process_registry
+
+    entry = process_registry().default()
+    return entry.name if entry is not None else ""
+
+
+def rss_bytes() -> int:
+    """This process's resident set size in bytes (/proc/self/statm's second field times the page size)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _safetensors_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
+def release_embeddings(runner) -> None:
+    """An unloading embedding model's runner: detached from the chat engine that ran its units (so that
+    engine no longer holds it), or its own thread stopped."""
+    host = runner.host
+    if host is not None and host is not runner and hasattr(host, "detach_embeddings"):
+        host.detach_embeddings(runner)
+    runner.stop()
+
+
+class ModelLoader:
+    """The registry's real Loader (operations/registry.Loader): a chat model's AsyncEngine, Tokenizer and
+    fingerprint as a Runtime; an embedding model's EmbeddingModel and EmbeddingRunner as an
+    EmbeddingService; a GGUF imported first (once: its folder is reused). Its resident bytes are
+    what RSS grew by while it loaded, plus its KV pool's size (reserved, committed as written).
+
+    metrale: the settings (default settings.METRALE). kv_share: with a memory budget and no
+    KV_CACHE_BYTES, each chat model's KV pool is this fraction of the budget (KV_BUDGET_SHARE)."""
+
+    def __init__(self, metrale: dict | None = None):
+        self.metrale = settings.METRALE if metrale is None else metrale
+        self.several_chat_models = False
+
+    def kv_cache_bytes(self) -> int | None:
+        """The KV pool of each chat model: KV_CACHE_BYTES, else KV_BUDGET_SHARE of MEMORY_BUDGET, else
+        None (EngineConfig's kv_cache_fraction of the available memory)."""
+        from .model_settings import parse_size
+
+        m = self.metrale
+        if m.get("KV_CACHE_BYTES"):
+            return int(m["KV_CACHE_BYTES"])
+        if m.get("MEMORY_BUDGET"):
+            return int(parse_size(m["MEMORY_BUDGET"]) * float(m.get("KV_BUDGET_SHARE") or 0.1))
+        return None
+
+    def estimate(self, spec) -> int:
+        """Bytes `spec` should take once loaded: its weight files (the GGUF's before it is imported),
+        plus its KV pool for a chat model. A guess for the budget check; the measured size replaces it."""
+        from .model_specs import CHAT
+
+        files = _safetensors_bytes(spec.folder)
+        if not files and spec.gguf is not None and spec.gguf.is_file():
+            files = spec.gguf.stat().st_size
+        return files + ((self.kv_cache_bytes() or 0) if spec.kind == CHAT else 0)
+
+    def folder(self, spec) -> Path:
+        """The model folder of `spec`, a GGUF imported into it first where it is not there yet.
+        Raises FileNotFoundError (naming `manage.py pull_model` for a catalogue name) and
+        GGUFImportError (a corrupt or truncated GGUF, an unsupported tensor type)."""
+        if spec.gguf is not None and not (spec.folder / "config.json").is_file():
+            from inference.engine.checkpoints import import_gguf
+
+            if not spec.gguf.is_file():
+                raise FileNotFoundError(f"the GGUF file {spec.gguf} does not exist")
+            log.info("importing %s into %s (once; later loads read the folder)", spec.gguf, spec.folder)
+            import_gguf(spec.gguf, spec.folder, dtype="blocks", overwrite=spec.folder.exists(), progress=False)
+        if not spec.folder.is_dir():
+            hint = f" (run `manage.py pull_model {spec.name}`)" if "/" not in spec.name else ""
+            raise FileNotFoundError(f"the model folder {spec.folder} does not exist{hint}")
+        return spec.folder
+
+    def load(self, spec, registry):
+        """Load `spec` (the registry's loading thread). Raises what loading raises (ConfigError,
+        OSError, GGUFImportError, ...)."""
+        from .model_specs import CHAT
+
+        return self.load_chat(spec, registry) if spec.kind == CHAT else self.load_embedding(spec, registry)
+
+    def engine_config(self, folder: Path) -> EngineConfig:
+        config = engine_config(self.metrale | {"MODEL": str(folder)})
+        kv = self.kv_cache_bytes()
+        if kv is not None:
+            config.kv_cache_bytes = kv
+        return config
+
+    def load_chat(self, spec, registry, *, swap: bool = False):
+        import time
+
+        from inference.engine.async_engine import AsyncEngine
+        from inference.engine.tokenizer import Tokenizer
+
+        from .registry import Loaded
+
+        folder = self.folder(spec)
+        before = rss_bytes()
+        config = self.engine_config(folder)
+        tokenizer = Tokenizer.from_folder(folder)
+        fp = model_fingerprint(folder, fingerprint_settings(config))
+        engine = AsyncEngine(config=config, on_fatal=self.on_fatal(registry, spec.name))
+        kv = engine.engine.runner.kv_pool.nbytes
+        from .model_specs import EMBEDDING
+
+        for _, service in registry.loaded_models(EMBEDDING):  # passes on a thread of their own come here,
+            runner = getattr(service, "runner", None)  # between this engine's steps (chat is never starved)
+            if runner is not None and runner.host is runner:
+                runner.end_thread()
+                engine.attach_embeddings(runner)
+                log.info("embedding model %s: its passes run between %s's steps from now on", service.name, spec.name)
+        rt = Runtime(engine, tokenizer, spec.name, folder, int(time.time()), fingerprint=fp)
+        _send_from_this_thread(runtime_ready, runtime=rt, swap=swap)
+        return Loaded(rt, max(0, rss_bytes() - before) + kv, kv, release=engine.stop)
+
+    def load_embedding(self, spec, registry):
+        import time
+
+        from inference.engine.embedding_model import EmbeddingModel
+        from inference.engine.embedding_runner import EmbeddingRunner
+
+        from .registry import Loaded
+
+        folder = self.folder(spec)
+        before = rss_bytes()
+        model = EmbeddingModel(folder, self.metrale.get("EMBEDDING_WEIGHTS") or "auto")
+        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35)
+        service = EmbeddingService(spec.name, folder, int(time.time()), model, runner)
+        host = registry.runtime()
+        if host is not None and hasattr(host.engine, "attach_embeddings"):
+            host.engine.attach_embeddings(runner)
+        else:
+            runner.start_thread()
+        enc = model.encoder
+        log.info("embedding model ready: %s (%d dimensions, up to %d tokens an input; linears %s%s; its passes "
+                 "%s)", spec.name, model.dimensions, model.max_input_tokens, enc.weights,
+                 ", compiled steps" if enc.compiled_steps() else "",
+                 f"between {host.model_id}'s steps" if host is not None else "on a thread of their own")
+        return Loaded(service, max(0, rss_bytes() - before), 0, release=lambda: release_embeddings(runner))
+
+    def on_fatal(self, registry, name: str) -> Callable[[BaseException], None]:
+        """The engine's on_fatal: with one chat model configured, exit the process (_engine_died);
+        with several, that model is marked failed (its requests have ended Failed; the next
+        request naming it loads it again) and the others keep serving."""
+
+        def died(exc: BaseException) -> None:
+            if not self.several_chat_models:
+                _engine_died(exc)
+                return
+            log.critical("the engine thread of model %s died (%s: %s); the model is marked failed and reloads "
+                         "on its next request; the other models keep serving", name, type(exc).__name__, exc)
+            registry.mark_failed(name, f"the engine thread died ({type(exc).__name__}: {exc})")
+        return died
+
+
+def build_registry(metrale: dict | None = None):
+    """The process's ModelRegistry from METRALE (MODELS or MODEL / EMBEDDING_MODEL, PIN, KEEP_ALIVE,
+    MODEL_KEEP_ALIVE, MEMORY_BUDGET, MODEL_LOAD_WAIT_S) with ModelLoader. Raises SettingError (model_settings) for an unreadable keep_alive or budget."""
+    from .model_settings import parse_keep_alive, parse_size
+    from .model_specs import CHAT, configured_specs
+    from .registry import ModelRegistry
+
+    m = settings.METRALE if metrale is None else metrale
+    specs = configured_specs(m)
+    loader = ModelLoader(m)
+    loader.several_chat_models = sum(s.kind == CHAT for s in specs) > 1
+    per_model = {}
+    for item in m.get("MODEL_KEEP_ALIVE") or []:
+        name, _, value = item.partition("=")
+        per_model[name.strip()] = parse_keep_alive(value.strip())
+    pins = m.get("PIN")
+    pins = [] if pins is not None and [p.lower() for p in pins] == ["none"] else pins
+    return ModelRegistry(
+        specs, loader, pinned=list(pins) if pins is not None else None,
+        budget_bytes=parse_size(m["MEMORY_BUDGET"]) if m.get("MEMORY_BUDGET") else None,
+        keep_alive_s=parse_keep_alive(m.get("KEEP_ALIVE") if m.get("KEEP_ALIVE") is not None else "5m"),
+        keep_alive=per_model, load_wait_s=float(m.get("MODEL_LOAD_WAIT_S") or 30.0))
+
+
+_started = threading.Event()
+
+
 def start_loading() -> None:
-    """Begin loading in a background thread (idempotent)."""
-    global _thread
-    with _lock:
-        if _thread is None and _runtime is None:
-            _thread = threading.Thread(target=_load_guarded, name="metrale-load", daemon=True)
-            _thread.start()
+    """Start the process's registry once: runtime_starting's receivers, then the pinned models' loads,
+    on a loading thread; the start-up log line says which models are configured, pinned and loaded."""
+    from .registry import process_registry
+
+    if _started.is_set():
+        return
+    _started.set()
+    registry = process_registry()
+
+    def run():
+        _send_from_this_thread(runtime_starting, registry=registry)
+        for future in registry.start():
+            with contextlib.suppress(Exception):  # a failed load is logged by the registry
+                future.result()
+        registry.log_configuration()
+
+    threading.Thread(target=run, name="metrale-load", daemon=True).start()
 
 
 def status() -> tuple[str, str | None]:
-    """("ready" | "swapping" | "loading" | "failed" | "idle", error message or None)."""
-    if _runtime is not None:
-        return "ready", None
-    if _unavailable is not None:
-        return "swapping", _unavailable
-    if _error is not None:
-        return "failed", _error
-    return ("loading", None) if _thread is not None else ("idle", None)
+    """/health's state of the default model (the first chat model, else the first embedding model):
+    ("ready" | "swapping" | "loading" | "failed" | "idle", error message or None)."""
+    from .model_specs import EMBEDDING
+    from .registry import FAILED, LOADED, LOADING, UNLOADED, process_registry
 
-
-def current() -> Runtime | None:
-    """The Runtime serving now, without starting a load (None while none is installed)."""
-    return _runtime
-
-
-def get_runtime(wait: bool = True, timeout_s: float | None = None) -> Runtime | None:
-    """The runtime, loading it on first use. With wait=False, None while it is still loading."""
-    start_loading()
-    if wait and _thread is not None:
-        _thread.join(timeout_s)
-    return _runtime
+    registry = process_registry()
+    entry = registry.default() or registry.default(EMBEDDING)
+    if entry is None:
+        return "failed", "no model is configured (METRALE_MODELS)"
+    if entry.unavailable is not None:
+        return "swapping", entry.unavailable
+    if entry.state == LOADED or (entry.state == UNLOADED and not entry.pinned and _started.is_set()):
+        return "ready", None  # a model loaded on demand is ready to be asked for
+    if entry.state == FAILED:
+        return "failed", entry.error
+    return ("loading", None) if entry.state == LOADING or _started.is_set() else ("idle", None)

@@ -1,13 +1,16 @@
-"""Model hot-swap: load another folder beside the serving model, switch new requests to it, let the old one drain.
+"""Model hot-swap, a registry operation: load another folder beside the default chat model, put it in its place, let the old one drain.
 
 `swap_model(path, served_name)` (blocking; the adapters app's watcher calls it on a worker
-thread when the operators' ServedModel setting changes):
+thread when the operators' ServedModel setting changes) swaps the registry's default chat
+model (operations/registry.ModelRegistry.install: the entry keeps its place, pin and
+keep_alive under the new name); the other models are untouched:
 1. When the new model fits in memory beside the old one (its weights, their int8 copies and
    its KV pool against MemAvailable), it loads while the old one keeps serving; else the old
-   one stops taking requests (503 model_not_loaded with Retry-After, /health "swapping"),
-   drains, and is stopped first.
+   one stops taking requests (they wait up to SWAP_WAIT_S, then 503 model_not_loaded with
+   Retry-After; /health "swapping"), drains, and is stopped first.
 2. The new Runtime is installed: requests that start from then on run on it; requests
-   already running keep the Runtime they took and finish on the old engine.
+   already running keep the Runtime they took and finish on the old engine. Embedding models
+   whose passes ran between the old engine's steps move to the new one.
 3. The old engine thread is stopped once no request runs on it, and its memory goes.
 A load that fails leaves the old model serving (or, after a drain-first stop, loads it
 again) and `status()` says why. Every step is in `status()`, which /health reports.
@@ -20,6 +23,8 @@ import time
 from pathlib import Path
 
 from . import runtime
+from .model_specs import CHAT, ModelSpec
+from .registry import process_registry
 
 log = logging.getLogger("metrale")
 
@@ -72,39 +77,47 @@ def drain_and_stop(rt, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
     log.info("the previous model %r stopped after draining", rt.model_id)
 
 
-def swap_model(path: str, served_name: str | None = None):
-    """Serve the model folder `path` as `served_name` (default: the folder's name), replacing the
-    current model without dropping a request (steps in the module doc). Returns the new Runtime
-    (the current one when it already serves this folder under this name). Raises what loading
-    raises; the old model then still serves."""
+def swap_model(path: str, served_name: str | None = None, registry=None):
+    """Serve the model folder `path` as `served_name` (default: the folder's name) in place of
+    `registry`'s default chat model (default: the process's registry), without dropping a request
+    (steps in the module doc). Returns the new Runtime (the current one when it already serves this
+    folder under this name). Raises what loading raises; the old model then still serves."""
+    registry = registry or process_registry()
     with _lock:
-        old = runtime.get_runtime(wait=False)
+        entry = registry.default(CHAT)
+        if entry is None:
+            raise ValueError("this server has no chat model to swap (METRALE_MODELS)")
+        old = entry.loaded.model if entry.loaded is not None else None
         name = served_name or Path(path).name
         if old is not None and Path(old.model_path) == Path(path) and old.model_id == name:
             return old
+        spec = ModelSpec(name, Path(path), CHAT)
         _set(state="loading", model=name, path=str(path), error=None)
         beside = old is None or fits_beside(path, old)
         if not beside:
             _set(state="draining")
-            runtime.install(None)
-            runtime.set_unavailable(f"the model is being swapped for {name!r}")
+            entry.unavailable = f"the model is being swapped for {name!r}"
             drain_and_stop(old)
             _set(state="loading")
         try:
-            new = runtime.load_runtime(path, name)
-            runtime.runtime_ready.send_robust(sender=None, runtime=new, swap=True)
+            loaded = registry.loader.load(spec, registry)
+            runtime.runtime_ready.send_robust(sender=None, runtime=loaded.model, swap=True)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.exception("swapping to %s failed; the previous model keeps serving", path)
             _set(state="failed", error=error)
             if not beside:
-                runtime.install(runtime.load_runtime(old.model_path, old.model_id))
-            runtime.set_unavailable(None)
+                registry.install(entry, entry.spec, registry.loader.load(entry.spec, registry))
             raise
-        runtime.install(new)
-        runtime.set_unavailable(None)
+        new_entry = registry.install(entry, spec, loaded)
+        new = loaded.model
+        if old is not None:
+            for _, service in registry.loaded_models("embedding"):
+                runner = getattr(service, "runner", None)
+                if runner is not None and getattr(runner, "host", None) is old.engine:
+                    new.engine.attach_embeddings(runner)
         _set(state="serving")
-        log.info("now serving %r from %s (%s)", name, path, new.fingerprint)
+        log.info("now serving %r from %s (%s) as the default chat model", new_entry.name, path, new.fingerprint)
         if beside and old is not None:
             threading.Thread(target=drain_and_stop, args=(old,), name="metrale-drain-old", daemon=True).start()
         return new

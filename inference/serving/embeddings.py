@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rest_framework import serializers
 
 from .errors import bad_request
-from .fields import NumberField, StrictField, StringField, check_number
+from .fields import KeepAliveField, NumberField, StrictField, StringField, check_number
 from .protocol import opt, parse_json_body, validate
 
 MAX_INPUTS = 2048
@@ -64,6 +64,7 @@ class EmbeddingRequest(serializers.Serializer):
     """POST /v1/embeddings (OpenAI's fields, vLLM's truncate_prompt_tokens)."""
 
     model = StringField(required=False, default="")
+    keep_alive = KeepAliveField(required=False, allow_null=True, default=None)
     input = EmbeddingInputField()
     encoding_format = EncodingFormatField(**opt())
     dimensions = NumberField(**opt(integer=True, low=1))

@@ -204,3 +204,22 @@ class ArrayField(StrictField):
         if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
             raise serializers.ValidationError("must be an array of objects.")
         return data
+
+
+class KeepAliveField(StrictField):
+    """`keep_alive` (Ollama's field, on every generating and embedding route): a duration string such as
+    "5m" or a number of seconds; 0 unloads the model once idle, negative keeps it loaded
+    (operations/model_settings.parse_keep_alive). Returned as sent; the views read it in seconds."""
+
+    def to_internal_value(self, data):
+        from inference.operations.model_settings import SettingError, parse_keep_alive
+
+        if isinstance(data, bool) or not isinstance(data, (str, int, float)):
+            raise serializers.ValidationError("must be a duration string such as \"5m\" or a number of seconds.")
+        if isinstance(data, int) and not INT64_MIN <= data <= INT64_MAX:
+            raise serializers.ValidationError("must be a number of seconds within int64.")
+        try:
+            parse_keep_alive(data)
+        except (SettingError, OverflowError) as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return data

@@ -88,3 +88,33 @@ def find_model(name: str, model_id: str, created: int, root: str | None = None,
     if adapter is not None and adapter.allows(cache_salt):
         return model_object(name, adapter.created, root=adapter.path, parent=model_id)
     raise not_found(f"The model '{name}' does not exist.", code="model_not_found", param="model")
+
+
+def unknown_model(requested: str, registry, cache_salt: str = "", kind: str = "chat"):
+    """The ApiError 404 (model_not_found, param model) for a `model` no configured model, alias or adapter
+    answers to, naming it and the models this server serves on the route (`kind`: "chat" or "embedding";
+    registry: operations/registry.ModelRegistry), the adapters this tenant may use among them."""
+    names = registry.names(kind)
+    if kind == "chat":
+        names += [a for a in settings.METRALE.get("MODEL_ALIASES") or [] if a not in names]
+        for entry, rt in registry.loaded_models("chat"):
+            names += [n for n, a in getattr(rt, "adapters", {}).items() if a.allows(cache_salt)]
+    served = ", ".join(repr(n) for n in names) or "none"
+    what = "does not exist or is not an embedding model" if kind == "embedding" else "does not exist or you do not have access to it"
+    hint = " (set METRALE_MODELS or METRALE_EMBEDDING_MODEL)" if kind == "embedding" and not names else ""
+    return not_found(f"The model '{requested}' {what}. This server serves {served}{hint}.",
+                     code="model_not_found", param="model")
+
+
+def wrong_kind(name: str, kind: str, registry):
+    """The ApiError 400 for a served model of the other kind: a chat model on /v1/embeddings
+    (model_not_embedding), an embedding model on a generating route (model_not_chat)."""
+    from .errors import ApiError
+
+    if kind == "embedding":
+        served = ", ".join(repr(n) for n in registry.names("embedding")) or "none (set METRALE_EMBEDDING_MODEL)"
+        return ApiError(400, f"The model '{name}' is a generation model; /v1/embeddings serves the embedding "
+                             f"models: {served}.", param="model", code="model_not_embedding")
+    served = ", ".join(repr(n) for n in registry.names("chat")) or "none"
+    return ApiError(400, f"The model '{name}' is an embedding model; this route serves the chat models: {served}.",
+                    param="model", code="model_not_chat")

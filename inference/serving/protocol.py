@@ -13,7 +13,7 @@ import logging
 from rest_framework import serializers
 
 from .errors import ApiError, bad_request
-from .fields import (BooleanField, IntegerField, LogitBiasField, MetadataField, NumberField,
+from .fields import (BooleanField, IntegerField, KeepAliveField, LogitBiasField, MetadataField, NumberField,
                      ObjectField, StopField, StrictField, StringField, StringListField, TokenIdListField)
 from .json_body import parse_json_body
 from .messages import normalize_messages
@@ -104,6 +104,7 @@ class GenerationRequest(SamplingExtensions):
     """The fields chat and completions share: sampling, length, stops and output controls."""
 
     model = StringField(required=False, default="")
+    keep_alive = KeepAliveField(**opt())
     stream = BooleanField(required=False, default=False)
     stream_options = StreamOptions(**opt())
     n = IntegerField(**opt(low=1, high=MAX_N))

@@ -50,12 +50,22 @@ class DetokenizeRequest(serializers.Serializer):
     tokens = TokenIdListField()
 
 
-def tokenize(raw_body: bytes, rt) -> dict:
-    """The token ids of a prompt or a conversation (CPU work: views run it on the prepare pool).
+def parse_tokenize(raw_body: bytes) -> dict:
+    """POST /tokenize's body validated. Raises ApiError 400."""
+    return validate(TokenizeRequest, parse_json_body(raw_body))
+
+
+def parse_detokenize(raw_body: bytes) -> dict:
+    """POST /detokenize's body validated. Raises ApiError 400."""
+    return validate(DetokenizeRequest, parse_json_body(raw_body))
+
+
+def tokenize(req: dict, rt) -> dict:
+    """The token ids of a prompt or a conversation (`req`: parse_tokenize's; CPU work: views run it on
+    the prepare pool).
 
     Raises ApiError 400 on bad input or a text longer than the context could hold in characters
     (prepare.check_prompt_chars), 404 on a bad model."""
-    req = validate(TokenizeRequest, parse_json_body(raw_body))
     check_model(req["model"], rt.model_id, rt.adapters)
     tok = rt.tokenizer
     if req.get("messages") is not None:
@@ -72,9 +82,9 @@ def tokenize(raw_body: bytes, rt) -> dict:
     return body
 
 
-def detokenize(raw_body: bytes, rt) -> dict:
-    """The text of token ids (special tokens kept). Raises ApiError 400 for ids outside the vocabulary."""
-    req = validate(DetokenizeRequest, parse_json_body(raw_body))
+def detokenize(req: dict, rt) -> dict:
+    """The text of token ids (`req`: parse_detokenize's; special tokens kept). Raises ApiError 400 for ids
+    outside the vocabulary."""
     check_model(req["model"], rt.model_id, rt.adapters)
     check_token_ids(req["tokens"], rt.tokenizer.vocab_size, "tokens")
     return {"prompt": rt.tokenizer.decode(req["tokens"], skip_special_tokens=False)}

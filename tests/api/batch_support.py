@@ -26,12 +26,14 @@ def upload(tc, data: bytes, purpose: str = "batch", filename: str = "in.jsonl", 
 
 
 def run_batch(rt, batch_id: str) -> str:
-    """Claim and run the batch in this thread (what the runner thread or a worker does); its status."""
+    """Claim and run the batch in this thread (what the runner thread or a worker does) on the process's
+    registry (the test's: `rt` is its fake_rt / real_rt / embed_rt); its status."""
     from batches import execution
     from batches.runner import run_batch as run
+    from inference.operations.registry import process_registry
 
     assert execution.claim(batch_id)
-    return asyncio.run(run(batch_id, rt))
+    return asyncio.run(run(batch_id, process_registry()))
 
 
 def batch_of(tc, data: bytes, endpoint: str = "/v1/chat/completions", **extra) -> dict:

@@ -1,7 +1,7 @@
 """Fixtures for the API tests: tenants and keys (and the test client calling as one), the SmolLM2
-tokenizer behind the scripted engine installed as the process runtime, a frozen rate-limit clock,
-and the cache backend (local memory, or the real Redis on 127.0.0.1:6379 under a key prefix of the
-test's own)."""
+tokenizer behind the scripted engine served by the process's registry (tests/api/registries.py), a
+frozen rate-limit clock, and the cache backend (local memory, or the real Redis on 127.0.0.1:6379 under
+a key prefix of the test's own)."""
 from __future__ import annotations
 
 import time
@@ -9,14 +9,16 @@ import uuid
 
 import pytest
 
-from inference.operations import runtime
 from inference.engine.tokenizer import Tokenizer
 from inference.models import ApiKey, RateLimitContext, Tenant
+from inference.operations.model_specs import configured_specs
+from inference.operations.registry import ModelRegistry, serving
 from inference.tenancy.ratelimiting import clock
 from inference.operations.runtime import Runtime
 
 from .asgi_client import request_signals_keep_the_connection
 from .fake_engine import FakeEngine, reply
+from .registries import FakeLoader, registry_of
 from .tenant_client import TenantClient
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -24,12 +26,12 @@ EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 
 @pytest.fixture(autouse=True)
-def no_model_loading(monkeypatch):
-    """In-process API tests never load the real model: a stray background load would replace a
-    test's fake runtime mid-test. Tests that need an engine install a fake one (fake_rt)."""
-    from inference.operations import runtime
-
-    monkeypatch.setattr(runtime, "start_loading", lambda: None)
+def no_model_loading():
+    """In-process API tests never load a real model: the process's registry is one of the configured
+    models whose loader refuses (a request naming one gets 503 model_load_failed). Tests that need a model
+    serve a registry of their own (fake_rt, real_rt, embed_rt; tests/api/registries.registry_of)."""
+    with serving(ModelRegistry(configured_specs(), FakeLoader())) as registry:
+        yield registry
 
 
 @pytest.fixture(autouse=True)
@@ -168,9 +170,8 @@ def fake_rt(smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db) 
     (e.g. with fake_engine.reply) to script other answers."""
     engine = FakeEngine(smollm2_tokenizer, reply(smollm2_tokenizer, "Hello world"))
     rt = Runtime(engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    monkeypatch.setattr(runtime, "start_loading", lambda: None)
-    return rt
+    with serving(registry_of(rt)):
+        yield rt
 
 
 @pytest.fixture(scope="session")
@@ -191,17 +192,12 @@ def smollm2_engine(smollm2_dir):
 def real_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db):
     """The process runtime replaced by the real SmolLM2 engine, with a chat template that opens
     `<think>` (test_chat_reasoning.THINKING_TEMPLATE), so the `think` parser reads its reasoning."""
-    import time
-
-    from inference.operations import runtime
-    from inference.operations.runtime import Runtime
-
     from .test_chat_reasoning import THINKING_TEMPLATE
 
     monkeypatch.setattr(smollm2_tokenizer, "chat_template", THINKING_TEMPLATE)
     rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    return rt
+    with serving(registry_of(rt)):
+        yield rt
 
 
 @pytest.fixture(scope="session")
@@ -223,9 +219,7 @@ def embed_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, minilm_model, monke
     runner = EmbeddingRunner(minilm_model)
     smollm2_engine.attach_embeddings(runner)
     service = EmbeddingService(EMBEDDING_MODEL, minilm_model.path, int(time.time()), minilm_model, runner)
-    rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()),
-                 embeddings=service)
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    yield rt
-    smollm2_engine._embeddings = None
-    runner.host = None
+    rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
+    with serving(registry_of(rt, service)):
+        yield rt
+    smollm2_engine.detach_embeddings(runner)

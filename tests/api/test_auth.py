@@ -95,9 +95,10 @@ def test_operator_routes_refuse_a_good_key_that_is_not_an_admin_key(client, requ
 def test_it_serves_a_good_key(client, require_auth, keys, path, which):
     response = call(client, path, f"Bearer {keys[which]}")
     assert response.status_code not in (401, 403, 429)
-    # Past auth: the route's own answer, never a server error but "not implemented" or "not loaded".
+    # Past auth: the route's own answer, never a server error but "not implemented" or "not loaded" (the
+    # in-process tests' registry refuses to load a model: model_load_failed).
     if response.status_code >= 500:
-        assert response.json()["error"]["code"] in ("not_implemented", "model_not_ready"), response.content
+        assert response.json()["error"]["code"] in ("not_implemented", "model_load_failed"), response.content
     for header in RATELIMIT_HEADERS:
         assert header in response.headers
     if path == "/v1/models":
@@ -116,11 +117,13 @@ def test_health_stays_open(client, require_auth, fake_rt, monkeypatch):
     ready = client.get("/health")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready" and ready.json()["model"] == "smollm2-135m-instruct"
-    from inference.operations import runtime
+    from inference.operations.model_specs import CHAT, ModelSpec
+    from inference.operations.registry import serving
 
-    monkeypatch.setattr(runtime, "_runtime", None)
-    monkeypatch.setattr(runtime, "_error", None)
-    loading = client.get("/health")
+    from .registries import registry_of
+
+    with serving(registry_of(ModelSpec("smollm2-135m-instruct", fake_rt.model_path, CHAT))):
+        loading = client.get("/health")
     assert loading.status_code == 503 and loading.json() == {"status": "loading"}
 
 

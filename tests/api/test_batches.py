@@ -318,14 +318,12 @@ def test_the_purge_deletes_expired_files_with_their_content_and_ended_batches(fa
 
 def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant, monkeypatch):
     from batches import execution, runner
-    from inference.operations import runtime
 
     tc = as_tenant()
     batch = batch_of(tc, jsonl(chat_line("a")))
-    monkeypatch.setattr(runtime, "get_runtime", lambda wait=True: fake_rt)
     monkeypatch.setattr(execution.heartbeat, "start", lambda: None)
 
-    async def broken(batch_id, rt):
+    async def broken(batch_id, registry):
         raise RuntimeError("the database went away")
 
     monkeypatch.setattr(runner, "run_batch", broken)

@@ -2,9 +2,9 @@
 and this server's routes, for auth on and off."""
 from __future__ import annotations
 
-import pytest
+import threading
 
-from inference.operations import runtime
+import pytest
 
 pytestmark = pytest.mark.django_db
 
@@ -30,12 +30,14 @@ def test_the_front_door_says_when_keys_are_needed(client, fake_rt, require_auth)
     assert 'api_key="YOUR_KEY"' in html and "Authorization: Bearer $METRALE_API_KEY" in html
 
 
-def test_the_front_door_shows_a_loading_model(client, monkeypatch):
-    monkeypatch.setattr(runtime, "_runtime", None)
-    monkeypatch.setattr(runtime, "_error", None)
-    monkeypatch.setattr(runtime, "start_loading", lambda: None)
-    monkeypatch.setattr(runtime, "_thread", object())
-    r = client.get("/")
+def test_the_front_door_shows_a_loading_model(client, no_model_loading):
+    gate = threading.Event()
+    no_model_loading.loader.gate = gate
+    no_model_loading.load(no_model_loading.default().name)  # a load under way until the gate opens
+    try:
+        r = client.get("/")
+    finally:
+        gate.set()
     assert r.status_code == 200
     assert 'id="state">loading<' in r.content.decode()
 

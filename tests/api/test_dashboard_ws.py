@@ -105,6 +105,10 @@ def test_a_staff_user_gets_snapshots_of_a_running_request_and_cancels_it(real_rt
     assert view["prompt_tokens"] > 0 and view["prefill_progress"] == 1.0 and view["generated_tokens"] >= 1
     assert "Lighthouse" not in json.dumps(running) and "lighthouse" not in json.dumps(running)
     assert running["kv"]["blocks_used"] > 0
+    # Every configured model's state, and each resident chat engine with its own requests.
+    assert [(m["id"], m["state"]) for m in running["models"]] == [("smollm2-135m-instruct", "loaded")]
+    [engine] = running["engines"]
+    assert engine["id"] == "smollm2-135m-instruct" and engine["running"] == running["running"]
     assert rate_gap >= 0.3  # a few snapshots per second at most
     assert result == {"type": "cancel_result", "request_id": "req_dash", "replica": replica.replica_id(),
                       "cancelled": 1}

@@ -137,3 +137,19 @@ def test_the_request_log_line_names_the_embedding_model_and_its_tokens(embed_rt,
     (line,) = lines(path)
     assert line["request_id"] == "req_embedded" and line["route"] == "v1/embeddings" and line["status"] == 200
     assert line["model"] == NAME and line["prompt_tokens"] == usage["prompt_tokens"]
+
+
+def test_an_unloaded_embedding_model_leaves_the_chat_engine_that_ran_its_passes(embed_rt):
+    from inference.operations.registry import process_registry
+    from inference.operations.runtime import release_embeddings
+
+    runner = process_registry().runtime(NAME).runner
+    assert runner.host is embed_rt.engine
+    release_embeddings(runner)  # what the registry calls when it unloads the model
+    assert runner.host is None and embed_rt.engine._embeddings is None
+    assert real_chat_still_answers(embed_rt)
+
+
+def real_chat_still_answers(rt) -> bool:
+    answer = call("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    return answer.status == 200

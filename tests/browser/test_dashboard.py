@@ -1,5 +1,5 @@
-"""The admin's live dashboard in Chromium against a live daphne serving SmolLM2: a streamed chat request shows
-up while it runs and goes when it ends; its Cancel button ends the client's stream in-band (an error frame
+"""The admin's live dashboard in Chromium against a live daphne serving SmolLM2: its Models table, a streamed chat
+request shows up while it runs and goes when it ends; its Cancel button ends the client's stream in-band (an error frame
 with code `cancelled`, then [DONE])."""
 from __future__ import annotations
 
@@ -60,6 +60,11 @@ def test_it_shows_a_running_request_and_removes_it_after(operator_page, auth_ser
     assert int(cells[4]) > 10  # prompt tokens; the prompt's text is never shown
     assert "Count from one" not in page.content()
     assert int(page.inner_text("#kv-used")) > 0
+    # The Models table: every configured model, the resident engine's KV blocks and running requests beside it.
+    model = page.locator('#models tr[data-model="smollm2-135m-instruct"]')
+    assert model.get_attribute("data-state") == "loaded"
+    model_cells = model.locator("td").all_inner_texts()
+    assert model_cells[1] == "chat" and model_cells[2] == "loaded" and " / " in model_cells[5]
 
     stream.join(timeout=240)
     assert stream.status == 200 and stream.frames[-1] == "[DONE]"

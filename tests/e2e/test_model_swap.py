@@ -38,9 +38,15 @@ def bf16_import(smollm2_dir, tmp_path_factory):
 def swap_server(smollm2_dir, tmp_path_factory):
     server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_KV_CACHE_BYTES": str(192 << 20),
                          "METRALE_SWAP_POLL_S": "0.3"}, tmp_path_factory.mktemp("live-swap"))
+    server.env_model = str(smollm2_dir)
     server.wait_ready()
     yield server
     server.stop()
+
+
+def swap_server_model(server) -> str:
+    """The configured default model's source of the swap server: its METRALE_MODEL."""
+    return server.env_model
 
 
 def chat(url, max_tokens, **kw):
@@ -83,7 +89,9 @@ def test_a_swap_while_8_streams_run_drops_none(swap_server, bf16_import):
     for t in threads:
         t.start()
     time.sleep(1.0)  # the streams are running
-    said = manage(swap_server, "swap_model", str(bf16_import), "--name", NEW, "--wait", "300")
+    # The swap replaces the default the servers are configured with (adapters/swap_watch.py's precedence).
+    said = manage(swap_server, "swap_model", str(bf16_import), "--name", NEW, "--wait", "300",
+                  env={"METRALE_MODEL": swap_server_model(swap_server)})
     swapped_at = time.monotonic()
     assert NEW in said
     health = httpx.get(url + "/health").json()

@@ -8,6 +8,8 @@ import threading
 import pytest
 
 from inference.operations import runtime
+from inference.operations.registry import serving
+from tests.api.registries import registry_of
 from metrale_site import drain
 
 
@@ -35,8 +37,8 @@ def fresh(monkeypatch, settings):
     monkeypatch.setattr(drain, "SETTLE_S", 0.2)
     settings.METRALE = {**settings.METRALE, "SHUTDOWN_GRACE_S": 0.5}
     engine = Engine()
-    monkeypatch.setattr(runtime, "_runtime", runtime.Runtime(engine, None, "m", None, 0))
-    return engine
+    with serving(registry_of(runtime.Runtime(engine, None, "m", None, 0))):
+        yield engine
 
 
 async def call(app, path="/v1/models"):

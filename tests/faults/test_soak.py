@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference.operations import runtime
+from inference.operations.registry import serving
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.config import EngineConfig
 from inference.engine.tokenizer import Tokenizer
 from inference.operations.runtime import Runtime
 from tests.api.asgi_client import AsgiRequest
+from tests.api.registries import registry_of
 from tests.stream_checks import TERMINAL, check_chat_stream, check_responses_stream, sse_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -67,8 +68,8 @@ def real_runtime(smollm2_engine, smollm2_dir, monkeypatch, raw_asgi_requests, db
     sys.setswitchinterval(0.0005)
     rt = Runtime(smollm2_engine, Tokenizer.from_folder(smollm2_dir), "smollm2-135m-instruct",
                  smollm2_dir, int(time.time()))
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    yield rt
+    with serving(registry_of(rt)):
+        yield rt
     sys.setswitchinterval(interval)
 
 

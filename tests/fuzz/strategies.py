@@ -294,7 +294,13 @@ _GOOD_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "max
 _words = st.text(alphabet="abcdefgh ijklm", min_size=1, max_size=12)
 # Values each field accepts (alone), by field name: the fields whose shape has rules of its own.
 VALID_BY_NAME = {
-    "model": st.just(""), "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _words}),
+    # Every kind of `model`: none (the default), the served one, unknown ones, an adapter's forms, the
+    # embedding model's name on a chat route, paths and a GGUF file name (never loaded from a request).
+    "model": st.sampled_from(["", "smollm2-135m-instruct", "no-such-model", "smollm2-135m-instruct:poet", "poet",
+                              "all-minilm-l6-v2", "/etc/passwd", "../models/x", "tiny.gguf", "x" * 300, "\u00e9"]),
+    "keep_alive": st.one_of(st.sampled_from(["5m", "0", "-1", "1h30m", "300ms"]), st.integers(-10, 3600),
+                            st.floats(-10, 3600)),
+    "messages": st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _words}),
                                                min_size=1, max_size=2),
     "prompt": st.one_of(_words, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)),
     "input": st.one_of(_words, st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": _words}),

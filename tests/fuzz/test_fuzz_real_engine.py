@@ -7,8 +7,9 @@ import time
 import pytest
 from hypothesis import given, settings
 
-from inference.operations import runtime
+from inference.operations.registry import serving
 from inference.operations.runtime import Runtime
+from tests.api.registries import registry_of
 from tests.api.fake_engine import call
 from tests.api.conftest import smollm2_engine  # noqa: F401
 
@@ -27,8 +28,8 @@ GREEDY = {"messages": [{"role": "user", "content": "What is the capital of Franc
 @pytest.fixture
 def real_rt(smollm2_engine, smollm2_dir, smollm2_tokenizer, monkeypatch, raw_asgi_requests, db):  # noqa: F811
     rt = Runtime(smollm2_engine, smollm2_tokenizer, "smollm2-135m-instruct", smollm2_dir, int(time.time()))
-    monkeypatch.setattr(runtime, "_runtime", rt)
-    return rt
+    with serving(registry_of(rt)):
+        yield rt
 
 
 def greedy_answer() -> str:

@@ -18,12 +18,23 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="", help="The served model id (default: the folder's name).")
         parser.add_argument("--wait", type=float, default=600.0, help="Seconds to wait for the servers (default 600).")
         parser.add_argument("--no-wait", action="store_true", help="Write the setting and return.")
+        parser.add_argument("--replaces", default=None, help=(
+            "The configured default chat model (its folder, GGUF file or name, as the servers' METRALE_MODELS or "
+            "METRALE_MODEL say it) the swap replaces; servers configured with another default ignore the swap. "
+            "Default: this shell's configuration."))
 
-    def handle(self, path, name, wait, no_wait, **options):
+    def handle(self, path, name, wait, no_wait, replaces=None, **options):
         folder = Path(path).expanduser().resolve()
         if not (folder / "config.json").is_file():
             raise CommandError(f"{folder} is not a model folder (no config.json)")
+        from adapters.swap_watch import configured_default
+        from inference.operations.model_specs import spec_for
+
+        # The swap replaces the default chat model of servers configured with `replaces` (swap_watch's precedence).
+        configured = spec_for(replaces).source if replaces else configured_default()
+        self.stdout.write(f"the swap replaces the configured default {configured}")
         ServedModel.objects.update_or_create(pk=1, defaults={"path": str(folder), "served_name": name,
+                                                             "configured": configured,
                                                              "state": "pending", "error": "", "fingerprint": ""})
         row = ServedModel.objects.get(pk=1)
         if no_wait:

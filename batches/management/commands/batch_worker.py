@@ -7,7 +7,8 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.operations import heartbeat, runtime
+from inference.operations import heartbeat
+from inference.operations.registry import ModelLoadFailed, process_registry
 
 
 class Command(BaseCommand):
@@ -25,9 +26,14 @@ class Command(BaseCommand):
             raise CommandError("CELERY_BROKER_URL is not set: without a broker the server runs batches itself.")
         heartbeat.start()
         try:
-            rt = runtime.get_runtime(wait=True)
-            if rt is None:
-                raise CommandError(f"the model could not be loaded: {runtime.status()[1]}")
+            registry = process_registry()
+            registry.start()  # the pinned models; the others load when a line names them
+            default = registry.default()
+            if default is not None and default.pinned:
+                try:
+                    registry.acquire_blocking(default).release()
+                except ModelLoadFailed as exc:
+                    raise CommandError(str(exc)) from exc
             from metrale_site.celery import app
 
             app.worker_main(["worker", "--queues", settings.METRALE["BATCH_QUEUE"], "--pool", pool,

@@ -87,6 +87,31 @@ function renderTable(id, entries) {
   }
 }
 
+/** Every configured model's state and, for each resident chat engine, its KV blocks and requests. */
+function renderModels(models, engines) {
+  const body = $("models").tBodies[0];
+  body.replaceChildren();
+  const byId = Object.fromEntries(engines.map((e) => [e.id, e]));
+  const mb = (bytes) => (bytes === null || bytes === undefined ? "–" : (bytes / 1e6).toFixed(1));
+  for (const m of models) {
+    const row = body.insertRow();
+    row.dataset.model = m.id;
+    row.dataset.state = m.state;
+    const engine = byId[m.id];
+    cell(row, m.id, m.source);
+    cell(row, m.kind);
+    cell(row, m.state, m.error || "");
+    cell(row, mb(m.resident_bytes));
+    cell(row, mb(m.kv_cache_bytes));
+    cell(row, engine ? `${engine.kv.blocks_used} / ${engine.kv.blocks_total}` : "–");
+    cell(row, engine ? engine.running.length : m.requests_running);
+    cell(row, engine ? engine.waiting.length : "–");
+    cell(row, m.keep_alive);
+    cell(row, m.pinned ? "yes" : "no");
+    cell(row, m.idle_s === null || m.idle_s === undefined ? "–" : `${fixed(m.idle_s)} s`);
+  }
+}
+
 function renderKv(kv) {
   for (const part of ["used", "cached", "free", "total"]) $(`kv-${part}`).textContent = kv[`blocks_${part}`];
   const bar = $("kv-bar");
@@ -146,6 +171,7 @@ function renderReplicas(current, replicas) {
 function render(snapshot) {
   root.dataset.replica = snapshot.replica;
   renderReplicas(snapshot.replica, snapshot.replicas || [snapshot.replica]);
+  renderModels(snapshot.models || [], snapshot.engines || []);
   renderRequests("running", snapshot.running || [], true);
   renderRequests("waiting", snapshot.waiting || [], false);
   if (snapshot.kv) renderKv(snapshot.kv);

@@ -45,9 +45,9 @@ class Command(BaseCommand):
         from inference.bench.live_server import LiveServer, free_port
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.kernels.build import cpuinfo_field
-        from inference.operations.runtime import embedding_folder
+        from inference.operations.model_specs import spec_for
 
-        folder = embedding_folder(embedding_model)
+        folder = spec_for(embedding_model).folder
         if not (folder / "config.json").is_file():
             raise CommandError(f"no embedding model at {folder}; run `manage.py pull_model all-minilm-l6-v2`")
         if bool(llama_server) != bool(gguf):
