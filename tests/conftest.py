@@ -27,7 +27,12 @@ def pytest_configure(config):
     its slice away: a 200-token SmolLM2 stream took 21-24 s beside one busy process against 0.9 s
     alone, 2.0 s with OMP_WAIT_POLICY=PASSIVE (which is 1.8 s alone). Set here, in the controller,
     before the workers start; they and every server started by a test inherit it. The teams keep
-    their threads, so the multi-threaded kernel paths are still the ones tested."""
+    their threads, so the multi-threaded kernel paths are still the ones tested.
+
+    An engine no longer needs it: its team gives a core up while another process keeps one busy
+    (engine/core_share.py; a server beside a busy process decodes at 0.87 of its idle speed with libgomp's
+    default wait). It stays for the kernels the tests call directly in the pytest processes, outside an
+    engine's team, at torch's thread count."""
     if getattr(config.option, "numprocesses", None):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
