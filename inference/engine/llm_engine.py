@@ -71,11 +71,11 @@ class LLMEngine:
         self.model_config = folder.model_config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        # The threads of every parallel region this thread starts (core_share.py): sized here and
-        # before every step; the thread that steps the engine must be the one that built it.
+        # The threads of every parallel region the stepping thread starts (core_share.py): sized here
+        # and before every step, on whichever thread steps.
         self.team = ThreadTeam(config.num_threads, adaptive=config.adaptive_threads)
         log.info("engine threads: %s%s", self.team.cap.describe(),
-                 ", fewer while other tasks hold cores" if config.adaptive_threads else "")
+                 ", fewer while other processes keep cores busy" if config.adaptive_threads else "")
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.eos_token_ids = folder.eos_token_ids
@@ -275,7 +275,6 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        rows = batch.num_tokens + sum(map(len, batch.drafts.values()))  # the rows the model runs
         self.team.adjust()
         t1 = time.perf_counter()
         self._log_step(batch)
@@ -288,7 +287,7 @@ class LLMEngine:
         verify_drafts(self.scheduler, self.runner.sampler, self.speculator, batch, result, outputs)
         outputs = self._advance_beams(batch, outputs)
         if not failed and batch.num_decodes == len(batch.items):  # the gate's cost fit: decode steps only
-            self.speculator.end_step(rows, batch.num_decodes)
+            self.speculator.end_step(batch.num_tokens + sum(map(len, batch.drafts.values())), batch.num_decodes)
         self.collect_loras()
         self._time_step(t1 - t0, time.perf_counter() - t2)
         self._record_stats(batch, outputs)

@@ -1,5 +1,5 @@
 """engine/core_share.py: the CPUs a process may use (affinity, cgroup quota, a configured count) and the team
-that follows the cores other runnable tasks hold, step by step."""
+that gives up the cores other processes keep busy, step by step."""
 from __future__ import annotations
 
 import os
