@@ -55,6 +55,8 @@ class ContentionComparison:
     pair: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def median(self, server: str, streams: int, load: str, figure: str = "decode_tok_s") -> float:
+        """The median over rounds of one DecodeRun figure (decode_tok_s in tokens/s, tpot_p50_s in seconds)
+        for a server, a stream count and a load ("idle" or "busy"). Raises KeyError for a run not made."""
         return statistics.median(getattr(r, figure) for r in self.runs[(server, streams, load)])
 
     def ratio(self, server: str, streams: int) -> float:
