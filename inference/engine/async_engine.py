@@ -136,6 +136,16 @@ class AsyncEngine:
         return self.engine.max_request_tokens
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the prefix cache's unit)."""
+        return self.engine.block_manager.block_size
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch (vLLM's num_requests_running)."""
+        return self.engine.scheduler.num_running_requests()
+
+    @property
     def num_waiting(self) -> int:
         """Requests submitted and not running yet: queued for admission or in the scheduler's waiting queue."""
         return self._num_queued + len(self.engine.scheduler.waiting)

@@ -58,6 +58,11 @@ class Runtime:
         """The model folder's JSON files, read once per process (sampling defaults, model_type)."""
         return ModelFolder.read(self.model_path)
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of its engine (the prefix cache's unit)."""
+        return self.engine.block_size
+
 
 @dataclass(slots=True)
 class EmbeddingService:
