@@ -205,6 +205,7 @@ def test_a_replica_killed_under_load_is_marked_down_its_streams_fail_and_nothing
         model=MODEL, input="Write a long story about a lighthouse.", background=True, max_output_tokens=400,
         extra_body={"ignore_eos": True})
     streams = start_streams(router.url, cluster.headers(), 4)  # round robin: two on each replica
+    assert cluster.client(cluster.b.url).responses.retrieve(background.id).status in ("queued", "in_progress")
     killed = time.monotonic()
     cluster.a.kill()
     while router.health().get(cluster.a.url, True):
