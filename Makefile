@@ -8,7 +8,7 @@ PORT ?= 8000
 
 SOAK_S ?= 600
 
-.PHONY: serve test bench fuzz soak install migrate model static browser
+.PHONY: serve test bench fuzz soak install migrate model static browser cluster cluster-stop
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ SERVE_MODELS := $(if $(METRALE_MODELS)$(METRALE_MODEL)$(METRALE_EMBEDDING_MODEL)
 
 serve: migrate model static
 	$(if $(SERVE_MODELS),METRALE_MODELS=$(SERVE_MODELS) )$(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+# REPLICAS replicas on the production settings (PostgreSQL and Redis on this machine; DATABASE_URL, REDIS_URL
+# point elsewhere) behind vllm-router with kv_aware routing on PORT, and a Celery worker for batches
+# (README, "Scaling out"); `make cluster-stop` ends them.
+REPLICAS ?= 2
+cluster: install model
+	$(PY) manage.py cluster start --replicas $(REPLICAS) --host $(HOST) --port $(PORT)
+
+cluster-stop: install
+	$(PY) manage.py cluster stop
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
 # fixtures started once there); the 30 slowest durations printed at the end.

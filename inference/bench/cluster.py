@@ -42,10 +42,12 @@ def manage(env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
 
 class Replica:
     """One replica: daphne on `port` (default a free one) with its KV events on a PUB and a replay port of its
-    own, restartable on the same ports (a router keeps its URL and event sources)."""
+    own, restartable on the same ports (a router keeps its URL and event sources). detached: in a session of its
+    own, so it outlives this process (manage.py cluster)."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, *, port: int | None = None):
+    def __init__(self, env: dict[str, str], workdir: Path, *, port: int | None = None, detached: bool = False):
         self.workdir = workdir
+        self.detached = detached
         self.port = port or free_port()
         self.events_port, self.replay_port = free_port(), free_port()
         self.env = {**env, "METRALE_KV_EVENTS": json.dumps(
@@ -58,7 +60,8 @@ class Replica:
 
     def start(self) -> Replica:
         """Start the process (the database migrated already); returns at once (wait_ready waits)."""
-        self.server = LiveServer(self.env, self.workdir, port=self.port, migrate=False)
+        self.server = LiveServer(self.env, self.workdir, port=self.port, migrate=False,
+                                 preexec=os.setsid if self.detached else None)
         return self
 
     def wait_ready(self, timeout_s: float = 300) -> Replica:
@@ -94,21 +97,23 @@ class Router:
 
     kv_aware finds each worker's KV event sources itself (/get_server_info, /kv_event_sources). Health checks
     every `health_interval_s` seconds, a worker marked down after `failures` failed checks in a row (the
-    router's defaults are 60 s and 3). Its log goes to `log_path`."""
+    router's defaults are 60 s and 3). Its log goes to `log_path`; `host` is the address it listens on;
+    detached: in a session of its own (it outlives this process)."""
 
     def __init__(self, workers: list[str], policy: str, log_path: Path, *, port: int | None = None,
-                 health_interval_s: int = 1, failures: int = 2, extra: tuple[str, ...] = ()):
+                 host: str = "127.0.0.1", health_interval_s: int = 1, failures: int = 2,
+                 extra: tuple[str, ...] = (), detached: bool = False):
         self.workers = list(workers)
         self.policy = policy
         self.port = port or free_port()
         self.log_path = log_path
         self._log = open(log_path, "a")
-        argv = [*router_command(), "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+        argv = [*router_command(), "--host", host, "--port", str(self.port), "--policy", policy,
                 "--worker-urls", *self.workers, "--prometheus-port", str(free_port()),
                 "--worker-startup-check-interval", "1", "--health-check-interval-secs", str(health_interval_s),
                 "--health-failure-threshold", str(failures), "--health-success-threshold", "1",
                 "--health-check-timeout-secs", "2", "--log-level", "warning", *extra]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=detached)
 
     @property
     def url(self) -> str:
