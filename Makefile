@@ -78,6 +78,7 @@ bench: migrate model
 	$(PY) manage.py bench_speculative
 	$(PY) manage.py bench_perplexity
 	$(PY) manage.py bench_embeddings $(if $(LLAMA_SERVER_BIN),--llama-server $(LLAMA_SERVER_BIN) --gguf $(EMBEDDING_GGUF))
+	$(PY) manage.py bench_router
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model

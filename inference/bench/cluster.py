@@ -3,14 +3,18 @@ publishing KV events) behind vllm-router. Used by `manage.py cluster`, `manage.p
 router tests (tests/services/test_router_cluster.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
@@ -38,6 +42,58 @@ def manage(env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
     if result.returncode:
         raise subprocess.CalledProcessError(result.returncode, args, result.stdout, result.stderr)
     return result.stdout
+
+
+def _admin_url(database_url: str) -> str:
+    return urlparse(database_url)._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+
+
+def create_database(database_url: str) -> None:
+    """Create the PostgreSQL database `database_url` names when it does not exist (through its server's `postgres`
+    database). Raises psycopg.Error."""
+    import psycopg
+
+    name = urlparse(database_url).path.lstrip("/")
+    with psycopg.connect(_admin_url(database_url), autocommit=True, connect_timeout=5) as con:
+        if con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            con.execute(f'CREATE DATABASE "{name}"')
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A new PostgreSQL database on the server of `server_url` (any database URL there) as a URL, dropped after."""
+    import psycopg
+
+    url = urlparse(server_url)._replace(path=f"/metrale_{secrets.token_hex(4)}").geturl()
+    create_database(url)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(_admin_url(url), autocommit=True, connect_timeout=5) as con:
+            con.execute(f'DROP DATABASE IF EXISTS "{urlparse(url).path.lstrip("/")}" WITH (FORCE)')
+
+
+# One `manage.py shell` run: migrate, then make each tenant (create_tenant's options) and one API key of it; prints
+# {tenant: key} as JSON on its last line.
+_PREPARE = """
+import io, json
+from django.core.management import call_command
+call_command("migrate", "--noinput", verbosity=0)
+keys = {}
+for name, options in json.loads(%r).items():
+    call_command("create_tenant", name, *options, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("create_api_key", name, "--name", "cluster", stdout=out)
+    keys[name] = out.getvalue().strip()
+print(json.dumps(keys))
+"""
+
+
+def prepare_database(env: dict[str, str], tenants: dict[str, list[str]]) -> dict[str, str]:
+    """Migrate the database of `env` and make `tenants` (name -> create_tenant's options, e.g. ["--rpm", "4"]), in
+    one Django start-up. Returns each tenant's new API key."""
+    out = manage(env, "shell", "-c", _PREPARE % json.dumps(tenants))
+    return json.loads(out.strip().splitlines()[-1])
 
 
 class Replica:

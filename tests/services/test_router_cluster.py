@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from inference.bench.cluster import PROXY, Replica, Router, manage, replica_env
+from inference.bench.cluster import PROXY, Replica, Router, prepare_database, replica_env
+from inference.bench.routing import hit_ratio, second_turns
 from tests.batch_checks import chat_lines, check_every_line_once, create_batch, wait_batch
 from tests.conftest import pulled_smollm2
 
@@ -23,18 +24,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 POLICIES = ("kv_aware", "cache_aware", "round_robin")
-SETUP = """
-import io, json
-from django.core.management import call_command
-call_command("migrate", "--noinput", verbosity=0)
-keys = {}
-for name, limits in (("owner", []), ("limited", ["--rpm", "4", "--burst-rpm", "4"])):
-    call_command("create_tenant", name, *limits, stdout=io.StringIO())
-    out = io.StringIO()
-    call_command("create_api_key", name, "--name", "router", stdout=out)
-    keys[name] = out.getvalue().strip()
-print(json.dumps(keys))
-"""
 
 
 class Cluster:
@@ -61,7 +50,7 @@ def cluster(tmp_path_factory):
         env = replica_env(database_url, redis_url, secrets.token_urlsafe(50), METRALE_MODEL=str(pulled_smollm2()),
                           METRALE_KV_CACHE_BYTES=str(64 << 20), METRALE_CACHE_KEY_PREFIX=prefix,
                           METRALE_FILES_DIR=str(tmp / "files"), METRALE_HEARTBEAT_INTERVAL="1")
-        keys = json.loads(manage(env, "shell", "-c", SETUP).strip().splitlines()[-1])
+        keys = prepare_database(env, {"owner": [], "limited": ["--rpm", "4", "--burst-rpm", "4"]})
         replicas = [Replica(env, tmp / name).start() for name in ("a", "b")]
         routers = {}
         try:
@@ -89,22 +78,9 @@ def chat(url, headers, messages, max_tokens=4, timeout=120):
     return r.json()
 
 
-def second_turn_hits(cluster, policy, conversations=6):
-    """How many second turns found their conversation's prefix cached (usage's cached_tokens > 0), of
-    `conversations` run one after the other through the policy's router. No two conversations share a block."""
-    url, headers, hits = cluster.routers[policy].url, cluster.headers(), 0
-    for i in range(conversations):
-        first = [{"role": "system", "content": f"Conversation {policy} {i}. Answer briefly."},
-                 {"role": "user", "content": f"Tell me about the number {i}, its history and its uses. " * 4}]
-        reply = chat(url, headers, first)["choices"][0]["message"]["content"]
-        second = chat(url, headers, first + [{"role": "assistant", "content": reply},
-                                             {"role": "user", "content": "And then?"}])
-        hits += second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    return hits / conversations
-
-
 def test_second_turns_land_where_their_prefix_is_cached_with_kv_aware_and_cache_aware(cluster):
-    ratios = {policy: second_turn_hits(cluster, policy) for policy in POLICIES}
+    ratios = {policy: hit_ratio(second_turns(cluster.routers[policy].url, cluster.headers(), policy, 6))
+              for policy in POLICIES}
     print(f"second turns with their prefix cached: {ratios}")
     assert ratios["kv_aware"] >= 0.9 and ratios["cache_aware"] >= 0.9, ratios
     assert ratios["round_robin"] <= 0.5, ratios  # alternating turns: the other replica (1/N or less)

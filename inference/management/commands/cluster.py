@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.bench.cluster import Replica, Router, manage, replica_env, router_command
+from inference.bench.cluster import Replica, Router, create_database, manage, replica_env, router_command
 from inference.bench.live_server import MANAGE, ROOT
 from metrale_site.paths import data_dir
 
@@ -99,7 +99,7 @@ class Command(BaseCommand):
             raise CommandError("the cluster cannot start:\n  " + "\n  ".join(problems))
         if self.running(folder):
             raise CommandError(f"a cluster is running already ({folder / 'pids.json'}); `make cluster-stop` first")
-        self.create_database(database_url)
+        create_database(database_url)
         redis = urlparse(redis_url)
         env = replica_env(database_url, redis_url, self.secret_key(folder),
                           CELERY_BROKER_URL=os.environ.get("CELERY_BROKER_URL")
@@ -133,17 +133,6 @@ class Command(BaseCommand):
             f"a batch worker; PostgreSQL {database_url}, Redis {redis_url}."))
         self.stdout.write(f"API key of tenant \"cluster\": {key}")
         self.stdout.write(f"Logs in {folder}; `make cluster-stop` ends it.")
-
-    def create_database(self, database_url: str) -> None:
-        """Create the database `database_url` names when it does not exist (its server's `postgres` database)."""
-        import psycopg
-
-        parsed = urlparse(database_url)
-        name = parsed.path.lstrip("/")
-        admin = parsed._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as con:
-            if con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
-                con.execute(f'CREATE DATABASE "{name}"')
 
     def secret_key(self, folder: Path) -> str:
         """The replicas' shared SECRET_KEY, made once and kept in the cluster folder (tenants' prefix-cache salts and
