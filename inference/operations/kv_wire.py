@@ -18,7 +18,9 @@ a sequence's block 0. The routes routers tokenize requests through (http/worker_
 /v1/chat/completions/render and /v1/completions/render, which vllm-router calls with the client's
 key) put the caller's namespace block before the prompt's ids. So a router's prefix match runs
 through the namespace block first: one tenant's prompt matches its own cached blocks and never
-another tenant's, and a router that tokenizes on its own (without the render routes) matches none.
+another tenant's, and a router that tokenizes on its own (without the render routes) matches none. Blocks
+computed with a LoRA adapter carry its `lora_name`, which vllm-router folds into its block keys: they never
+match a base-model prompt (vllm-router scores a request naming an adapter by load).
 """
 from __future__ import annotations
 
