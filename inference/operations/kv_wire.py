@@ -20,7 +20,7 @@ key) put the caller's namespace block before the prompt's ids. So a router's pre
 through the namespace block first: one tenant's prompt matches its own cached blocks and never
 another tenant's, and a router that tokenizes on its own (without the render routes) matches none. Blocks
 computed with a LoRA adapter carry its `lora_name`, which vllm-router folds into its block keys: they never
-match a base-model prompt (vllm-router scores a request naming an adapter by load).
+match a base-model prompt (and in vllm-router 0.1.17 a request naming the adapter got no credit for them either).
 """
 from __future__ import annotations
 
