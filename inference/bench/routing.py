@@ -50,13 +50,15 @@ def stream_turn(url: str, headers: dict, messages: list[dict], max_tokens: int) 
     return "".join(text), usage, (first or time.perf_counter()) - t0
 
 
-def second_turns(url: str, headers: dict, tag: str, conversations: int, max_tokens: int = 4) -> list[SecondTurn]:
+def second_turns(url: str, headers: dict, tag: str, conversations: int, max_tokens: int = 4,
+                 first_to: list[str] | None = None) -> list[SecondTurn]:
     """Run `conversations` two-turn conversations one after the other through `url` (a router): the second turn
-    repeats the first and its answer, then asks more. Returns each second turn."""
+    repeats the first and its answer, then asks more. first_to: URLs the first turns go to instead, in turn
+    (straight to the replicas: the router never saw them). Returns each second turn."""
     out = []
     for i in range(conversations):
         first = first_turn(tag, i)
-        reply, _, _ = stream_turn(url, headers, first, max_tokens)
+        reply, _, _ = stream_turn(first_to[i % len(first_to)] if first_to else url, headers, first, max_tokens)
         second = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
         _, usage, ttft_s = stream_turn(url, headers, second, max_tokens)
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0

@@ -86,6 +86,13 @@ def test_second_turns_land_where_their_prefix_is_cached_with_kv_aware_and_cache_
     assert ratios["round_robin"] <= 0.5, ratios  # alternating turns: the other replica (1/N or less)
 
 
+def test_kv_aware_follows_what_the_replicas_cache_even_when_the_router_never_saw_the_first_turn(cluster):
+    """First turns straight to each replica in turn: only the replicas' KV events tell the router where they are."""
+    turns = second_turns(cluster.routers["kv_aware"].url, cluster.headers(), "direct", 4,
+                         first_to=[cluster.a.url, cluster.b.url])
+    assert hit_ratio(turns) == 1.0, turns
+
+
 def test_a_response_stored_on_one_replica_is_read_continued_and_deleted_on_the_other(cluster):
     on_a, on_b = cluster.client(cluster.a.url), cluster.client(cluster.b.url)
     first = on_a.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4)

@@ -67,6 +67,11 @@ class Command(BaseCommand):
                     out(f"{policy}: second turns with their prefix cached {routing.hit_ratio(turns):.0%}, cached "
                         f"share of their prompt tokens {routing.cached_token_ratio(turns):.0%}, second-turn TTFT "
                         f"median {routing.median_ms([t.ttft_s for t in turns])}")
+                for policy in [p for p in ("kv_aware", "cache_aware") if p in routers]:
+                    turns = routing.second_turns(routers[policy].url, headers, f"{policy}-direct", conversations,
+                                                 first_to=[r.url for r in started])
+                    out(f"{policy}, first turns straight to the replicas in turn (the router never saw them): second "
+                        f"turns with their prefix cached {routing.hit_ratio(turns):.0%}")
                 direct = routing.request_latency_s(started[0].url, headers, rounds)
                 out(f"a one-token request straight to a replica: median {routing.median_ms(direct)}")
                 for policy, router in routers.items():
