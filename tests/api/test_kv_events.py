@@ -174,3 +174,13 @@ def test_sources_name_the_host_a_router_reached_for_a_wildcard_bind():
     assert reachable("tcp://0.0.0.0:5557", "fd00::1") == "tcp://[fd00::1]:5557"
     assert reachable("tcp://events.internal:5557", "10.0.0.5") == "tcp://events.internal:5557"
     assert reachable("ipc:///tmp/kv", "10.0.0.5") == "ipc:///tmp/kv"
+
+
+def test_a_setting_the_publisher_cannot_use_is_a_system_check_error(settings):
+    from inference.operations.checks import check_kv_events_setting
+
+    settings.METRALE = {**settings.METRALE, "KV_EVENTS": '{"endpoint": "tcp://*:5557", "replay": "tcp://*:5558"}'}
+    (error,) = check_kv_events_setting(None)
+    assert error.id == "metrale.E003" and "unknown field(s) replay" in error.msg
+    settings.METRALE = {**settings.METRALE, "KV_EVENTS": "tcp://*:5557"}
+    assert check_kv_events_setting(None) == []
