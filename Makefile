@@ -8,7 +8,7 @@ PORT ?= 8000
 
 SOAK_S ?= 600
 
-.PHONY: serve test bench fuzz soak install migrate model static browser
+.PHONY: serve test bench fuzz soak install migrate model static browser cluster cluster-stop
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,16 @@ SERVE_MODELS := $(if $(METRALE_MODELS)$(METRALE_MODEL)$(METRALE_EMBEDDING_MODEL)
 serve: migrate model static
 	$(if $(SERVE_MODELS),METRALE_MODELS=$(SERVE_MODELS) )$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
+# REPLICAS replicas on the production settings (PostgreSQL and Redis on this machine; DATABASE_URL, REDIS_URL
+# point elsewhere) behind vllm-router with kv_aware routing on PORT, and a Celery worker for batches
+# (README, "Scaling out"); `make cluster-stop` ends them.
+REPLICAS ?= 2
+cluster: install model
+	$(PY) manage.py cluster start --replicas $(REPLICAS) --host $(HOST) --port $(PORT)
+
+cluster-stop: install
+	$(PY) manage.py cluster stop
+
 # The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
 # fixtures started once there); the 30 slowest durations printed at the end.
 TEST_WORKERS ?= 2
@@ -68,6 +78,7 @@ bench: migrate model
 	$(PY) manage.py bench_speculative
 	$(PY) manage.py bench_perplexity
 	$(PY) manage.py bench_embeddings $(if $(LLAMA_SERVER_BIN),--llama-server $(LLAMA_SERVER_BIN) --gguf $(EMBEDDING_GGUF))
+	$(PY) manage.py bench_router
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model

@@ -328,6 +328,10 @@ METRALE = {
     # GET /metrics requires an admin key (or a staff session) when on; off: open to anyone who
     # reaches the port (as vLLM's).
     "METRICS_AUTH": envbool("METRALE_METRICS_AUTH", False),
+    # The default chat model's KV cache events for KV-aware routers (vllm-router --policy kv_aware): vLLM's
+    # kv-events config as JSON ({"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", ...}) or a
+    # bare endpoint (inference/operations/kv_events.py). Unset: none published.
+    "KV_EVENTS": envstr("METRALE_KV_EVENTS"),
     # A file that gets one JSON line per API request (README, "Request log"); unset: no file.
     # `manage.py serve --request-log PATH` sets it.
     "REQUEST_LOG": envstr("METRALE_REQUEST_LOG"),

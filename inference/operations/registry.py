@@ -91,7 +91,11 @@ class Loader:
     """How a registry loads a ModelSpec (the real one: operations.runtime.ModelLoader; tests pass fakes).
 
     `estimate(spec)`: bytes it will take (for the budget check before loading; 0 when unknown).
-    `load(spec, registry)`: a Loaded, or raises (any exception: the load failed, its message the cause)."""
+    `load(spec, registry)`: a Loaded, or raises (any exception: the load failed, its message the cause).
+    `kv_events`: the KV event publisher its default chat model's engine publishes to (operations/kv_events.py),
+    or None."""
+
+    kv_events = None
 
     def estimate(self, spec: ModelSpec) -> int:
         return 0

@@ -258,6 +258,15 @@ async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
     return ids
 
 
+async def completion_ids(greq: GenerationRequest, rt) -> list[list[int]]:
+    """The token ids of each prompt `prepare` would run for a legacy completions `greq` (prompts set), on the
+    prepare pool. Raises ApiError as `prepare` does for the model name, out-of-vocabulary ids and a prompt
+    longer in characters than the context could hold."""
+    check_model(greq.model, rt.model_id, rt.adapters)
+    ids, _ = await cpu_work(_completion_prompts, rt, greq, rt.engine.max_request_tokens)
+    return ids
+
+
 async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
     """Everything between a validated request and the engine (steps in the module doc).
 
@@ -312,4 +321,4 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                     beam=greq.beam, fingerprint=rt.fingerprint_of(lora))
 
 
-__all__ = ["GenerationRequest", "Prepared", "cpu_work", "prepare", "prompt_ids"]
+__all__ = ["GenerationRequest", "Prepared", "completion_ids", "cpu_work", "prepare", "prompt_ids"]
