@@ -98,7 +98,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
 
     generates=False: one request is debited before the view runs (models, tokenize, stored
     objects). generates=True: the view calls `admit` itself. error_shape: how the route words
-    its errors (serving/errors.OPENAI or ANTHROPIC); every layer reads it from the view
+    its errors (serving/errors.OPENAI, ANTHROPIC or OLLAMA); every layer reads it from the view
     (inference.http.error_shapes)."""
     if view is None:
         return functools.partial(openai_endpoint, generates=generates, error_shape=error_shape)
