@@ -44,11 +44,13 @@ def local_time(seconds: float) -> str:
 
 
 def human_count(n: int) -> str:
-    """A parameter count as Ollama writes parameter_size: "134.5M", "7.6B", "270.0M"."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    """A parameter count as Ollama writes parameter_size (its format.HumanNumber): billions with one decimal
+    ("7.6B"), millions with two ("134.52M"), none when whole ("8B"), thousands with none ("12K")."""
+    for unit, size, decimals in (("B", 1e9, 1), ("M", 1e6, 2)):
         if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
+            value = n / size
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{decimals}f}{unit}"
+    return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,7 +123,7 @@ def test_list_show_and_ps(client):
     listed = {m.model: m for m in client.list().models}
     smol = listed[f"{SMOL}:latest"]
     assert smol.size > 0 and len(smol.digest) == 64 and smol.details.family == "llama"
-    assert smol.details.parameter_size == "134.5M" and f"{MINILM}:latest" in listed
+    assert smol.details.parameter_size == "134.52M" and f"{MINILM}:latest" in listed
     shown = client.show(SMOL)
     assert shown.capabilities == ["completion", "tools"] and shown.modelinfo["general.architecture"] == "llama"
     assert shown.modelinfo["llama.context_length"] == 8192 and "<|im_start|>" in shown.template

@@ -11,7 +11,7 @@ from inference.operations.registry import process_registry
 
 from ..fake_engine import reply
 from ..test_chat_reasoning import THINKING_TEMPLATE
-from .support import MODEL, chat, generate, lines, ollama_error
+from .support import MODEL, USER, chat, generate, lines, ollama_error
 
 CREATED_AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
 METRICS = {"total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
@@ -78,6 +78,11 @@ def test_num_ctx_is_the_request_s_own_context_length(fake_rt):
     assert f"context length is {prompt - 1} tokens" in ollama_error(chat(options={"num_ctx": prompt - 1}), 400)
     assert chat(stream=False, options={"num_ctx": 10**6}).status == 200  # never past the engine's, no reload
     assert params(fake_rt).max_tokens == 2048 - prompt
+    older = [{"role": "user", "content": "An older question " * 20}, {"role": "assistant", "content": "An answer."}]
+    fitted = chat(stream=False, messages=[*older, *USER], options={"num_ctx": prompt + 5, "num_predict": 5})
+    assert fitted.status == 200 and "older question" not in prompt_text(fake_rt)  # truncate: the oldest turn goes
+    assert chat(messages=[*older, *USER], options={"num_ctx": prompt + 5, "num_predict": 5},
+                truncate=False).status == 400
 
 
 def test_format_is_the_structured_output_grammar(fake_rt):

@@ -8,6 +8,7 @@ import pytest
 
 from inference.serving.deltas import Content, Finish, Reasoning, ToolCallArgs, ToolCallStart, Usage
 from inference.serving.errors import ApiError
+from ollama_api.catalogue import human_count
 from ollama_api.encoder import CHAT, GENERATE, OllamaStream, Timing, created_at, fold
 from ollama_api.go_template import render
 from ollama_api.wire import ndjson_line
@@ -123,3 +124,9 @@ def test_what_the_subset_does_not_run_is_a_400_naming_it(template, named):
     with pytest.raises(ApiError) as refused:
         render(template, prompt="p")
     assert refused.value.status == 400 and named in refused.value.message and refused.value.param == "template"
+
+
+@pytest.mark.parametrize("count, text", [(7_615_616_512, "7.6B"), (8_000_000_000, "8B"), (134_515_008, "134.52M"),
+                                         (270_000_000, "270M"), (22_713_216, "22.71M"), (12_345, "12K"), (7, "7")])
+def test_parameter_sizes_read_as_ollama_writes_them(count, text):
+    assert human_count(count) == text

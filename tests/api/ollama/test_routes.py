@@ -22,7 +22,7 @@ from .support import MODEL, USER, chat, lines, ollama_error
 def test_tags_show_ps_and_version(fake_rt):
     [tag] = call("GET", "/api/tags").json()["models"]
     assert tag["name"] == tag["model"] == f"{MODEL}:latest" and tag["size"] > 0 and len(tag["digest"]) == 64
-    assert tag["details"]["family"] == "llama" and tag["details"]["parameter_size"] == "134.5M"
+    assert tag["details"]["family"] == "llama" and tag["details"]["parameter_size"] == "134.52M"
     assert tag["details"]["quantization_level"] == "F32" and tag["details"]["format"] == "safetensors"
     shown = call("POST", "/api/show", {"model": f"{MODEL}:latest"}).json()
     assert shown["capabilities"] == ["completion", "tools"] and shown["details"] == tag["details"]
