@@ -1,7 +1,7 @@
 """The official `ollama` Python client, sync and async, against a live daphne serving SmolLM2 and all-MiniLM-L6-v2
 (the session's metrale_server): chat and generate streamed and not (the stream joins into the blocking answer),
 tools, format with a schema, think, generate's context, embed and embeddings, list, show, ps, pull of a model
-already pulled, copy and delete, keep_alive 0, and the probe at /."""
+already pulled, copy and delete, keep_alive 0, the request log and the metric's route, and the probe at /."""
 import asyncio
 import json
 import math
@@ -177,6 +177,20 @@ def test_keep_alive_0_lets_the_model_go(client):
         client.embed(model=MINILM, input="", keep_alive="5m")
         assert client.generate(model=SMOL, prompt="", keep_alive="5m").done_reason == "load"
     assert f"{MINILM}:latest" in {m.model for m in client.ps().models}
+
+
+def test_the_request_log_and_the_metrics_name_ollama_s_routes(client, metrale_server):
+    answer = client.chat(model=SMOL, messages=ASK, options=GREEDY, stream=True)
+    final = list(answer)[-1]
+    deadline, found = time.monotonic() + 10, []
+    while not found and time.monotonic() < deadline:  # the log's writer thread writes it after the answer
+        lines = [json.loads(line) for line in metrale_server.request_log.read_text().splitlines()]
+        found = [line for line in lines if line["route"] == "api/chat" and line["status"] == 200
+                 and line["completion_tokens"] == final.eval_count and line["prompt_tokens"] == final.prompt_eval_count]
+        time.sleep(0.05)
+    assert found and found[-1]["model"] == SMOL and found[-1]["tenant"] == "default"
+    metrics = httpx.get(metrale_server.url + "/metrics", timeout=30).text
+    assert 'metrale:http_requests_total{method="POST",route="api/chat",status="200"}' in metrics
 
 
 def test_the_root_answers_ollama_probes_and_browsers(metrale_server):
