@@ -73,9 +73,9 @@ def get_weather(city: str) -> str:
 
 def test_tools_streamed_calls_agree_with_the_blocking_answer(client):
     ask = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    blocking = client.chat(model=SMOL, messages=ask, tools=[get_weather], options={"temperature": 0, "num_predict": 48})
+    blocking = client.chat(model=SMOL, messages=ask, tools=[get_weather], options={"temperature": 0, "num_predict": 32})
     parts = list(client.chat(model=SMOL, messages=ask, tools=[get_weather], stream=True,
-                             options={"temperature": 0, "num_predict": 48}))
+                             options={"temperature": 0, "num_predict": 32}))
     streamed_calls = [c for p in parts for c in p.message.tool_calls or []]
     assert [c.function for c in streamed_calls] == [c.function for c in blocking.message.tool_calls or []]
     assert "".join(p.message.content or "" for p in parts) == blocking.message.content
