@@ -1,7 +1,7 @@
 """URLs of Ollama's REST API (every one answers in Ollama's error shape) and its probe at the site's root."""
 from django.urls import path
 
-from . import views
+from . import model_views, views
 
 urlpatterns = [
     # Before the console's front door (metrale_site/urls.py): a browser still gets that page.
@@ -10,13 +10,13 @@ urlpatterns = [
     path("api/generate", views.generate),
     path("api/embed", views.embed),
     path("api/embeddings", views.embeddings_view),
-    path("api/tags", views.tags),
-    path("api/show", views.show),
-    path("api/ps", views.ps),
-    path("api/version", views.version),
-    path("api/pull", views.pull),
-    path("api/delete", views.delete),
-    path("api/copy", views.copy),
+    path("api/tags", model_views.tags),
+    path("api/show", model_views.show),
+    path("api/ps", model_views.ps),
+    path("api/version", model_views.version),
+    path("api/pull", model_views.pull),
+    path("api/delete", model_views.delete),
+    path("api/copy", model_views.copy),
     path("api/create", views.not_implemented),
     path("api/push", views.not_implemented),
     path("api/blobs/<str:digest>", views.not_implemented),

@@ -1,10 +1,9 @@
 """Thin async views for Ollama's REST API (/api/*): parse, take the model from the registry, call the shared
-pipeline, answer (errors in Ollama's shape).
+pipeline, answer (errors in Ollama's shape); the model routes are model_views.py's.
 
 Every view is an `openai_endpoint(error_shape=OLLAMA)` view: the same auth (`Authorization: Bearer`, which the
 `ollama` client sends from OLLAMA_API_KEY), tenants, rate limits, lease settlement, request log and metrics as
-the OpenAI routes, errors as `{"error": "..."}`. Model management (pull, delete, copy) needs an operator (an
-admin key or a staff session: tenancy/auth.authenticate_operator) when METRALE_REQUIRE_AUTH is on. Generating
+the OpenAI routes, errors as `{"error": "..."}`. Generating
 routes answer through `inference.http.views.respond` (NDJSON by default, one object with "stream": false); a
 request with no messages / prompt / input only loads its model (done_reason "load", or "unload" with keep_alive
 0: the registry lets the model go once idle, unless it is pinned).
@@ -13,8 +12,7 @@ from __future__ import annotations
 
 import time
 
-from django.conf import settings
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
 from console.views import front_door
@@ -28,20 +26,13 @@ from inference.serving.errors import OLLAMA, ApiError, bad_request, not_found
 from inference.serving.prepare import cpu_work, light_work, prepare
 from inference.serving.sampling import check_token_ids
 from inference.stored.objects import tenant_of
-from inference.tenancy.auth import authenticate_operator
 
 from . import embeddings, mapping, protocol
 from .catalogue import capabilities
 from .encoder import CHAT as CHAT_ANSWER
 from .encoder import GENERATE, Timing, load_answer
-from .listing import ps_body, show_body, tag_entries
-from .names import check_new_name, resolve, untagged
-from .pull import check_known, progress
-from .wire import OllamaWire, ndjson_line
-
-# The Ollama release whose API this server speaks (contracts-wave4 §1.7; clients gate features on it).
-OLLAMA_VERSION = "0.32.15"
-
+from .names import resolve
+from .wire import OllamaWire
 
 def _ids(request) -> dict:
     return {"request_id": getattr(request, "request_id", None), "cache_salt": cache_salt_of(request)}
@@ -156,105 +147,6 @@ async def embeddings_view(request):
     texts = [req["prompt"]] if req["prompt"] else []
     vectors, _, _ = await _embed(request, req, texts, "embed", truncate=True)
     return HttpResponse(embeddings.embeddings_json(vectors[0] if vectors else None), content_type="application/json")
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("GET", "HEAD")
-async def tags(request):
-    """GET /api/tags: every served model (and copy), with its size, digest and details."""
-    return JsonResponse({"models": await cpu_work(tag_entries, process_registry())})
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("POST")
-async def show(request):
-    """POST /api/show: a model's parameters, template, details, model_info and capabilities."""
-    req = await cpu_work(protocol.parse_model, request.body)
-    registry = process_registry()
-    entry, _ = resolve(registry, req["model"], "show")
-    return JsonResponse(await cpu_work(show_body, entry, registry.runtime(entry.name)))
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("GET", "HEAD")
-async def ps(request):
-    """GET /api/ps: the loaded models, longest time left first, with their size and expiry."""
-    return JsonResponse({"models": await cpu_work(ps_body, process_registry(), time.time())})
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("GET", "HEAD")
-async def version(request):
-    """GET /api/version: the Ollama release whose API this server speaks."""
-    return JsonResponse({"version": OLLAMA_VERSION})
-
-
-async def _operator(request) -> None:
-    """Model management needs an admin key or a staff session when auth is on (raises ApiError 401 / 403)."""
-    if settings.METRALE["REQUIRE_AUTH"]:
-        await authenticate_operator(request)
-
-
-async def _ndjson(lines):
-    try:
-        async for obj in lines:
-            yield ndjson_line(obj)
-    except ApiError as exc:
-        yield ndjson_line({"error": exc.message})
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("POST")
-async def pull(request):
-    """POST /api/pull: a catalogue model fetched and served, with progress lines (only the last with "stream": false)."""
-    await _operator(request)
-    req = await cpu_work(protocol.parse_pull, request.body)
-    name = untagged(req["model"])
-    check_known(name)
-    lines = progress(process_registry(), name)
-    if req["stream"]:
-        return StreamingHttpResponse(_ndjson(lines), content_type="application/x-ndjson")
-    last = {}
-    async for obj in lines:
-        last = obj
-    return JsonResponse(last)
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("DELETE")
-async def delete(request):
-    """DELETE /api/delete: a copy, or a model pulled while the server runs, no longer served (200, no body)."""
-    await _operator(request)
-    req = await cpu_work(protocol.parse_model, request.body)
-    registry = process_registry()
-    _, name = resolve(registry, req["model"], "delete")
-    try:
-        registry.remove(name)
-    except KeyError:
-        raise not_found(f"model '{req['model']}' not found", code="model_not_found") from None
-    except ValueError as exc:
-        raise bad_request(f"model '{req['model']}' cannot be deleted: {exc}", "model") from None
-    return HttpResponse(status=200, content_type="text/plain")
-
-
-@openai_endpoint(error_shape=OLLAMA)
-@allow("POST")
-async def copy(request):
-    """POST /api/copy: `destination` becomes another name of `source`'s model (200, no body)."""
-    await _operator(request)
-    req = await cpu_work(protocol.parse_copy, request.body)
-    registry = process_registry()
-    check_new_name(req["source"], "source")
-    destination = check_new_name(req["destination"], "destination")
-    _, source = resolve(registry, req["source"], "copy")
-    try:
-        registry.alias(destination, source)
-    except KeyError:
-        raise not_found(f'model "{req["source"]}" not found', code="model_not_found") from None
-    except ValueError:
-        raise bad_request(f'destination "{req["destination"]}" is invalid: it is a served model\'s own name',
-                          "destination") from None
-    return HttpResponse(status=200, content_type="text/plain")
 
 
 @openai_endpoint(error_shape=OLLAMA)

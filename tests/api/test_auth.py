@@ -98,7 +98,7 @@ def test_ollama_routes_refuse_bad_credentials_in_their_shape(client, require_aut
     assert "API key" in response.json()["error"]
 
 
-# Model management on Ollama's routes needs an operator when auth is on (ollama_api.views._operator).
+# Model management on Ollama's routes needs an operator when auth is on (ollama_api.model_views._operator).
 OLLAMA_OPERATOR_PATHS = {"/api/pull", "/api/copy", "/api/delete"}
 
 
