@@ -1,8 +1,9 @@
 """A validated /api/chat or /api/generate request -> the shared GenerationRequest (inference.serving.prepare).
 
 Rules (Ollama's docs/api.md and api/types.go, contracts-wave4 §1.2-§1.5, onto this server's controls):
-- options: num_predict is max_tokens (a negative or 0 one: no limit but the context, as Ollama's runner reads
-  it); temperature, top_k, top_p, min_p, seed (a negative one: random), presence_penalty and frequency_penalty
+- options: num_predict is max_tokens, cut to the room the context leaves (Ollama shifts the context and goes
+  on; this server stops at the context's end, done_reason length), a negative or 0 one no limit but the
+  context (as Ollama's runner reads it); temperature, top_k, top_p, min_p, seed (a negative one: random), presence_penalty and frequency_penalty
   are the sampler's of the same names, repeat_penalty its repetition_penalty (vLLM's rule: over the prompt and
   the whole output, so repeat_last_n, Ollama's window, has no effect); stop the stop strings; num_ctx the
   request's own context length (GenerationRequest.context_limit: prompt + answer within it, never past the
@@ -113,6 +114,7 @@ def chat_messages(messages: list[dict]) -> list[dict]:
 def _common(req: dict, model: str) -> dict:
     options = req["options"]
     return {"model": model, "thinking": thinking_of(req.get("think")), "max_tokens": max_tokens_of(options),
+            "fit_max_tokens": True,
             "sampling": sampling_of(options), "logprobs": logprobs_of(req), "stop": list(options.get("stop") or []),
             "structured": structured_of(req.get("format")), "context_limit": context_limit_of(options)}
 

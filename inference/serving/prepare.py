@@ -99,7 +99,8 @@ class GenerationRequest:
     prediction: a Predicted Output's text (serving/prediction.py). prefix_ids: token ids placed before every
     prompt's own (Ollama's generate `context`: an earlier answer's prompt and output). context_limit: the
     request's own context length in tokens (Ollama's num_ctx): prompt + completion within the lower of it and
-    the engine's; the model is never reloaded for it.
+    the engine's; the model is never reloaded for it. fit_max_tokens: max_tokens is an upper bound, cut to the room
+    the context leaves the prompt (Ollama's num_predict) instead of a 400 when it does not fit.
     """
 
     param: str
@@ -133,6 +134,7 @@ class GenerationRequest:
     beam: object = None
     prefix_ids: list[int] = field(default_factory=list)
     context_limit: int | None = None
+    fit_max_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -301,7 +303,10 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     inputs: list[GenerationInput] = []
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
-        max_tokens = resolve_max_tokens(greq.max_tokens, default_max, len(ids), limit, param=param)
+        requested = greq.max_tokens
+        if requested is not None and greq.fit_max_tokens:
+            requested = min(requested, max(1, limit - len(ids)))
+        max_tokens = resolve_max_tokens(requested, default_max, len(ids), limit, param=param)
         structured = StructuredOutput(compiled) if compiled is not None else None
         reasoning = (reasoning_spec(tok, setup.reasoning_parser, prompt_texts[k], setup.thinking)
                      if greq.messages is not None else None)
