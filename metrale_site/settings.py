@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "responses_api",
     "batches",
     "anthropic_api",
+    "ollama_api",
     "adapters",
     "console",
 ]
@@ -360,7 +361,7 @@ METRALE = {
     # An Anthropic Messages stream sends a `ping` event after this many seconds without another
     # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
     "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
-    # Origins (comma-separated, e.g. "https://app.example.com") whose browser apps may call /v1/*
+    # Origins (comma-separated, e.g. "https://app.example.com") whose browser apps may call /v1/* and /api/*
     # with a bearer key; unset: any origin, as OpenAI's and vLLM's servers allow. The admin, the
     # playground and every other page are never cross-origin.
     "CORS_ORIGINS": envlist("METRALE_CORS_ORIGINS"),
@@ -368,7 +369,7 @@ METRALE = {
 
 # CORS (django-cors-headers) for the API routes only. No credentials: a cross-origin caller
 # authenticates with its key, never with this site's session cookie.
-CORS_URLS_REGEX = r"^/v1(/.*)?$"
+CORS_URLS_REGEX = r"^/(v1|api)(/.*)?$"
 CORS_ALLOW_ALL_ORIGINS = not METRALE["CORS_ORIGINS"]
 CORS_ALLOWED_ORIGINS = METRALE["CORS_ORIGINS"]
 CORS_ALLOW_METHODS = ("GET", "POST", "DELETE", "OPTIONS")

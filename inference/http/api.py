@@ -101,7 +101,7 @@ def openai_endpoint(view=None, *, generates: bool = False, debits: bool = True, 
     generates=False: one request is debited before the view runs (models, tokenize, stored
     objects), unless debits=False (a router's probe for the request it routes). generates=True: the
     view calls `admit` itself. error_shape: how the route words
-    its errors (serving/errors.OPENAI or ANTHROPIC); every layer reads it from the view
+    its errors (serving/errors.OPENAI, ANTHROPIC or OLLAMA); every layer reads it from the view
     (inference.http.error_shapes)."""
     if view is None:
         return functools.partial(openai_endpoint, generates=generates, debits=debits, error_shape=error_shape)

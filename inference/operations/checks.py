@@ -8,7 +8,7 @@ from ..tenancy.ratelimiting.store import is_shared_atomically
 from ..serving.errors import OPENAI
 
 # Paths that must go through inference.http.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
-GUARDED_PREFIXES = ("v1/", "tokenize", "detokenize")
+GUARDED_PREFIXES = ("v1/", "api/", "tokenize", "detokenize")
 
 
 @register()
@@ -43,7 +43,7 @@ def guarded_routes():
 
 @register()
 def check_guarded_routes(app_configs, **kwargs):
-    """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting (neither
+    """W002: a /v1/*, /api/* (Ollama's), /tokenize or /detokenize view that skips auth and rate limiting (neither
     api.openai_endpoint nor api.operator_endpoint), or one URL
     whose method views (api.by_method) answer in different error shapes (the route has one shape,
     which every layer reads from its view: inference.http.error_shapes)."""

@@ -27,6 +27,11 @@ A model's life (ModelEntry.state): unloaded -> loading -> loaded -> unloaded, or
   model's name and the cause; the views answer 503 model_load_failed, never a 500), the model
   is marked failed (its error kept for /v1/models and the admin), and the next request naming
   it tries again. Other models keep serving.
+- Names added at run time (Ollama's routes): `alias(name, target)` makes `name` select `target`'s model
+  (/api/copy; `find` and serving/model_names.served_names read it), `add(spec)` serves a catalogue model
+  pulled while the process runs (/api/pull), `remove(name)` stops serving an added model or an alias
+  (/api/delete). They live in this process only: the configuration (METRALE_MODELS) is what every
+  process serves after a restart.
 """
 from __future__ import annotations
 
@@ -122,6 +127,8 @@ class ModelEntry:
     loaded_at: int | None = None
     # While a swap that drains first has no model installed: why (requests wait, /health says "swapping").
     unavailable: str | None = None
+    # Served because a request added it while the process runs (ModelRegistry.add), not configured.
+    added: bool = False
 
     @property
     def name(self) -> str:
@@ -166,6 +173,7 @@ class ModelRegistry:
                  keep_alive: dict[str, float] | None = None, load_wait_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic):
         self.loader = loader
+        self.keep_alive_s = keep_alive_s
         self.budget_bytes = budget_bytes
         self.load_wait_s = load_wait_s
         self.clock = clock
@@ -174,6 +182,8 @@ class ModelRegistry:
         self._reaper: threading.Thread | None = None
         self._stopped = threading.Event()
         self.entries: dict[str, ModelEntry] = {}
+        # name -> the served name it selects (alias)
+        self.aliases: dict[str, str] = {}
         chats = [s.name for s in specs if s.kind == CHAT]
         pins = set(pinned if pinned is not None else chats[:1])
         for spec in specs:
@@ -191,14 +201,15 @@ class ModelRegistry:
 
     def find(self, name: str, kind: str = CHAT) -> ModelEntry | None:
         """The entry a request's `model` selects on a route serving `kind`, None when none does:
-        "" the default; a configured name; an alias (METRALE_MODEL_ALIASES) or `base:adapter` of a chat
-        model; an adapter of a loaded chat model; any name when METRALE_ACCEPT_ANY_MODEL_NAME is on (both
-        settings read at each call, as serving/model_names reads them)."""
+        "" the default; a configured (or added) name; an alias made at run time (`alias`) of a model of
+        either kind; an alias (METRALE_MODEL_ALIASES) or `base:adapter` of a chat model; an adapter of a
+        loaded chat model; any name when METRALE_ACCEPT_ANY_MODEL_NAME is on (both settings read at each
+        call, as serving/model_names reads them)."""
         aliases = settings.METRALE.get("MODEL_ALIASES") or []
         with self._lock:
             if not name:
                 return self.default(kind)
-            entry = self.entries.get(name)
+            entry = self.entries.get(name) or self.entries.get(self.aliases.get(name, ""))
             if entry is not None:
                 return entry
             if kind != CHAT:
@@ -448,6 +459,68 @@ class ModelRegistry:
     def set_keep_alive(self, name: str, seconds: float) -> None:
         with self._lock:
             self.entries[name].keep_alive_s = seconds
+
+    # --- names added while the process runs (module doc) ---
+
+    def alias(self, name: str, target: str) -> None:
+        """`name` selects the served model `target` from now on (an alias of an alias selects its model).
+        Raises KeyError when `target` selects no model, ValueError when `name` is a served model's own."""
+        with self._lock:
+            served = self.aliases.get(target, target)
+            if served not in self.entries:
+                raise KeyError(target)
+            if name in self.entries:
+                raise ValueError(f"{name!r} is a served model's own name")
+            self.aliases[name] = served
+
+    def aliases_of(self, name: str) -> list[str]:
+        """The aliases made at run time that select the served model `name`, in the order they were made."""
+        with self._lock:
+            return [alias for alias, served in self.aliases.items() if served == name]
+
+    def add(self, spec: ModelSpec) -> ModelEntry:
+        """Serve `spec` from now on (a catalogue model pulled while the process runs), unloaded until a request
+        names it, with the default keep_alive. Returns its entry (the existing one when that name is served)."""
+        with self._lock:
+            entry = self.entries.get(spec.name)
+            if entry is None:
+                entry = self.entries[spec.name] = ModelEntry(spec, keep_alive_s=self.keep_alive_s, added=True)
+            self.aliases.pop(spec.name, None)
+            return entry
+
+    def remove(self, name: str) -> None:
+        """Stop serving `name`: an alias (`alias`), or a model `add` served (unloaded first, and the aliases that
+        select it dropped). Raises KeyError when nothing of that name is served, ValueError (the reason, a
+        sentence) for a configured model or one a request holds."""
+        with self._lock:
+            if name in self.aliases:
+                del self.aliases[name]
+                return
+            entry = self.entries[name]
+            if not entry.added:
+                raise ValueError(f"{name} is configured (METRALE_MODELS); take it out of the configuration to stop "
+                                 "serving it")
+            if entry.busy() or entry.state == LOADING:
+                raise ValueError(f"{name} is loading or answering requests; retry once they end")
+        if entry.state == LOADED and not self._unload(entry, why="removed on request"):
+            raise ValueError(f"{name} is answering requests; retry once they end")
+        with self._lock:
+            self.entries.pop(name, None)
+            self.aliases = {a: served for a, served in self.aliases.items() if served != name}
+
+    def expires_in_s(self, name: str) -> float | None:
+        """Seconds until the reaper may unload the loaded model `name`: its keep_alive less the time it has
+        been idle (its whole keep_alive while a request holds it), math.inf for a pinned model or one kept
+        for good; None when it is not loaded."""
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or entry.state != LOADED:
+                return None
+            if entry.pinned or math.isinf(entry.keep_alive_s):
+                return math.inf
+            if entry.busy():
+                return entry.keep_alive_s
+            return max(0.0, entry.keep_alive_s - (self.clock() - entry.last_used))
 
     def install(self, entry: ModelEntry, spec: ModelSpec, loaded: Loaded | None) -> ModelEntry:
         """Serve `loaded` (already loaded from `spec`) in `entry`'s place (the swap's switch): the entry

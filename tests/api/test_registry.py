@@ -2,8 +2,8 @@
 model it names (concurrent first requests load it once, and wait), keep_alive (the body field and the model's own)
 unloads idle models, the memory budget evicts least-recently-used idle models and never a busy or pinned one, a
 model that cannot load fails its requests with 503 naming it and its cause (marked failed, retried later) while
-the others serve, an unknown model is a 404 naming it in each route's shape, and /v1/models, /health and
-/metrics show each model's state."""
+the others serve, an unknown model is a 404 naming it in each route's shape, /v1/models, /health and
+/metrics show each model's state, and names added while the process runs (aliases, pulled models) come and go."""
 from __future__ import annotations
 
 import asyncio
@@ -354,3 +354,37 @@ def test_with_several_chat_models_a_dead_engine_marks_its_model_failed_and_the_o
     assert registry.entries[B].state == FAILED and "a kernel fault" in registry.entries[B].error
     assert content(chat(A)) == f"I am {A}"  # the other model's requests go on
     assert content(chat(B)) == f"I am {B}" and loader.loads.count(B) == 2  # loaded again on its next request
+
+
+def test_names_added_while_running_aliases_pulled_models_and_their_removal(models, smollm2_dir):
+    registry, loader, clock = models(A, B, pinned=[A], keep_alive_s=60)
+    loader.models[C] = loader.models[B]  # what a pull fetched: the loader can load it, the configuration has it not
+    registry.alias("copy-of-b", B)
+    registry.alias("copy-of-copy", "copy-of-b")  # an alias of an alias selects its model
+    assert registry.find("copy-of-copy") is registry.entries[B] and registry.aliases_of(B) == ["copy-of-b",
+                                                                                                "copy-of-copy"]
+    with pytest.raises(KeyError):
+        registry.alias("x", "nothing")
+    with pytest.raises(ValueError):
+        registry.alias(A, B)  # a served model's own name
+    added = registry.add(ModelSpec(C, smollm2_dir, CHAT))
+    assert added.added and added.state == UNLOADED and added.keep_alive_s == 60 and registry.add(added.spec) is added
+    registry.load(C).result(10)
+    assert registry.expires_in_s(C) == 60 and registry.expires_in_s(B) is None  # idle since now; B not loaded
+    clock.now += 45
+    assert registry.expires_in_s(C) == 15
+    registry.load(A).result(10)
+    assert math.isinf(registry.expires_in_s(A))  # pinned
+    hold = registry.acquire_blocking(registry.entries[C])
+    with pytest.raises(ValueError, match="answering requests"):
+        registry.remove(C)
+    hold.release()
+    registry.alias("copy-of-c", C)
+    registry.remove(C)
+    assert C not in registry.entries and "copy-of-c" not in registry.aliases and C in loader.released
+    registry.remove("copy-of-b")
+    assert "copy-of-b" not in registry.aliases and B in registry.entries
+    with pytest.raises(ValueError, match="configured"):
+        registry.remove(B)
+    with pytest.raises(KeyError):
+        registry.remove("never-served")
