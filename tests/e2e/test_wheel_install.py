@@ -136,7 +136,7 @@ def test_the_wheel_holds_every_app_and_runs_from_site_packages(installed):
     print(f"sdist and wheel built, installed into a fresh venv in {seconds:.1f} s")
     code = ("import importlib, inference, pathlib; print(pathlib.Path(inference.__file__).parent.parent); "
             "[importlib.import_module(a + '.apps') for a in "
-            "('inference', 'responses_api', 'batches', 'anthropic_api', 'adapters', 'console')]")
+            "('inference', 'responses_api', 'batches', 'anthropic_api', 'ollama_api', 'adapters', 'console')]")
     site = Path(subprocess.run([str(bin_dir / "python"), "-c", code], check=True, capture_output=True, text=True,
                                cwd="/", env=clean_env(Path("/nonexistent"))).stdout.strip())
     assert site.name == "site-packages" and bin_dir.parent in site.parents
