@@ -328,6 +328,7 @@ class ModelLoader:
     def load_embedding(self, spec, registry):
         import time
 
+        from inference.engine.core_share import ThreadTeam
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.embedding_runner import EmbeddingRunner
 
@@ -336,7 +337,9 @@ class ModelLoader:
         folder = self.folder(spec)
         before = rss_bytes()
         model = EmbeddingModel(folder, self.metrale.get("EMBEDDING_WEIGHTS") or "auto")
-        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35)
+        threads, adaptive = self.metrale.get("NUM_THREADS"), self.metrale.get("ADAPTIVE_THREADS")
+        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35,
+                                 team=lambda: ThreadTeam(threads, adaptive=adaptive is not False))
         service = EmbeddingService(spec.name, folder, int(time.time()), model, runner)
         host = registry.runtime()
         if host is not None and hasattr(host.engine, "attach_embeddings"):
