@@ -7,6 +7,7 @@ the others serve, an unknown model is a 404 naming it in each route's shape, and
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -101,6 +102,8 @@ def test_concurrent_first_requests_load_the_model_once_and_all_wait_for_it(model
         while registry.entries[A].holds < 6 and time.monotonic() < deadline:  # every request is waiting for it
             await asyncio.sleep(0.02)
         assert registry.entries[A].state == "loading" and not any(t.done() for t in tasks)
+        listed = await AsgiRequest("GET", "/v1/models", {}, b"").start(timeout_s=60)
+        assert [m["state"] for m in json.loads(await listed.read_all())["data"]] == ["loading"]
         gate.set()
         return await asyncio.gather(*tasks)
 
