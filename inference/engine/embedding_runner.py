@@ -8,7 +8,9 @@ chat engine's (AsyncEngine.attach_embeddings), which after each step of its own 
 decode steps are never more than about (1 + share) apart however much embedding work waits; with no
 chat work the runner's units are `idle_chunk_rows` rows and run back to back. Without a chat engine,
 `start_thread` gives the runner a thread of its own (`end_thread` ends it when a chat engine comes to
-host it). A pass that raises fails the requests it held and no other.
+host it); that thread steps under the process's thread-team rule like an engine's (core_share.ThreadTeam:
+a team of its own among the process's, sized with torch.set_num_threads before each unit). A pass that
+raises fails the requests it held and no other.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .core_share import ThreadTeam
 from .embedding_model import EmbeddingModel
 from .models.bert import PackedBatch
 from .stats import REQUEST_LATENCY_BUCKETS_S, Histogram, build_1_2_5_buckets
@@ -74,10 +77,12 @@ class EmbeddingStats:
 class EmbeddingRunner:
     """The embedding model's queue and passes. `share`: the fraction of each chat step's time given to
     embedding units while chat work runs; busy_chunk_rows / idle_chunk_rows: the rows of one unit then
-    and when chat is idle; max_batch_tokens: the most tokens of one pass."""
+    and when chat is idle; max_batch_tokens: the most tokens of one pass; team: makes the ThreadTeam its own
+    thread steps under (core_share; the loader passes the engine settings' num_threads and adaptive_threads)."""
 
     def __init__(self, model: EmbeddingModel, *, max_batch_tokens: int = 8192, share: float = 0.35,
-                 busy_chunk_rows: int = 32, idle_chunk_rows: int = 1024, idle_slice_s: float = 0.02):
+                 busy_chunk_rows: int = 32, idle_chunk_rows: int = 1024, idle_slice_s: float = 0.02,
+                 team: Callable[[], ThreadTeam] = ThreadTeam):
         if not 0 < share <= 4 or busy_chunk_rows <= 0 or idle_chunk_rows <= 0:
             raise ValueError("share must be in (0, 4] and the chunk rows positive")
         if max_batch_tokens < model.max_input_tokens:
@@ -97,6 +102,8 @@ class EmbeddingRunner:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._make_team = team
+        self.team: ThreadTeam | None = None  # while the runner has a thread of its own
 
     # --- any thread ---
 
@@ -134,6 +141,9 @@ class EmbeddingRunner:
             if self._pass is None and not self._start_pass():
                 return
             units, parts, batch = self._pass
+            team = self.team
+            if team is not None and self.host is self:  # its own thread: the process's rule, like an engine's
+                team.adjust()
             try:
                 next(units)
             except StopIteration as done:
@@ -206,7 +216,8 @@ class EmbeddingRunner:
     # --- a thread of its own (no chat engine hosts it) ---
 
     def start_thread(self) -> None:
-        """Run the units on a thread of this runner's own (idempotent)."""
+        """Run the units on a thread of this runner's own (idempotent), its team among the process's
+        engines' (core_share.ThreadTeam) from now until the thread ends."""
         if self._thread is not None:
             return
         event = threading.Event()
@@ -214,6 +225,7 @@ class EmbeddingRunner:
         self.host = self
 
         def loop():
+            self.team = self._make_team()  # made here: torch's thread count is set on the thread that steps
             while not self._stopped:
                 if self.has_work():
                     self.run_for(self.idle_slice_s, busy=False)
@@ -233,6 +245,7 @@ class EmbeddingRunner:
         self.wake()
         self._thread.join(10)
         self._thread, self._stopped, self.host = None, False, None
+        self._leave_team()
 
     def stop(self) -> None:
         """Stop the runner's own thread (if it has one) after its current unit."""
@@ -240,3 +253,9 @@ class EmbeddingRunner:
         self.wake()
         if self._thread is not None:
             self._thread.join(10)
+        self._leave_team()
+
+    def _leave_team(self) -> None:
+        if self.team is not None:
+            self.team.leave()
+            self.team = None

@@ -201,9 +201,9 @@ async def health(request):
             default = registry.default() or registry.default(EMBEDDING)
             return JsonResponse({"status": "ready", "model": default.name, "models": models})
         return JsonResponse({"status": "ready", "model": rt.model_id, "system_fingerprint": rt.fingerprint or None,
-                             "adapters": sorted(rt.adapters), "swap": swap.status(), "models": models})
+                             "adapters": sorted(rt.adapters), "swap": swap.status(registry), "models": models})
     if state == "swapping":
-        return JsonResponse({"status": "swapping", "error": error, "swap": swap.status()}, status=503,
+        return JsonResponse({"status": "swapping", "error": error, "swap": swap.status(registry)}, status=503,
                             headers={"Retry-After": "5"})
     body = {"status": "failed", "error": error} if state == "failed" else {"status": "loading"}
     return JsonResponse(body, status=503)

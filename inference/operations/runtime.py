@@ -208,6 +208,16 @@ def _safetensors_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
 
+def memory_estimate(folder: Path, kv_cache_bytes: int | None) -> int:
+    """Memory a model folder will take once served on CPU in float32 with int8 copies: its safetensors
+    scaled to float32 (bytes per parameter from config.json's dtype) plus a quarter for the int8 copies,
+    plus its KV pool (a swap's check against the machine's free memory)."""
+    stored = _safetensors_bytes(folder)
+    dtype = (ModelFolder.read(folder).model_config.torch_dtype or "float32").removeprefix("torch.")
+    scale = 4 / {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+    return int(stored * scale * 1.25) + (kv_cache_bytes or 0)
+
+
 def release_embeddings(runner) -> None:
     """An unloading embedding model's runner: detached from the chat engine that ran its units (so that
     engine no longer holds it), or its own thread stopped."""
@@ -256,6 +266,17 @@ class ModelLoader:
         if not files and spec.gguf is not None and spec.gguf.is_file():
             files = spec.gguf.stat().st_size
         return files + ((self.kv_cache_bytes() or 0) if spec.kind == CHAT else 0)
+
+    def fits_beside(self, spec, old) -> bool:
+        """Whether `spec` can load while `old` (a Loaded) keeps its memory: memory_estimate against the
+        device's free memory (MemAvailable on CPU), a fifth kept free; the new KV pool taken as large as
+        the old one's where no setting sizes it."""
+        from inference.engine.llm_engine import available_memory_bytes, resolve_device
+
+        if not (spec.folder / "config.json").is_file():
+            return True  # a GGUF not imported yet, or no model there (its load says why)
+        need = memory_estimate(spec.folder, self.kv_cache_bytes() or old.kv_bytes)
+        return need < 0.8 * available_memory_bytes(resolve_device(self.metrale.get("DEVICE") or "auto"))
 
     def folder(self, spec) -> Path:
         """The model folder of `spec`, a GGUF imported into it first where it is not there yet.
@@ -335,6 +356,7 @@ class ModelLoader:
     def load_embedding(self, spec, registry):
         import time
 
+        from inference.engine.core_share import ThreadTeam
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.embedding_runner import EmbeddingRunner
 
@@ -343,7 +365,9 @@ class ModelLoader:
         folder = self.folder(spec)
         before = rss_bytes()
         model = EmbeddingModel(folder, self.metrale.get("EMBEDDING_WEIGHTS") or "auto")
-        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35)
+        threads, adaptive = self.metrale.get("NUM_THREADS"), self.metrale.get("ADAPTIVE_THREADS")
+        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35,
+                                 team=lambda: ThreadTeam(threads, adaptive=adaptive is not False))
         service = EmbeddingService(spec.name, folder, int(time.time()), model, runner)
         host = registry.runtime()
         if host is not None and hasattr(host.engine, "attach_embeddings"):
