@@ -201,7 +201,7 @@ def test_the_readmes_first_example_as_written_ends_within_its_max_tokens(served,
 
 def test_the_front_door_and_static_files_come_from_the_package(served):
     url, _, _ = served
-    page = httpx.get(url + "/", timeout=30)
+    page = httpx.get(url + "/", headers={"Accept": "text/html"}, timeout=30)  # a browser's (others: Ollama's probe)
     assert page.status_code == 200 and SMOLLM2 in page.text and "max_tokens" in page.text
     assert httpx.get(url + "/static/console/console.css", timeout=30).status_code == 200
 
