@@ -73,10 +73,10 @@ class Command(BaseCommand):
     def handle(self, *args, requests, prompt, **options):
         logging.getLogger("httpx").setLevel(logging.WARNING)
         from inference.engine.kernels.build import cpuinfo_field
-        from inference.operations.runtime import embedding_folder
+        from inference.operations.model_specs import spec_for
 
         env = {"METRALE_MODEL": settings.METRALE["MODEL"]}
-        minilm = embedding_folder("all-minilm-l6-v2")
+        minilm = spec_for("all-minilm-l6-v2").folder
         if (minilm / "config.json").is_file():
             env["METRALE_EMBEDDING_MODEL"] = str(minilm)
         with tempfile.TemporaryDirectory() as tmp, LiveServer(env, Path(tmp)) as server, \
