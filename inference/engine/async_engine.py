@@ -327,14 +327,12 @@ class AsyncEngine:
             side = self._embeddings if self._embeddings is not None and self._embeddings.host is self else None
             side_work = side is not None and side.has_work()
             if not self.engine.has_work():
-                if side_work:  # chat idle: embedding units back to back, commands checked between slices
-                    team = getattr(self.engine, "team", None)
-                    if team is not None:
-                        team.adjust()
-                    side.run_for(side.idle_slice_s, busy=False)
-                    continue
                 team = getattr(self.engine, "team", None)
-                if team is not None:  # the others' load kept current while idle (engine/core_share.py)
+                if side_work:  # chat idle: embedding units back to back, commands checked between slices
+                    side.run_for(side.idle_slice_s, busy=False, team=team)
+                    continue
+                if team is not None:  # idle: the OpenMP workers ended, the others' load kept current (core_share.py)
+                    team.rest()
                     team.observe()
                 self._wake.wait(timeout=IDLE_WAKE_S if team is not None and team.adaptive else 0.5)
                 self._wake.clear()
