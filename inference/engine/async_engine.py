@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
+from .core_share import name_this_thread
 from .llm_engine import LLMEngine
 from .outputs import EngineOverloaded, Failed, Finished, RequestRejected
 from .request import EngineRequest
@@ -307,6 +308,7 @@ class AsyncEngine:
                 self._retire(seq)
 
     def _run(self, config: EngineConfig | None) -> None:
+        name_this_thread(self._thread.name)
         if config is not None:
             try:
                 self.engine = LLMEngine(config)

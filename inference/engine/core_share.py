@@ -330,3 +330,22 @@ def pause_openmp_workers() -> bool:
         except (AttributeError, OSError):
             _omp_pause = False
     return bool(_omp_pause) and _omp_pause(OMP_PAUSE_SOFT) == 0
+
+
+PR_SET_NAME = 15  # prctl(2): the calling thread's name (comm), at most 15 bytes
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread `name` (its first 15 bytes) as the OS shows it (/proc/<pid>/task/<tid>/comm,
+    top -H): threads it creates later, its OpenMP workers among them, start with the same name, so a
+    per-thread reading groups an engine thread with its team (manage.py bench_overhead). Linux only; a
+    no-op elsewhere or where prctl fails."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (AttributeError, OSError):
+        pass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .core_share import ThreadTeam
+from .core_share import ThreadTeam, name_this_thread
 from .embedding_model import EmbeddingModel
 from .models.bert import PackedBatch
 from .stats import REQUEST_LATENCY_BUCKETS_S, Histogram, build_1_2_5_buckets
@@ -224,6 +224,7 @@ class EmbeddingRunner:
         self.host = self
 
         def loop():
+            name_this_thread("metrale-embed")
             team = ThreadTeam()  # this thread's own (OpenMP's thread count is per thread)
             while not self._stopped:
                 if self.has_work():
