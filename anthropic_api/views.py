@@ -12,7 +12,7 @@ from django.http import JsonResponse
 
 from inference.http.api import openai_endpoint
 from inference.serving.errors import ANTHROPIC, not_found
-from inference.serving.prepare import cpu_work, prepare, prompt_ids
+from inference.serving.prepare import cpu_work, light_work, prepare, prompt_ids
 from inference.http.views import allow, cache_salt_of, ready_runtime, respond
 
 from . import protocol
@@ -25,10 +25,11 @@ from .wire import MessagesWire
 async def messages(request):
     """POST /v1/messages, blocking or streamed (SSE)."""
     started = time.perf_counter()
-    req = await cpu_work(protocol.parse_messages, request.body)
+    size = len(request.body)
+    req = await light_work(protocol.parse_messages, size, request.body)
     rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
     prepared = await prepare(generation_request(req), rt, request_id=getattr(request, "request_id", None),
-                             cache_salt=cache_salt_of(request))
+                             cache_salt=cache_salt_of(request), size=size)
     return await respond(request, rt, prepared, MessagesWire(req, prepared), param="messages", started=started)
 
 

@@ -1,4 +1,4 @@
-"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app inside the API's ASGI
+"""ASGI entry point: a channels ProtocolTypeRouter whose `http` is Django's ASGI app (asgi_handler.py) inside the API's ASGI
 guard (inference.http.middleware.ApiAsgiGuard: body size limit, JSON errors, every response ended) inside
 inference.http.observe.ObservedRequests (request id, request log, HTTP metrics), whose `websocket` is the
 live dashboard (inference/routing.py), and the two rules daphne's HTTP layer needs before any
@@ -12,12 +12,18 @@ import json
 import os
 import sys
 
+import django
 from channels.routing import ProtocolTypeRouter
-from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "metrale_site.settings")
 
-django_asgi_app = get_asgi_application()
+# Django's ASGI application as get_asgi_application() makes it, with the handler that makes no thread for
+# a request that needs none (asgi_handler.py).
+django.setup(set_prefix=False)
+
+from .asgi_handler import AsyncRequestHandler  # noqa: E402
+
+django_asgi_app = AsyncRequestHandler()
 
 # The engine thread gives the GIL up around every torch op and kernel call and needs it back at
 # once while this process's event loop serves the streams; CPython lets a waiting thread wait

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
+from .core_share import name_this_thread
 from .llm_engine import LLMEngine
 from .outputs import EngineOverloaded, Failed, Finished, RequestRejected
 from .request import EngineRequest
@@ -320,6 +321,7 @@ class AsyncEngine:
                 self._retire(seq)
 
     def _run(self, config: EngineConfig | None, kv_events) -> None:
+        name_this_thread(self._thread.name)
         if config is not None:
             try:
                 self.engine = LLMEngine(config, kv_events)
@@ -340,14 +342,12 @@ class AsyncEngine:
             side = self._embeddings if self._embeddings is not None and self._embeddings.host is self else None
             side_work = side is not None and side.has_work()
             if not self.engine.has_work():
-                if side_work:  # chat idle: embedding units back to back, commands checked between slices
-                    team = getattr(self.engine, "team", None)
-                    if team is not None:
-                        team.adjust()
-                    side.run_for(side.idle_slice_s, busy=False)
-                    continue
                 team = getattr(self.engine, "team", None)
-                if team is not None:  # the others' load kept current while idle (engine/core_share.py)
+                if side_work:  # chat idle: embedding units back to back, commands checked between slices
+                    side.run_for(side.idle_slice_s, busy=False, team=team)
+                    continue
+                if team is not None:  # idle: the OpenMP workers ended, the others' load kept current (core_share.py)
+                    team.rest()
                     team.observe()
                 self._wake.wait(timeout=IDLE_WAKE_S if team is not None and team.adaptive else 0.5)
                 self._wake.clear()

@@ -221,7 +221,8 @@ class EngineConfig:
     keeps every block (one pool, the window applied by masks alone).
     num_threads: the most threads a step uses (None: the CPUs the affinity mask and the cgroup's quota
     allow); adaptive_threads: each step's team is that cap less the cores other runnable tasks hold
-    (core_share.ThreadTeam), so a busy neighbour does not stall every barrier.
+    (core_share.ThreadTeam), so a busy neighbour does not stall every barrier. solo_step_tokens: a step
+    that only prefills at most this many tokens runs on one thread (LLMEngine.solo_step; 0: never).
     """
 
     model_path: str
@@ -248,6 +249,7 @@ class EngineConfig:
     # The team follows the CPUs other runnable tasks leave (core_share.ThreadTeam); False: always the cap
     # (affinity, cgroup quota, num_threads).
     adaptive_threads: bool = True
+    solo_step_tokens: int = 16
     step_log: bool = False
     max_waiting_requests: int = 0
     max_loras: int = 4
@@ -290,6 +292,8 @@ class EngineConfig:
             raise ConfigError("max_loras must be >= 0 and max_lora_rank positive")
         if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
             raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
+        if self.solo_step_tokens < 0:
+            raise ConfigError("solo_step_tokens must be >= 0 (0: every step runs on the team)")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0 (0: unbounded)")
         try:

@@ -29,6 +29,20 @@ kernel reads torch.get_num_threads() at its call (the decode step, prefill, the 
 sampler's draw), and torch's own intra-op pool follows the same count, so the whole process computes
 under one rule. OpenMP's number-of-threads setting is the calling thread's own, so two engines on two
 threads each apply their own share.
+
+What a team costs beyond its work: after each parallel region libgomp's workers spin-wait for the next
+one (GOMP_SPINCOUNT, 300,000 pauses by default: ~10 ms of a core on the 2-vCPU EPYC), and that is the
+process's CPU. Between the steps of a running batch the spin is what keeps the next step's start
+fast (a 1,000-pause spin made decode through HTTP 7-20% slower), so it stays. Two other places it
+buys nothing:
+
+- A unit too small for a second thread to pay (the callers' rules: LLMEngine.solo_step for a prefill
+  of a few tokens with nothing decoding, EmbeddingRunner's for a pass of a few rows while chat is
+  idle) runs alone (`adjust(alone=True)`): one thread, no parallel region, no worker woken.
+- When the engine goes idle (`rest()`), the calling thread's OpenMP workers are ended at once
+  (OpenMP 5.0's omp_pause_resource_all, soft: libgomp joins the thread's pool) instead of spinning
+  out their count; the next parallel region starts them again (a thread creation, once per busy
+  period).
 """
 from __future__ import annotations
 
@@ -185,30 +199,35 @@ def cpu_sample(clock=time.monotonic) -> CpuSample | None:
 class ThreadTeam:
     """The engine thread's team size, followed step by step (see the module's rule).
 
-    `adjust()` before each unit of work (a step, an embedding unit) returns the team size and applies
-    it with torch.set_num_threads when it changed (or when called from another thread than last).
-    `adaptive=False` keeps the cap and measures nothing. Not thread-safe: one engine thread owns it.
-    sample / clock / apply replace the readings and torch's setter, peers the set of the process's
-    teams (tests)."""
+    `adjust()` before each unit of work (a step, an embedding unit) returns the threads it runs on (the
+    team size, or 1 when `alone`) and applies them with torch.set_num_threads when they changed (or when
+    called from another thread than last); `rest()` when the thread goes idle. `adaptive=False` keeps
+    the cap and measures nothing. Not thread-safe: one engine thread owns it. sample / clock / apply /
+    pause replace the readings, torch's setter and the OpenMP workers' ending, peers the set of the
+    process's teams (tests)."""
 
     teams: "weakref.WeakSet[ThreadTeam]" = weakref.WeakSet()  # every engine's team in this process
 
     def __init__(self, configured: int | None = None, adaptive: bool = True,
-                 sample=cpu_sample, clock=time.monotonic, apply=None, peers=None):
+                 sample=cpu_sample, clock=time.monotonic, apply=None, peers=None, pause=None):
         self.configured = configured
         self.adaptive = adaptive
         self._sample = sample
         self._clock = clock
         self._apply = apply or _set_torch_threads
+        self._pause = pause or pause_openmp_workers
         self.cap = cpu_cap(configured)
         self._cap_at = clock()
         self._samples: deque[CpuSample] = deque()
         self.given_up = 0  # cores left to the others
         self.others_cpus = 0.0  # the others' load over the window, in CPUs (metrics)
         self.last_step_at = -math.inf
-        self.size = 0
-        self._thread = None  # the thread the size was last applied on (OpenMP's setting is per thread)
+        self.size = 0  # the team: the threads a unit that is not alone runs on
+        self.threads = 0  # the threads the last unit ran on (1 when alone), as applied
+        self._thread = None  # the thread they were last applied on (OpenMP's setting is per thread)
         self.changes = 0  # how many times the team changed size (metrics, tests)
+        self.resting = False  # rest() ended the workers and no unit has run since
+        self.rests = 0  # how many times rest() ended them (tests)
         self._peers = ThreadTeam.teams if peers is None else peers
         self._peers.add(self)
         self.adjust(stepping=False)
@@ -223,23 +242,37 @@ class ThreadTeam:
             return None
         return max(0.0, (last.machine_s - first.machine_s) - (last.process_s - first.process_s)) / wall
 
-    def adjust(self, stepping: bool = True) -> int:
-        """Sample the load (at most every SAMPLE_EVERY_S), size the team and apply it; returns the size.
-        stepping: this engine is about to compute (it counts among the process's active engines)."""
+    def adjust(self, stepping: bool = True, alone: bool = False) -> int:
+        """Sample the load (at most every SAMPLE_EVERY_S), size the team and apply the threads the next
+        unit runs on: the team, or 1 when `alone` (a unit too small for a second thread to pay: the
+        module's rule). Returns them. stepping: this engine is about to compute (it counts among the
+        process's active engines)."""
         now = self._clock()
         if stepping:
             self.last_step_at = now
+            self.resting = False
         self.observe(now)
         self.given_up = min(self.given_up, self.cap.cpus - 1)
         active = sum(1 for t in list(self._peers) if t is self or now - t.last_step_at <= ACTIVE_S)
         size = max(1, (self.cap.cpus - self.given_up) // max(1, active))
+        if self.size and size != self.size:
+            self.changes += 1
+        self.size = size
+        threads = 1 if alone else size
         thread = threading.get_ident()
-        if size != self.size or thread != self._thread:
-            if self.size and size != self.size:
-                self.changes += 1
-            self.size, self._thread = size, thread
-            self._apply(size)
-        return size
+        if threads != self.threads or thread != self._thread:
+            self.threads, self._thread = threads, thread
+            self._apply(threads)
+        return threads
+
+    def rest(self) -> None:
+        """The calling (engine) thread has nothing to compute: end its OpenMP workers now rather than let
+        them spin out their wait (the module's rule). Once per idle spell: a no-op until a unit runs."""
+        if self.resting:
+            return
+        self.resting = True
+        if self._pause():
+            self.rests += 1
 
     def leave(self) -> None:
         """Stop counting among the process's teams (the thread that stepped with it has ended)."""
@@ -280,3 +313,45 @@ def _set_torch_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+_omp_pause = None  # OpenMP 5.0's omp_pause_resource_all of the runtime torch loaded (False: none found)
+OMP_PAUSE_SOFT = 1  # omp_pause_soft (omp.h's omp_pause_resource_t)
+
+
+def pause_openmp_workers() -> bool:
+    """End the calling thread's OpenMP worker threads (omp_pause_resource_all(omp_pause_soft): libgomp
+    frees the thread's pool, joining its workers; Intel's and LLVM's runtimes put theirs to sleep); the
+    next parallel region starts them again. Returns whether the runtime did it: False where no OpenMP
+    runtime with OpenMP 5.0's pause is loaded, or it refused (e.g. inside a parallel region)."""
+    global _omp_pause
+    if _omp_pause is None:
+        import ctypes
+
+        import torch  # noqa: F401  (its OpenMP runtime is loaded with torch, its symbols global)
+
+        try:
+            _omp_pause = ctypes.CDLL(None).omp_pause_resource_all
+            _omp_pause.argtypes, _omp_pause.restype = [ctypes.c_int], ctypes.c_int
+        except (AttributeError, OSError):
+            _omp_pause = False
+    return bool(_omp_pause) and _omp_pause(OMP_PAUSE_SOFT) == 0
+
+
+PR_SET_NAME = 15  # prctl(2): the calling thread's name (comm), at most 15 bytes
+
+
+def name_this_thread(name: str) -> None:
+    """Give the calling thread `name` (its first 15 bytes) as the OS shows it (/proc/<pid>/task/<tid>/comm,
+    top -H): threads it creates later, its OpenMP workers among them, start with the same name, so a
+    per-thread reading groups an engine thread with its team (manage.py bench_overhead). Linux only; a
+    no-op elsewhere or where prctl fails."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (AttributeError, OSError):
+        pass

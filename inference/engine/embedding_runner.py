@@ -6,7 +6,8 @@ none padded) and runs the encoder's units (models/bert.BertEncoder.units) on its
 chat engine's (AsyncEngine.attach_embeddings), which after each step of its own gives the runner
 `share` of that step's time, units of at most `busy_chunk_rows` rows, so an interactive stream's
 decode steps are never more than about (1 + share) apart however much embedding work waits; with no
-chat work the runner's units are `idle_chunk_rows` rows and run back to back. Without a chat engine,
+chat work the runner's units are `idle_chunk_rows` rows and run back to back, on the host's thread
+team (core_share.ThreadTeam), a pass of at most `solo_rows` rows on one thread. Without a chat engine,
 `start_thread` gives the runner a thread of its own (`end_thread` ends it when a chat engine comes to
 host it); that thread steps under the process's thread-team rule like an engine's (core_share.ThreadTeam:
 a team of its own among the process's, sized with torch.set_num_threads before each unit). A pass that
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .core_share import ThreadTeam
+from .core_share import ThreadTeam, name_this_thread
 from .embedding_model import EmbeddingModel
 from .models.bert import PackedBatch
 from .stats import REQUEST_LATENCY_BUCKETS_S, Histogram, build_1_2_5_buckets
@@ -77,14 +78,16 @@ class EmbeddingStats:
 class EmbeddingRunner:
     """The embedding model's queue and passes. `share`: the fraction of each chat step's time given to
     embedding units while chat work runs; busy_chunk_rows / idle_chunk_rows: the rows of one unit then
-    and when chat is idle; max_batch_tokens: the most tokens of one pass; team: makes the ThreadTeam its own
-    thread steps under (core_share; the loader passes the engine settings' num_threads and adaptive_threads)."""
+    and when chat is idle; max_batch_tokens: the most tokens of one pass; solo_rows: while chat is idle, a
+    pass of at most this many rows (tokens) runs on one thread, too small for a second one to pay
+    (core_share's rule; 0: never); team: makes the ThreadTeam its own thread steps under (core_share; the
+    loader passes the engine settings' num_threads and adaptive_threads)."""
 
     def __init__(self, model: EmbeddingModel, *, max_batch_tokens: int = 8192, share: float = 0.35,
                  busy_chunk_rows: int = 32, idle_chunk_rows: int = 1024, idle_slice_s: float = 0.02,
-                 team: Callable[[], ThreadTeam] = ThreadTeam):
-        if not 0 < share <= 4 or busy_chunk_rows <= 0 or idle_chunk_rows <= 0:
-            raise ValueError("share must be in (0, 4] and the chunk rows positive")
+                 solo_rows: int = 64, team: Callable[[], ThreadTeam] = ThreadTeam):
+        if not 0 < share <= 4 or busy_chunk_rows <= 0 or idle_chunk_rows <= 0 or solo_rows < 0:
+            raise ValueError("share must be in (0, 4], the chunk rows positive and solo_rows >= 0")
         if max_batch_tokens < model.max_input_tokens:
             raise ValueError(f"max_batch_tokens {max_batch_tokens} is under one input's {model.max_input_tokens}")
         self.model = model
@@ -93,6 +96,7 @@ class EmbeddingRunner:
         self.busy_chunk_rows = busy_chunk_rows
         self.idle_chunk_rows = idle_chunk_rows
         self.idle_slice_s = idle_slice_s
+        self.solo_rows = solo_rows
         self.stats = EmbeddingStats(model.max_input_tokens)
         self.host: object | None = None  # the AsyncEngine (or own thread) that runs the units
         self.wake: Callable[[], None] = lambda: None
@@ -132,18 +136,19 @@ class EmbeddingRunner:
 
     # --- the host's thread ---
 
-    def run_for(self, budget_s: float, busy: bool) -> None:
+    def run_for(self, budget_s: float, busy: bool, team: ThreadTeam | None = None) -> None:
         """Run units for about `budget_s` seconds (at least one unit) on the calling thread: the host's.
-        busy: chat work is running (units of busy_chunk_rows rows)."""
+        busy: chat work is running (units of busy_chunk_rows rows, on the threads of the step before).
+        team: the host thread's ThreadTeam, adjusted before each unit when not busy (a pass of at most
+        solo_rows rows alone)."""
         self._busy = busy
         deadline = time.perf_counter() + budget_s
         while True:
             if self._pass is None and not self._start_pass():
                 return
             units, parts, batch = self._pass
-            team = self.team
-            if team is not None and self.host is self:  # its own thread: the process's rule, like an engine's
-                team.adjust()
+            if team is not None and not busy:
+                team.adjust(alone=batch.input_ids.numel() <= self.solo_rows)
             try:
                 next(units)
             except StopIteration as done:
@@ -225,11 +230,13 @@ class EmbeddingRunner:
         self.host = self
 
         def loop():
-            self.team = self._make_team()  # made here: torch's thread count is set on the thread that steps
+            name_this_thread("metrale-embed")
+            self.team = team = self._make_team()  # made here: torch's thread count is set on the thread that steps
             while not self._stopped:
                 if self.has_work():
-                    self.run_for(self.idle_slice_s, busy=False)
+                    self.run_for(self.idle_slice_s, busy=False, team=team)
                 else:
+                    team.rest()
                     event.wait(0.5)
                     event.clear()
 

@@ -63,6 +63,15 @@ def available_memory_bytes(device: torch.device) -> int:
     return 4 << 30
 
 
+def solo_step(batch: ScheduledBatch, max_tokens: int) -> bool:
+    """Whether `batch` runs on one thread (core_share.ThreadTeam.adjust's `alone`): a step that only
+    prefills, at most `max_tokens` prompt tokens (EngineConfig.solo_step_tokens: a short prompt, or its
+    uncached tail), where a second thread would save less time than the CPU it spends waking and
+    spinning. A step with a decode in it keeps the team: it belongs to a running batch, whose TPOT the
+    team sets."""
+    return batch.num_decodes == 0 and batch.num_tokens <= max_tokens
+
+
 class LLMEngine:
     """Loads the model and runs steps. Not thread-safe: one thread owns it (async_engine's loop).
 
@@ -299,7 +308,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        self.team.adjust()
+        self.team.adjust(alone=solo_step(batch, self.config.solo_step_tokens))
         t1 = time.perf_counter()
         self._log_step(batch)
         if batch.block_copies or batch.window_block_copies:

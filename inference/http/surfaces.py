@@ -19,7 +19,7 @@ from ..serving.errors import ApiError
 from ..serving import completions as legacy_completions
 from ..serving.choices import Choices
 from ..serving.deltas import Usage
-from ..serving.prepare import Prepared, cpu_work, light_work, prepare
+from ..serving.prepare import Prepared, light_work, prepare
 from ..stored.completions import save_chat_completion
 
 
@@ -40,21 +40,22 @@ class Call:
 
 
 async def chat_call(req: dict, rt, *, tenant, request_id: str | None, cache_salt: str,
-                    priority: int = 0) -> Call:
+                    priority: int = 0, size: int | None = None) -> Call:
     """POST /v1/chat/completions's validated body (chat.parse) prepared; `tenant` owns a stored
-    completion (store: true). priority: EngineRequest.priority (0 interactive). Raises what
-    prepare raises (ApiError)."""
+    completion (store: true). priority: EngineRequest.priority (0 interactive). size: the body's bytes
+    (prepare's: a small one is templated on the event loop). Raises what prepare raises (ApiError)."""
     greq = dataclasses.replace(chat.generation_request(req), priority=priority)
-    prepared = await prepare(greq, rt, request_id=request_id, cache_salt=cache_salt)
+    prepared = await prepare(greq, rt, request_id=request_id, cache_salt=cache_salt, size=size)
     wire = chat.ChatWire(req, prepared, save=functools.partial(save_chat_completion, tenant))
     return Call(prepared, wire, "messages")
 
 
 async def completions_call(req: dict, rt, *, tenant, request_id: str | None, cache_salt: str,
-                           priority: int = 0) -> Call:
-    """POST /v1/completions's validated body (completions.parse) prepared. Raises what prepare raises."""
+                           priority: int = 0, size: int | None = None) -> Call:
+    """POST /v1/completions's validated body (completions.parse) prepared; size as chat_call's. Raises
+    what prepare raises."""
     greq = dataclasses.replace(legacy_completions.generation_request(req), priority=priority)
-    prepared = await prepare(greq, rt, request_id=request_id, cache_salt=cache_salt)
+    prepared = await prepare(greq, rt, request_id=request_id, cache_salt=cache_salt, size=size)
     return Call(prepared, legacy_completions.CompletionWire(req, prepared, rt.tokenizer), "prompt")
 
 
@@ -86,8 +87,7 @@ async def embeddings_call(req: dict, service, *, tenant, request_id: str | None,
     embedding model its `model` names (views.ready_model / the batch runner take it from the registry), on
     the prepare pool, or inline for a body of at most prepare.INLINE_BYTES (`size`, its bytes).
     Raises ApiError (serving/embeddings.prepare's 400s)."""
-    prepared = await (light_work(embeddings_api.prepare, size, req, service) if size is not None
-                      else cpu_work(embeddings_api.prepare, req, service))
+    prepared = await light_work(embeddings_api.prepare, size, req, service)
     return EmbeddingsCall(prepared, service)
 
 

@@ -274,9 +274,10 @@ async def retrieve_model(request, model_id: str):
 async def chat_completions(request):
     """POST /v1/chat/completions, blocking or streamed (SSE)."""
     started = time.perf_counter()
-    req = await cpu_work(chat.parse, request.body)
+    size = len(request.body)
+    req = await light_work(chat.parse, size, request.body)
     rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
-    call = await chat_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    call = await chat_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
 
@@ -285,9 +286,10 @@ async def chat_completions(request):
 async def completions(request):
     """POST /v1/completions (legacy), blocking or streamed (SSE)."""
     started = time.perf_counter()
-    req = await cpu_work(legacy_completions.parse, request.body)
+    size = len(request.body)
+    req = await light_work(legacy_completions.parse, size, request.body)
     rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
-    call = await completions_call(req, rt, tenant=tenant_of(request), **_ids(request))
+    call = await completions_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
 

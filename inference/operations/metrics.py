@@ -96,7 +96,7 @@ def engine_families(async_engine, model_name: str, pooling=None):
     team = getattr(llm, "team", None)
     if team is not None:  # engine/core_share.py: the threads each step runs on, and the most it may
         yield _gauge("metrale:engine_threads", "Threads the engine's last step ran on (its CPU cap less the "
-                     "cores other runnable tasks held).", team.size, labels)
+                     "cores other runnable tasks held; one for a step too small for a second).", team.threads, labels)
         yield _gauge("metrale:engine_threads_max", "The most threads a step may use: the affinity mask, the "
                      "cgroup's CPU quota and METRALE_NUM_THREADS, whichever is least.", team.cap.cpus, labels)
         yield from _counters(labels, (("metrale:engine_thread_changes", "Times the engine's team changed size.",

@@ -7,7 +7,8 @@ all of them:
 2. renders the prompt through the chat template (or takes the completion prompts), refuses a
    prompt that has more characters than the context could ever hold *before* tokenizing, and
    tokenizes -- both off the event loop, in a bounded worker pool (`cpu_work`), so a huge
-   prompt never freezes other clients' streams;
+   prompt never freezes other clients' streams; a request whose body is at most INLINE_BYTES
+   does both on the loop (`light_work`), where they cost less than the hop to the pool;
 3. with `truncate` (Responses' truncation: auto), drops the oldest turns until it fits;
 4. resolves max_tokens against the engine's one fit rule (engine.max_request_tokens) --
    the only context-length check outside the engine;
@@ -65,10 +66,11 @@ async def cpu_work(fn: Callable, *args):
 INLINE_BYTES = 8192
 
 
-async def light_work(fn: Callable, size: int, *args):
-    """`fn(*args)` inline when `size` (the bytes of input it works through) is at most INLINE_BYTES, else on
-    the prepare pool (cpu_work). Returns fn's result; raises what fn raises."""
-    if size <= INLINE_BYTES:
+async def light_work(fn: Callable, size: int | None, *args):
+    """`fn(*args)` inline when `size` (the bytes of input it works through) is at most INLINE_BYTES, else
+    (or when `size` is None: not known) on the prepare pool (cpu_work). Returns fn's result; raises what
+    fn raises."""
+    if size is not None and size <= INLINE_BYTES:
         return fn(*args)
     return await cpu_work(fn, *args)
 
@@ -275,11 +277,14 @@ async def completion_ids(greq: GenerationRequest, rt) -> list[list[int]]:
     return ids
 
 
-async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "") -> Prepared:
+async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None, cache_salt: str = "",
+                  size: int | None = None) -> Prepared:
     """Everything between a validated request and the engine (steps in the module doc).
 
     rt: the process runtime (inference.operations.runtime.Runtime). request_id: engine requests are named
-    `<request_id>-<choice>`. cache_salt: the tenant's prefix-cache salt.
+    `<request_id>-<choice>`. cache_salt: the tenant's prefix-cache salt. size: the bytes of the body the
+    request came in (None: not known); one of at most INLINE_BYTES is templated and tokenized on the
+    event loop (light_work), a larger one on the prepare pool.
 
     Raises ApiError: 404 for an unknown model name; 400 for a template that fails, out-of-vocabulary
     ids, a prompt longer than the context in characters or, with max_tokens, in tokens
@@ -296,10 +301,10 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                        max_calls=greq.max_tool_calls)
     messages = None
     if greq.messages is not None:
-        messages, text, ids = await cpu_work(_render_and_tokenize, rt, greq, limit, greq.max_tokens or 1)
+        messages, text, ids = await light_work(_render_and_tokenize, size, rt, greq, limit, greq.max_tokens or 1)
         prompt_ids, prompt_texts = [ids], [text]
     else:
-        prompt_ids, prompt_texts = await cpu_work(_completion_prompts, rt, greq, limit)
+        prompt_ids, prompt_texts = await light_work(_completion_prompts, size, rt, greq, limit)
     defaults = defaults_for(rt.folder)
     default_max = defaults.get("max_tokens", greq.default_max_tokens)
     text_spec = setup.spec(prompt_texts[0]) if greq.messages is not None else None
@@ -334,4 +339,4 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                     beam=greq.beam, fingerprint=rt.fingerprint_of(lora))
 
 
-__all__ = ["GenerationRequest", "Prepared", "completion_ids", "cpu_work", "prepare", "prompt_ids"]
+__all__ = ["GenerationRequest", "Prepared", "completion_ids", "cpu_work", "light_work", "prepare", "prompt_ids"]

@@ -1,7 +1,7 @@
-"""A hand-driven ASGI request against Django's handler inside the API's ASGI guard (as metrale_site/asgi.py
-serves it): read a stream chunk by chunk, and
-disconnect in the middle, as a client that goes away does; `serve` runs such requests inside the test's
-database transaction, as Django's test client runs its own."""
+"""A hand-driven ASGI request against the site's Django handler (metrale_site/asgi_handler.py) inside the
+API's ASGI guard (as metrale_site/asgi.py serves it): read a stream chunk by chunk, and disconnect in the
+middle, as a client that goes away does; `serve` runs such requests inside the test's database
+transaction, as Django's test client runs its own."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 from asgiref.sync import async_to_sync
 from django.core import signals
-from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 
 from inference.http.middleware import ApiAsgiGuard
+from metrale_site.asgi_handler import AsyncRequestHandler
 
 
 class AsgiRequest:
@@ -21,7 +21,7 @@ class AsgiRequest:
                  body: bytes = b"", send_buffer: int = 0, app=None):
         """send_buffer: how many messages the server may send ahead of the reader (0: any);
         a small one makes the server wait in `send`, as it does for a slow client. app: the ASGI
-        application (default: Django's handler inside ApiAsgiGuard)."""
+        application (default: the site's Django handler inside ApiAsgiGuard)."""
         self.app = app
         parts = urlsplit(url)
         self.scope = {
@@ -42,7 +42,7 @@ class AsgiRequest:
     async def start(self, timeout_s: float = 10.0) -> "AsgiRequest":
         """Send the request and wait for the response's status and headers."""
         await self.inbox.put({"type": "http.request", "body": self.body, "more_body": False})
-        app = self.app or ApiAsgiGuard(ASGIHandler())
+        app = self.app or ApiAsgiGuard(AsyncRequestHandler())
         self.task = asyncio.create_task(app(self.scope, self.inbox.get, self.outbox.put))
         message = await asyncio.wait_for(self.outbox.get(), timeout_s)
         assert message["type"] == "http.response.start", message

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 
-from django.core.handlers.asgi import ASGIHandler
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.http.middleware import ApiAsgiGuard
 from inference.http.observe import ObservedRequests
+from metrale_site.asgi_handler import AsyncRequestHandler
 
 from .asgi_client import AsgiRequest, serve
 from .fake_engine import Answer
 
 
 def app():
-    """A fresh HTTP application: ObservedRequests(ApiAsgiGuard(Django's ASGI handler))."""
-    return ObservedRequests(ApiAsgiGuard(ASGIHandler()))
+    """A fresh HTTP application: ObservedRequests(ApiAsgiGuard(the site's Django handler))."""
+    return ObservedRequests(ApiAsgiGuard(AsyncRequestHandler()))
 
 
 def request(method: str, path: str, body=None, headers: dict | None = None) -> AsgiRequest:

@@ -4,9 +4,9 @@ import asyncio
 import json
 
 import pytest
-from django.core.handlers.asgi import ASGIHandler
 
 from inference.http.middleware import ApiAsgiGuard
+from metrale_site.asgi_handler import AsyncRequestHandler
 
 from .asgi_client import AsgiRequest, serve
 from .fake_engine import call
@@ -35,7 +35,7 @@ class Driver:
         self.sent.append(message)
 
     def run(self, app=None):
-        serve(asyncio.wait_for, (app or ApiAsgiGuard(ASGIHandler()))(self.scope, self.receive, self.send), 10)
+        serve(asyncio.wait_for, (app or ApiAsgiGuard(AsyncRequestHandler()))(self.scope, self.receive, self.send), 10)
         start = self.sent[0]
         body = b"".join(m.get("body", b"") for m in self.sent[1:])
         assert self.sent[-1]["type"] == "http.response.body" and not self.sent[-1].get("more_body")

@@ -5,7 +5,8 @@ import json
 
 import httpx
 import pytest
-from django.core.handlers.asgi import ASGIHandler
+
+from metrale_site.asgi_handler import AsyncRequestHandler
 
 from .asgi_client import serve
 from .fake_engine import reply
@@ -24,7 +25,7 @@ CALLS = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci
 
 def run_with_client(fn):
     async def main():
-        transport = httpx.ASGITransport(app=ASGIHandler())
+        transport = httpx.ASGITransport(app=AsyncRequestHandler())
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http,
                                         max_retries=0)

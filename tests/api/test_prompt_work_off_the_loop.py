@@ -1,5 +1,7 @@
-"""Prompt work of one request never blocks the others: templating and tokenizing run on the prepare pool,
-and a prompt longer in characters than the context could ever hold is refused before any tokenizing."""
+"""Prompt work of one request never blocks the others: templating and tokenizing of a body over
+prepare.INLINE_BYTES run on the prepare pool (a smaller one's on the event loop, where they cost less than
+the hop), and a prompt longer in characters than the context could ever hold is refused before any
+tokenizing."""
 import asyncio
 import json
 import threading
@@ -7,7 +9,7 @@ import time
 
 import pytest
 
-from inference.serving.prepare import chars_per_token_bound
+from inference.serving.prepare import INLINE_BYTES, chars_per_token_bound
 
 from .asgi_client import AsgiRequest, serve
 from .fake_engine import call, reply
@@ -15,6 +17,11 @@ from .fake_engine import call, reply
 
 def body(content: str, **extra) -> bytes:
     return json.dumps({"messages": [{"role": "user", "content": content}], **extra}).encode()
+
+
+MARK = "marked prompt"
+# JSON whitespace that makes a body larger than INLINE_BYTES (its work then goes to the prepare pool).
+PADDING = b" " * (INLINE_BYTES + 1)
 
 
 def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(fake_rt, monkeypatch):
@@ -60,7 +67,7 @@ def test_a_slow_prompt_does_not_stall_another_clients_stream(fake_rt, monkeypatc
                                    {"content-type": "application/json"}, body("hi", stream=True)).start()
         slow = asyncio.ensure_future(AsgiRequest("POST", "/v1/chat/completions",
                                                  {"content-type": "application/json"},
-                                                 body("SLOW " * 10, max_tokens=3)).start(timeout_s=20))
+                                                 body("SLOW " * 10, max_tokens=3) + PADDING).start(timeout_s=20))
         arrivals = []
         while not stream.finished:
             await stream.chunk()
@@ -96,22 +103,52 @@ def test_tokenize_routes_run_on_the_pool_and_answer_as_before(fake_rt, monkeypat
         assert answer.json()["prompt"] == real_decode(fake_rt.tokenizer, [19556, 905], skip_special_tokens=False)
 
 
-@pytest.mark.parametrize("path, payload", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "store": False}),
-])
-def test_request_bodies_are_parsed_on_the_pool(fake_rt, monkeypatch, path, payload):
+def threads_of_work(fake_rt, monkeypatch, path, payload, padding: bytes = b"") -> tuple[set[str], set[str]]:
+    """(the threads that parsed the body's JSON, the threads that tokenized its prompt: a text with MARK) for
+    one request whose body is `payload` followed by `padding`."""
     from inference.serving import json_body
 
-    seen: set[str] = set()
+    parsed: set[str] = set()
+    tokenized: set[str] = set()
     real_decoder = json_body.json.JSONDecoder
+    real_encode = type(fake_rt.tokenizer).encode
 
     class Decoder(real_decoder):
         def decode(self, *args, **kw):
-            seen.add(threading.current_thread().name)
+            parsed.add(threading.current_thread().name)
             return super().decode(*args, **kw)
 
     monkeypatch.setattr(json_body.json, "JSONDecoder", Decoder)
-    assert call("POST", path, payload).status == 200
-    assert seen and all(name.startswith("metrale-prepare") for name in seen)
+    def encode(self, text, *args, **kwargs):
+        if MARK in text:
+            tokenized.add(threading.current_thread().name)
+        return real_encode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(fake_rt.tokenizer), "encode", encode)
+    answer = call("POST", path, raw=json.dumps(payload).encode() + padding)
+    assert answer.status == 200, answer.body
+    return parsed, tokenized
+
+
+@pytest.mark.parametrize("path, payload", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": MARK}], "max_tokens": 2}),
+    ("/v1/completions", {"prompt": MARK, "max_tokens": 2}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": MARK}], "max_tokens": 2}),
+    ("/v1/responses", {"input": MARK, "max_output_tokens": 2, "store": False}),
+])
+def test_request_bodies_are_parsed_on_the_pool(fake_rt, monkeypatch, path, payload):
+    payload = {"model": fake_rt.model_id, **payload} if path == "/v1/messages" else payload
+    parsed, tokenized = threads_of_work(fake_rt, monkeypatch, path, payload, PADDING)
+    assert parsed and all(name.startswith("metrale-prepare") for name in parsed)
+    assert tokenized and all(name.startswith("metrale-prepare") for name in tokenized)
+
+
+@pytest.mark.parametrize("path, payload", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": MARK}], "max_tokens": 2}),
+    ("/v1/completions", {"prompt": MARK, "max_tokens": 2}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": MARK}], "max_tokens": 2}),
+])
+def test_small_bodies_are_parsed_and_tokenized_on_the_event_loop(fake_rt, monkeypatch, path, payload):
+    payload = {"model": fake_rt.model_id, **payload} if path == "/v1/messages" else payload
+    parsed, tokenized = threads_of_work(fake_rt, monkeypatch, path, payload)
+    assert parsed and tokenized and not any(name.startswith("metrale-prepare") for name in parsed | tokenized)

@@ -11,7 +11,8 @@ import json
 
 import httpx
 import pytest
-from django.core.handlers.asgi import ASGIHandler
+
+from metrale_site.asgi_handler import AsyncRequestHandler
 
 from .anthropic.support import sse_frames
 from .asgi_client import serve
@@ -151,7 +152,7 @@ def test_a_call_cut_off_by_max_tokens_stays_as_sent_on_every_surface(fake_rt):
 def _with_http(fn, http_module=httpx):
     """fn(an async HTTP client of `http_module` on the ASGI app), run to the end."""
     async def main():
-        transport = http_module.ASGITransport(app=ASGIHandler())
+        transport = http_module.ASGITransport(app=AsyncRequestHandler())
         async with http_module.AsyncClient(transport=transport, base_url="http://testserver") as http:
             return await fn(http)
     return serve(main)

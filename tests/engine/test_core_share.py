@@ -180,3 +180,74 @@ def test_an_idle_engine_that_observes_starts_its_next_step_already_fitted():
         s.machine_s += s.others * 0.05
         team.observe()
     assert team.adjust() == 1
+
+
+def test_a_unit_too_small_for_a_second_thread_runs_alone_and_the_next_big_one_on_the_team():
+    s = Scripted(others=0.0)
+    team = s.team(2)
+    assert team.adjust(alone=True) == 1 and team.adjust() == 2 and team.adjust() == 2
+    assert s.applied == [1, 2]  # applied only when the count changes
+    assert team.size == 2 and team.changes == 0  # running alone is not a change of the team
+
+
+class Pauses:
+    """Stands in for core_share.pause_openmp_workers: counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return True
+
+
+def test_an_idle_team_ends_its_workers_once_per_idle_spell():
+    s, pauses = Scripted(others=0.0), Pauses()
+    team = s.team(2, pause=pauses)
+    team.adjust()
+    team.rest()
+    team.rest()  # the idle loop wakes every IDLE_WAKE_S: still the same spell
+    team.observe()
+    assert pauses.calls == 1 and team.resting
+    team.adjust()  # a step: the workers start again
+    team.rest()
+    assert pauses.calls == 2 and team.rests == 2
+
+
+def test_pausing_ends_the_calling_threads_openmp_workers():
+    """libgomp (torch's OpenMP runtime) keeps a pool of workers per thread that ran a parallel region; the
+    pause joins them (where the runtime has OpenMP 5.0's pause), and the next region starts them again."""
+    import torch
+
+    from inference.engine.core_share import pause_openmp_workers
+
+    counts = []
+
+    def run():
+        torch.set_num_threads(2)
+        x = torch.ones(1 << 20)
+        for _ in range(3):
+            x.add_(1.0)  # a parallel region of two threads (at::parallel_for over 2^20 elements)
+            counts.append(len(os.listdir("/proc/self/task")))
+            counts.append(pause_openmp_workers())
+            counts.append(len(os.listdir("/proc/self/task")))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    ran, paused, after = counts[0], counts[1], counts[2]
+    assert paused is True and after == ran - 1  # the one worker joined
+    assert counts[3:] == counts[:3] * 2  # started again by the next region, ended again
+
+
+def test_a_short_prefill_with_nothing_decoding_runs_alone_and_anything_bigger_on_the_team():
+    from inference.engine.llm_engine import solo_step
+    from inference.engine.scheduler import ScheduledBatch
+
+    def batch(decodes: int, *chunks: int) -> ScheduledBatch:  # solo_step reads the counts alone
+        return ScheduledBatch(items=[(None, 1)] * decodes + [(None, n) for n in chunks], num_decodes=decodes)
+
+    assert solo_step(batch(0, 3), 16) and solo_step(batch(0, 9, 7), 16)
+    assert not solo_step(batch(0, 17), 16) and not solo_step(batch(0, 9, 8), 16)
+    assert not solo_step(batch(1), 16) and not solo_step(batch(1, 2), 16)  # a running batch's decode: the team
+    assert not solo_step(batch(0, 1), 0)  # 0: never alone

@@ -145,3 +145,31 @@ def test_on_a_thread_of_its_own_it_steps_under_the_process_s_thread_team(model, 
     assert {(t, n, size) for t, n, size in shared} == {(thread, max(1, cap // 2), max(1, cap // 2))}
     assert {(t, n, size) for t, n, size in seen} == {(thread, cap, cap)}
     assert runner.team is None and len(peers) == 1 and chat.adjust() == cap  # it left with its thread
+
+
+class Team:
+    """Stands in for the host's core_share.ThreadTeam: records each unit's `alone`."""
+
+    def __init__(self):
+        self.alone: list[bool] = []
+
+    def adjust(self, stepping: bool = True, alone: bool = False) -> int:
+        self.alone.append(alone)
+        return 1 if alone else 2
+
+
+def test_a_pass_of_few_rows_runs_alone_and_a_larger_one_on_the_team(model):
+    runner = EmbeddingRunner(model, solo_rows=64)
+    small, large = model.tokenize(["a short text"]), model.tokenize(["word " * 100])  # 5 and 102 rows
+
+    async def run(seqs, busy: bool) -> list[bool]:
+        team = Team()
+        future = runner.submit(seqs)
+        while not future.done():
+            runner.run_for(1.0, busy=busy, team=team)
+            await asyncio.sleep(0)
+        return team.alone
+
+    assert set(asyncio.run(run(small, busy=False))) == {True}
+    assert set(asyncio.run(run(large, busy=False))) == {False}
+    assert asyncio.run(run(small, busy=True)) == []  # beside chat: on the threads of the step before
