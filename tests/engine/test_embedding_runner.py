@@ -108,7 +108,7 @@ def test_on_a_thread_of_its_own_it_steps_under_the_process_s_thread_team(model, 
 
     peers, now = set(), [100.0]
     chat = ThreadTeam(2, adaptive=False, clock=lambda: now[0], apply=lambda n: None, peers=peers)
-    runner = EmbeddingRunner(model, idle_chunk_rows=16,
+    runner = EmbeddingRunner(model, idle_chunk_rows=16, solo_rows=0,  # every pass on the team
                              team=lambda: ThreadTeam(2, adaptive=False, clock=lambda: now[0], peers=peers))
     real_units, seen = model.encoder.units, []
 
