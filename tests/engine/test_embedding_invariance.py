@@ -1,7 +1,8 @@
 """An embedding is bitwise the same whatever else shares its pass and whatever the pass's size: all-MiniLM-L6-v2
 in the served form (bfloat16 where the CPU multiplies it natively) over texts of mixed lengths, each alone, all 64
 in one pass and in passes of 2 to 32 with random companions; and the encoder's batch-invariant linear
-(kernels.encoder_linear) in both forms over row counts 1-64."""
+(kernels.encoder_linear) in both forms over row counts 1-64, the float32 form's bits the same on every
+instruction-set path."""
 from __future__ import annotations
 
 import random
@@ -11,7 +12,10 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.embedding_model import EmbeddingModel
+from inference.engine.kernels.build import build
 from tests.conftest import pulled_minilm
+
+from .isa_builds import narrower_builds
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the compiled kernels are not built here")
 
@@ -70,3 +74,23 @@ def test_the_encoder_linear_gives_each_row_the_same_bits_whatever_the_rows_besid
                           atol=1e-2 if dtype == torch.bfloat16 else 1e-4)
     with pytest.raises(ValueError):
         kernels.encoder_pack(torch.randn(20, k).to(dtype))
+
+
+@pytest.mark.parametrize("extra", narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
+    reason="this CPU has neither AVX-512 nor AVX2: the portable path is the only one"))])
+def test_every_instruction_set_path_of_the_float32_encoder_linear_gives_the_same_bits(extra):
+    """Each path blocks rows and columns its own way (AVX-512 4 x 64, AVX2 6 x 16, portable one element at a
+    time); each output element is still one fmaf chain in K's order, so the bits are the same."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(extra)))
+    torch.manual_seed(1)
+    n, k = 80, 72
+    packed = kernels.encoder_pack(torch.randn(n, k))
+    for t in (1, 5, 6, 7, 13, 24):
+        x = torch.randn(t, k)
+        out = torch.empty(t, n)
+        lib.metrale_encoder_linear_f32(ctypes.c_void_p(x.data_ptr()), ctypes.c_long(k),
+                                       ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                                       ctypes.c_long(n), ctypes.c_long(t), ctypes.c_long(n), ctypes.c_long(k), 2)
+        assert torch.equal(out, kernels.encoder_linear(x, packed, n)), (extra, t)

@@ -587,8 +587,15 @@ int metrale_encoder_amx_attention(int head_dim) {
  * bfloat16 form's result is rounded to bfloat16 (the next step's input), after the bias and the erf GELU
  * when asked (gelu_erf16 / gelu_erf1: those agree within 1e-7, and a column group always takes the same
  * one). */
+#if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
+/* AVX2 has 16 vector registers: 6 rows by one group (two 8-lane halves) keeps 12 accumulators, the
+ * group's two weight vectors and the broadcast row value in them (4 by 4 groups spilled 32 accumulators). */
+#define LIN_RB 6
+#define LIN_CB 1
+#else
 #define LIN_RB 4
 #define LIN_CB 4
+#endif
 
 void metrale_encoder_pack_f32(const float *w, long n, long k, float *packed) {
     for (long g = 0; g < n / 16; g++)
