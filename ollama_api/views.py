@@ -17,15 +17,13 @@ from django.views.decorators.http import require_safe
 
 from console.views import front_door
 from inference.http.api import admit, openai_endpoint
-from inference.http.request_context import current_record
-from inference.http.surfaces import embeddings_call
-from inference.http.views import allow, cache_salt_of, keep_alive_seconds, ready_model, respond
+from inference.http.views import (allow, embedded_vectors, keep_alive_seconds, ready_model,
+                                  request_ids, respond)
 from inference.operations.model_specs import CHAT, EMBEDDING
 from inference.operations.registry import process_registry
 from inference.serving.errors import OLLAMA, ApiError, bad_request, not_found
 from inference.serving.prepare import cpu_work, light_work, prepare
 from inference.serving.sampling import check_token_ids
-from inference.stored.objects import tenant_of
 
 from . import embeddings, mapping, protocol
 from .catalogue import capabilities
@@ -33,10 +31,6 @@ from .encoder import CHAT as CHAT_ANSWER
 from .encoder import GENERATE, Timing, load_answer
 from .names import resolve
 from .wire import OllamaWire
-
-def _ids(request) -> dict:
-    return {"request_id": getattr(request, "request_id", None), "cache_salt": cache_salt_of(request)}
-
 
 async def _model(request, requested: str, route: str, kind: str, keep_alive, started: float):
     """(the loaded model, the name the pipeline takes, the answer's Timing) of a request's `model`; raises
@@ -82,7 +76,7 @@ async def chat(request):
     if not req["messages"]:
         return await _load_only(request, CHAT_ANSWER, req, timing)
     _check_capabilities(rt, req)
-    prepared = await prepare(mapping.chat_request(req, name), rt, **_ids(request))
+    prepared = await prepare(mapping.chat_request(req, name), rt, **request_ids(request))
     wire = OllamaWire(CHAT_ANSWER, req["model"], req["stream"], prepared, timing, logprobs=mapping.logprobs_of(req))
     return await respond(request, rt, prepared, wire, param="messages", started=started)
 
@@ -101,7 +95,7 @@ async def generate(request):
     _check_capabilities(rt, req, insert=bool(req.get("suffix")) and not req.get("template"))
     if req.get("context"):
         check_token_ids(req["context"], rt.tokenizer.vocab_size, "context")
-    prepared = await prepare(mapping.generate_request(req, name), rt, **_ids(request))
+    prepared = await prepare(mapping.generate_request(req, name), rt, **request_ids(request))
     wire = OllamaWire(GENERATE, req["model"], req["stream"], prepared, timing, context=not req["raw"],
                       logprobs=mapping.logprobs_of(req))
     return await respond(request, rt, prepared, wire, param="prompt", started=started)
@@ -115,14 +109,8 @@ async def _embed(request, req: dict, texts: list[str], route: str, truncate: boo
     if not texts:
         await admit(request, reserve_tokens=0, used_tokens=lambda: 0)
         return [], 0, timing
-    run = await embeddings_call(embeddings.openai_request(name, texts, truncate, dimensions), service,
-                                tenant=tenant_of(request), size=len(request.body), **_ids(request))
-    tokens = run.call.prompt_tokens
-    await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
-    record = current_record.get()
-    if record is not None:
-        record.embedded(run.service.name, tokens)
-    vectors = await run.vectors()
+    _, vectors, tokens = await embedded_vectors(request, embeddings.openai_request(name, texts, truncate, dimensions),
+                                                service, len(request.body))
     timing.ended = time.perf_counter()
     return vectors, tokens, timing
 

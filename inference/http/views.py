@@ -184,7 +184,9 @@ async def respond(request, rt, prepared: Prepared, wire, *, param: str, started:
     return resp
 
 
-def _ids(request) -> dict:
+def request_ids(request) -> dict:
+    """The engine's names for `request`'s work: {"request_id": its id (request_context) or None, "cache_salt": its
+    tenant's prefix-cache salt}, as prepare / the surfaces' calls take them."""
     return {"request_id": getattr(request, "request_id", None), "cache_salt": cache_salt_of(request)}
 
 
@@ -277,7 +279,7 @@ async def chat_completions(request):
     size = len(request.body)
     req = await light_work(chat.parse, size, request.body)
     rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
-    call = await chat_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
+    call = await chat_call(req, rt, tenant=tenant_of(request), size=size, **request_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
 
 
@@ -289,8 +291,22 @@ async def completions(request):
     size = len(request.body)
     req = await light_work(legacy_completions.parse, size, request.body)
     rt = await ready_runtime(request, req["model"], req.get("keep_alive"))
-    call = await completions_call(req, rt, tenant=tenant_of(request), size=size, **_ids(request))
+    call = await completions_call(req, rt, tenant=tenant_of(request), size=size, **request_ids(request))
     return await respond(request, rt, call.prepared, call.wire, param=call.param, started=started)
+
+
+async def embedded_vectors(request, req: dict, service, size: int) -> tuple[object, list, int]:
+    """An embeddings request `req` (OpenAI's validated body, serving/embeddings.py) run on `service` for the
+    generating view of `request` (`size`: its body's bytes): the rate limit debited the inputs' tokens, the request
+    log told them. Returns (the run (surfaces.embeddings_call), its vectors: one list of floats an input, the tokens
+    embedded). Raises ApiError (the inputs' faults, the rate limit). Every embedding route's one way in."""
+    run = await embeddings_call(req, service, tenant=tenant_of(request), size=size, **request_ids(request))
+    tokens = run.call.prompt_tokens
+    await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
+    record = current_record.get()
+    if record is not None:
+        record.embedded(run.service.name, tokens)
+    return run, await run.vectors(), tokens
 
 
 @openai_endpoint(generates=True)
@@ -301,13 +317,7 @@ async def embeddings_view(request):
     size = len(request.body)
     req = await light_work(embeddings_api.parse, size, request.body)
     service = await ready_model(request, req["model"], req.get("keep_alive"), EMBEDDING)
-    run = await embeddings_call(req, service, tenant=tenant_of(request), size=size, **_ids(request))
-    tokens = run.call.prompt_tokens
-    await admit(request, reserve_tokens=tokens, used_tokens=lambda: tokens)
-    record = current_record.get()
-    if record is not None:
-        record.embedded(run.service.name, tokens)
-    vectors = await run.vectors()
+    run, vectors, _ = await embedded_vectors(request, req, service, size)
     # The JSON's size: a float32's 4 bytes become about 12 characters as a float list (base64 less).
     body = await light_work(embeddings_api.response_json, sum(map(len, vectors)) * 3, run.call, run.service.name,
                             vectors)
