@@ -8,7 +8,7 @@ PORT ?= 8000
 
 SOAK_S ?= 600
 
-.PHONY: serve test bench fuzz soak install migrate model static browser
+.PHONY: serve test bench fuzz soak install migrate model static browser cluster cluster-stop
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,9 +22,12 @@ install: $(STAMP)
 migrate: install
 	$(PY) manage.py migrate --noinput
 
+# The three catalogue models `make serve` names (each pulled once into METRALE_HOME, then found there); Gemma 3
+# 270M comes under the Gemma Terms of Use, which pull_model prints.
 model: install
 	$(PY) manage.py pull_model smollm2-135m-instruct
 	$(PY) manage.py pull_model all-minilm-l6-v2
+	$(PY) manage.py pull_model gemma-3-270m
 
 # The admin's and the console's CSS and JavaScript, gathered into STATIC_ROOT for WhiteNoise.
 static: install
@@ -42,12 +45,22 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
-# Without a model setting in the environment, SmolLM2 (the default), all-MiniLM-L6-v2 and, once pulled
-# (`manage.py pull_model gemma-3-270m`), Gemma 3 270M, each by its name (README "Many models behind one endpoint").
+# Without a model setting in the environment, SmolLM2 (the default), all-MiniLM-L6-v2 and Gemma 3 270M, each by
+# its name, loaded on its first request (README "Many models behind one endpoint").
 SERVE_MODELS := $(if $(METRALE_MODELS)$(METRALE_MODEL)$(METRALE_EMBEDDING_MODEL),,smollm2-135m-instruct,all-minilm-l6-v2,gemma-3-270m)
 
 serve: migrate model static
 	$(if $(SERVE_MODELS),METRALE_MODELS=$(SERVE_MODELS) )$(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+# REPLICAS replicas on the production settings (PostgreSQL and Redis on this machine; DATABASE_URL, REDIS_URL
+# point elsewhere) behind vllm-router with kv_aware routing on PORT, and a Celery worker for batches
+# (README, "Scaling out"); `make cluster-stop` ends them.
+REPLICAS ?= 2
+cluster: install model
+	$(PY) manage.py cluster start --replicas $(REPLICAS) --host $(HOST) --port $(PORT)
+
+cluster-stop: install
+	$(PY) manage.py cluster stop
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
 # fixtures started once there); the 30 slowest durations printed at the end.
@@ -68,6 +81,7 @@ bench: migrate model
 	$(PY) manage.py bench_speculative
 	$(PY) manage.py bench_perplexity
 	$(PY) manage.py bench_embeddings $(if $(LLAMA_SERVER_BIN),--llama-server $(LLAMA_SERVER_BIN) --gguf $(EMBEDDING_GGUF))
+	$(PY) manage.py bench_router
 
 # The reliability soak (tests/faults/test_soak.py) for SOAK_S seconds; `make test` runs a short one.
 soak: migrate model

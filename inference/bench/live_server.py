@@ -99,18 +99,21 @@ class LiveServer:
     with the same workdir uses the same database (a restart) and appends to the same log.
     via_serve: run `manage.py serve` (daphne in a server process it restarts) instead of daphne.
     preexec: called in the child before it runs Python (e.g. to set its CPU affinity or cgroup).
+    port: the port to listen on (default: a free one). migrate: bring a DATABASE_URL database up to date
+    first (False: the caller migrated it).
     """
 
-    def __init__(self, env: dict[str, str], workdir: Path, *, via_serve: bool = False, preexec=None):
+    def __init__(self, env: dict[str, str], workdir: Path, *, via_serve: bool = False, preexec=None,
+                 port: int | None = None, migrate: bool = True):
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "server.log"
         self.db = workdir / "db.sqlite3"
         full_env = {**os.environ, "METRALE_SQLITE_PATH": str(self.db), "PYTHONUNBUFFERED": "1", **env}
         if "DATABASE_URL" not in full_env and not Path(full_env["METRALE_SQLITE_PATH"]).exists():
             migrated_sqlite(Path(full_env["METRALE_SQLITE_PATH"]), full_env)
-        else:  # another database, or this one again (a restart): migrate brings it up to date
+        elif migrate:  # another database, or this one again (a restart): migrate brings it up to date
             subprocess.run([sys.executable, *MANAGE, "migrate", "--noinput", "-v", "0"], cwd=ROOT,
                            env=full_env, check=True)
         self._log = open(self.log_path, "a")

@@ -94,10 +94,12 @@ class AsyncEngine:
 
     on_fatal: called on the engine thread with the exception when its loop dies, after every
     request has been failed and their consumers have read that (up to `fatal_grace_s` seconds).
+    kv_events: with a config, the LLMEngine's (each step's prefix-cache events, on the engine thread).
     """
 
     def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None, fatal_grace_s: float = 2.0):
+                 on_fatal: Callable[[BaseException], None] | None = None, fatal_grace_s: float = 2.0,
+                 kv_events: Callable[[list], None] | None = None):
         if (engine is None) == (config is None):
             raise TypeError("AsyncEngine takes an LLMEngine or an EngineConfig (config=...), not both")
         self.engine = engine
@@ -115,7 +117,8 @@ class AsyncEngine:
         self._embeddings = None  # an EmbeddingRunner whose units run between steps (attach_embeddings)
         self._built = threading.Event()
         self._build_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(config,), name="metrale-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(config, kv_events), name="metrale-engine",
+                                        daemon=True)
         self._thread.start()
         if config is not None:
             self._built.wait()
@@ -132,6 +135,16 @@ class AsyncEngine:
     def max_request_tokens(self) -> int:
         """The most tokens (prompt + completion) one request may hold (LLMEngine.max_request_tokens)."""
         return self.engine.max_request_tokens
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the prefix cache's unit)."""
+        return self.engine.block_manager.block_size
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch (vLLM's num_requests_running)."""
+        return self.engine.scheduler.num_running_requests()
 
     @property
     def num_waiting(self) -> int:
@@ -307,11 +320,11 @@ class AsyncEngine:
                 self.engine.abort(seq, "timeout")
                 self._retire(seq)
 
-    def _run(self, config: EngineConfig | None) -> None:
+    def _run(self, config: EngineConfig | None, kv_events) -> None:
         name_this_thread(self._thread.name)
         if config is not None:
             try:
-                self.engine = LLMEngine(config)
+                self.engine = LLMEngine(config, kv_events)
             except BaseException as exc:  # handed to the constructor's caller
                 self._build_error = exc
                 return

@@ -7,6 +7,9 @@ taken from the cache, so at least one token is always computed. Freed blocks kee
 their contents and stay reusable until evicted, least recently used first. The
 salt (the tenant) keeps one tenant's cached blocks from ever serving another.
 
+With a KVEventRecorder (kv_events.py), every block that enters the cache and every cached block
+evicted is reported to it, as vLLM's KV cache events describe them.
+
 Copy-on-write (beam search's forks): `fork` gives a child its parent's whole block table
 (refcounts + 1). A block is written only by a sequence that holds it alone: `allocate`
 first replaces every shared block in the range a sequence is about to write by a fresh one
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .kv_events import KVEventRecorder
 from .sequence import Sequence
 
 
@@ -49,9 +53,12 @@ class BlockManager:
     NO_BLOCK = -1
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 table: str = "block_table", hashed: str = "num_hashed_blocks"):
+                 table: str = "block_table", hashed: str = "num_hashed_blocks",
+                 kv_events: KVEventRecorder | None = None):
         """table, hashed: the Sequence attributes holding this pool's block table and the count of its
-        leading blocks registered in the prefix cache (a second pool keeps its own pair)."""
+        leading blocks registered in the prefix cache (a second pool keeps its own pair). kv_events: told of
+        every block cached and every cached block evicted (None: nobody listens)."""
+        self.kv_events = kv_events
         self.table = table
         self.hashed = hashed
         if num_blocks <= 0:
@@ -98,6 +105,8 @@ class BlockManager:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
+                if self.kv_events is not None:
+                    self.kv_events.removed(block.block_hash)
             block.block_hash = None
             block.token_ids = ()
         block.ref_count = 1
@@ -248,6 +257,7 @@ class BlockManager:
             return
         full = self.full_blocks(seq)
         table = self.table_of(seq)
+        run: list[int] = []  # indices of blocks newly cached in a row (reported as one event)
         for b in range(start, n_full):
             if table[b] == self.NO_BLOCK:
                 continue
@@ -255,8 +265,20 @@ class BlockManager:
             if block.block_hash is None:
                 h, toks = full[b]
                 block.block_hash, block.token_ids = h, toks
-                self.cached.setdefault(h, block.block_id)
+                if self.cached.setdefault(h, block.block_id) == block.block_id and self.kv_events is not None:
+                    if run and run[-1] != b - 1:
+                        self._report_stored(seq, full, run)
+                        run = []
+                    run.append(b)
+        if run:
+            self._report_stored(seq, full, run)
         setattr(seq, self.hashed, n_full)
+
+    def _report_stored(self, seq: Sequence, full: list[tuple[int, tuple[int, ...]]], run: list[int]) -> None:
+        """Tell kv_events that `seq`'s blocks `run` (consecutive indices) entered the cache."""
+        parent = full[run[0] - 1][0] if run[0] else None
+        lora = getattr(seq.lora, "name", None)
+        self.kv_events.stored(full[run[0]:run[-1] + 1], parent, self.block_size, seq.cache_salt, lora)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),

@@ -20,7 +20,9 @@ instead. Two rules, both re-applied while the engine runs:
   (three runnable threads on two cores), above the half that shrinks the team; this process's own
   threads never count, so its event loop writing a step's chunks does not shrink it.
 - Engines in one process (several models) share the team's cores: each engine that stepped within
-  ACTIVE_S gets an equal share of them, at least one thread.
+  ACTIVE_S gets an equal share of them, at least one thread. An embedding model's runner on a thread of
+  its own (no chat engine hosts its passes) is such an engine: its team joins the process's while the
+  thread runs and leaves with it (embedding_runner.EmbeddingRunner.start_thread).
 
 The team size is applied with torch.set_num_threads on the calling (engine) thread: every compiled
 kernel reads torch.get_num_threads() at its call (the decode step, prefill, the encoder, the
@@ -271,6 +273,10 @@ class ThreadTeam:
         self.resting = True
         if self._pause():
             self.rests += 1
+
+    def leave(self) -> None:
+        """Stop counting among the process's teams (the thread that stepped with it has ended)."""
+        self._peers.discard(self)
 
     def observe(self, now: float | None = None) -> None:
         """Re-read the cap when due and sample the others' load (at most every SAMPLE_EVERY_S), without

@@ -9,7 +9,9 @@ decode steps are never more than about (1 + share) apart however much embedding 
 chat work the runner's units are `idle_chunk_rows` rows and run back to back, on the host's thread
 team (core_share.ThreadTeam), a pass of at most `solo_rows` rows on one thread. Without a chat engine,
 `start_thread` gives the runner a thread of its own (`end_thread` ends it when a chat engine comes to
-host it). A pass that raises fails the requests it held and no other.
+host it); that thread steps under the process's thread-team rule like an engine's (core_share.ThreadTeam:
+a team of its own among the process's, sized with torch.set_num_threads before each unit). A pass that
+raises fails the requests it held and no other.
 """
 from __future__ import annotations
 
@@ -78,12 +80,13 @@ class EmbeddingRunner:
     embedding units while chat work runs; busy_chunk_rows / idle_chunk_rows: the rows of one unit then
     and when chat is idle; max_batch_tokens: the most tokens of one pass; solo_rows: while chat is idle, a
     pass of at most this many rows (tokens) runs on one thread, too small for a second one to pay
-    (core_share's rule; 0: never). all-MiniLM-L6-v2 on the 2-vCPU AVX2 EPYC: 12 rows 15.0 ms alone, 14.1
-    on two threads; 64 rows 59.9 alone, 35.2 on two."""
+    (core_share's rule; 0: never; all-MiniLM-L6-v2 on the 2-vCPU AVX2 EPYC: 12 rows 15.0 ms alone, 14.1 on
+    two threads; 64 rows 59.9 alone, 35.2 on two); team: makes the ThreadTeam its own thread steps under
+    (core_share; the loader passes the engine settings' num_threads and adaptive_threads)."""
 
     def __init__(self, model: EmbeddingModel, *, max_batch_tokens: int = 8192, share: float = 0.35,
                  busy_chunk_rows: int = 32, idle_chunk_rows: int = 1024, idle_slice_s: float = 0.02,
-                 solo_rows: int = 32):
+                 solo_rows: int = 32, team: Callable[[], ThreadTeam] = ThreadTeam):
         if not 0 < share <= 4 or busy_chunk_rows <= 0 or idle_chunk_rows <= 0 or solo_rows < 0:
             raise ValueError("share must be in (0, 4], the chunk rows positive and solo_rows >= 0")
         if max_batch_tokens < model.max_input_tokens:
@@ -104,6 +107,8 @@ class EmbeddingRunner:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._make_team = team
+        self.team: ThreadTeam | None = None  # while the runner has a thread of its own
 
     # --- any thread ---
 
@@ -217,7 +222,8 @@ class EmbeddingRunner:
     # --- a thread of its own (no chat engine hosts it) ---
 
     def start_thread(self) -> None:
-        """Run the units on a thread of this runner's own (idempotent)."""
+        """Run the units on a thread of this runner's own (idempotent), its team among the process's
+        engines' (core_share.ThreadTeam) from now until the thread ends."""
         if self._thread is not None:
             return
         event = threading.Event()
@@ -226,7 +232,7 @@ class EmbeddingRunner:
 
         def loop():
             name_this_thread("metrale-embed")
-            team = ThreadTeam()  # this thread's own (OpenMP's thread count is per thread)
+            self.team = team = self._make_team()  # made here: torch's thread count is set on the thread that steps
             while not self._stopped:
                 if self.has_work():
                     self.run_for(self.idle_slice_s, busy=False, team=team)
@@ -247,6 +253,7 @@ class EmbeddingRunner:
         self.wake()
         self._thread.join(10)
         self._thread, self._stopped, self.host = None, False, None
+        self._leave_team()
 
     def stop(self) -> None:
         """Stop the runner's own thread (if it has one) after its current unit."""
@@ -254,3 +261,9 @@ class EmbeddingRunner:
         self.wake()
         if self._thread is not None:
             self._thread.join(10)
+        self._leave_team()
+
+    def _leave_team(self) -> None:
+        if self.team is not None:
+            self.team.leave()
+            self.team = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from .beam_search import BeamGroup, check_beam_request
 from .block_manager import BlockManager
 from .hybrid_block_manager import HybridBlockManager
+from .kv_events import KVCacheEvent, KVEventRecorder, sequence_salt
 from .config import ConfigError, EngineConfig
 from .grammar_state import grammar_state_for
 from .layers.lora import LoraSlots
@@ -70,10 +72,17 @@ def solo_step(batch: ScheduledBatch, max_tokens: int) -> bool:
 
 
 class LLMEngine:
-    """Loads the model and runs steps. Not thread-safe: one thread owns it (async_engine's loop)."""
+    """Loads the model and runs steps. Not thread-safe: one thread owns it (async_engine's loop).
 
-    def __init__(self, config: EngineConfig):
+    kv_events: called on the stepping thread with each step's prefix-cache events (kv_events.py), once
+    per step that has any (None: none are recorded)."""
+
+    def __init__(self, config: EngineConfig, kv_events: Callable[[list[KVCacheEvent]], None] | None = None):
         self.config = config
+        self.kv_events = kv_events
+        # The full-attention pool's changes (a window pool's blocks are not announced: vLLM's routers score
+        # full attention only).
+        self.kv_recorder = KVEventRecorder() if kv_events is not None else None
         path = Path(config.model_path)
         folder = ModelFolder.read(path)
         self.model_config = folder.model_config
@@ -113,11 +122,12 @@ class LLMEngine:
                 num_blocks = max(1, (budget - window_cap * window_block_bytes) // block_bytes)
             window_blocks = min(num_blocks, window_cap)
             self.block_manager = HybridBlockManager(
-                BlockManager(num_blocks, bs, config.enable_prefix_caching),
+                BlockManager(num_blocks, bs, config.enable_prefix_caching, kv_events=self.kv_recorder),
                 BlockManager(window_blocks, bs, config.enable_prefix_caching, table="window_table",
                              hashed="num_window_hashed_blocks"), cfg.sliding_window)
         else:
-            self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+            self.block_manager = BlockManager(num_blocks, bs, config.enable_prefix_caching,
+                                              kv_events=self.kv_recorder)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.eos_token_ids, self.max_model_len,
                                    batch_max_num_seqs=config.batch_max_num_seqs,
@@ -240,7 +250,7 @@ class LLMEngine:
         params = request.params.for_engine(vocab_size)
         lora = self._lora_for(request.lora_name)
         # The adapter (this load of it) is part of the prefix-cache key: its KV is its own.
-        salt = request.cache_salt if lora is None else f"{request.cache_salt}\x00lora:{lora.uid}"
+        salt = sequence_salt(request.cache_salt, None if lora is None else lora.uid)
         seq = Sequence(rid, list(request.prompt_token_ids), params, deadline=deadline, cache_salt=salt,
                        priority=request.priority, lora=lora)
         if params.seed is not None:
@@ -277,7 +287,21 @@ class LLMEngine:
 
     def step(self) -> StepOutputs:
         """One step: schedule -> run -> postprocess. Returns each request's events of this step
-        (the TokenEvent / Finished objects its handle receives), in batch order."""
+        (the TokenEvent / Finished objects its handle receives), in batch order. The step's prefix-cache
+        changes go to `kv_events` once it ends, however it ends."""
+        try:
+            return self._step()
+        finally:
+            if self.kv_recorder is not None and self.kv_recorder.events:
+                self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        try:
+            self.kv_events(self.kv_recorder.take())
+        except Exception:  # a listener never ends a step
+            log.exception("publishing engine step %d's KV cache events failed", self.num_steps)
+
+    def _step(self) -> StepOutputs:
         t0 = time.perf_counter()
         self.speculator.start_step()
         batch = self.scheduler.schedule()

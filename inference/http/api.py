@@ -6,7 +6,9 @@ Messages routes; serving/errors.ErrorShape), adds the x-ratelimit-* headers (and
 the anthropic-ratelimit-* ones beside them, named by the shape), and exempts the view from
 CSRF (callers authenticate with a bearer key, not a cookie).
 
-Non-generating views get one request debited before they run. Generating views
+Non-generating views get one request debited before they run, but those a router calls on a client's
+behalf just before routing that client's request (`@openai_endpoint(debits=False)`: the render
+routes, http/worker_views.py), which are authenticated and never debited. Generating views
 (`@openai_endpoint(generates=True)`) call `admit(request, reserve_tokens=..., used_tokens=...)`
 once they know the prompt's size; that gives the request a GenerationLease, the one owner of its
 rate-limit lease, which this wrapper settles with the tokens really used when the response is
@@ -93,15 +95,16 @@ async def admit(request, *, reserve_tokens: int, used_tokens: Callable[[], int],
     return request.generation_lease
 
 
-def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorShape = OPENAI):
+def openai_endpoint(view=None, *, generates: bool = False, debits: bool = True, error_shape: ErrorShape = OPENAI):
     """Wrap an async view as an API endpoint (see the module docstring).
 
     generates=False: one request is debited before the view runs (models, tokenize, stored
-    objects). generates=True: the view calls `admit` itself. error_shape: how the route words
-    its errors (serving/errors.OPENAI or ANTHROPIC); every layer reads it from the view
+    objects), unless debits=False (a router's probe for the request it routes). generates=True: the
+    view calls `admit` itself. error_shape: how the route words
+    its errors (serving/errors.OPENAI, ANTHROPIC or OLLAMA); every layer reads it from the view
     (inference.http.error_shapes)."""
     if view is None:
-        return functools.partial(openai_endpoint, generates=generates, error_shape=error_shape)
+        return functools.partial(openai_endpoint, generates=generates, debits=debits, error_shape=error_shape)
 
     @functools.wraps(view)
     async def wrapper(request, *args, **kwargs):
@@ -113,7 +116,7 @@ def openai_endpoint(view=None, *, generates: bool = False, error_shape: ErrorSha
         try:
             request.principal = await authenticate(request)
             note_tenant(request.principal.tenant.name)
-            if not generates:
+            if not generates and debits:
                 request.ratelimit_lease = await debit_request(request.principal)
             response = await view(request, *args, **kwargs)
         except ApiError as error:

@@ -20,7 +20,7 @@ from ..serving.errors import ApiError
 
 log = logging.getLogger("metrale.api")
 
-API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/health")
+API_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize", "/health")
 # Routes outside `openai_endpoint` (which answers other methods itself) and the methods they take.
 METHODS = {"/health": ("GET", "HEAD"), "/health/live": ("GET", "HEAD")}
 # A client's id is echoed only when it is short, printable ASCII (it goes into logs and headers).
@@ -30,9 +30,9 @@ _CLIENT_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
 def is_api_path(path: str) -> bool:
-    """Whether `path` is one of the API's (/v1 and below, /tokenize, /detokenize, /health): answered in
-    its route's error shape (error_shapes.shape_for_path), whatever fails."""
-    return path == "/v1" or path.startswith(API_PREFIXES)
+    """Whether `path` is one of the API's (/v1 and below, Ollama's /api and below, /tokenize, /detokenize,
+    /health): answered in its route's error shape (error_shapes.shape_for_path), whatever fails."""
+    return path in ("/v1", "/api") or path.startswith(API_PREFIXES)
 
 
 # Multipart framing allowed around an upload to POST /v1/files, on top of METRALE["MAX_FILE_BYTES"].

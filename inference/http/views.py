@@ -155,9 +155,10 @@ def _server_timing(run: Choices, started: float, prepared_at: float) -> str:
     return f"prep;dur={prep_ms:.2f}, engine;dur={engine_ms:.2f}, view;dur={total_ms:.2f}"
 
 
-def sse_response(frames) -> StreamingHttpResponse:
-    """A Server-Sent Events response over async `frames` (bytes), unbuffered by proxies."""
-    resp = StreamingHttpResponse(frames, content_type="text/event-stream")
+def sse_response(frames, content_type: str = "text/event-stream") -> StreamingHttpResponse:
+    """A Server-Sent Events response over async `frames` (bytes), unbuffered by proxies (`content_type`: another
+    streamed format's, e.g. Ollama's application/x-ndjson)."""
+    resp = StreamingHttpResponse(frames, content_type=content_type)
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     return resp
@@ -165,8 +166,8 @@ def sse_response(frames) -> StreamingHttpResponse:
 
 async def respond(request, rt, prepared: Prepared, wire, *, param: str, started: float):
     """Admit, submit and answer one prepared generating request: the flow every generating route
-    shares. wire: the surface's encoder (`stream`, `frames(run)`, `body(run)`); param: the field a
-    refused submission names. Raises ApiError (429 from admission, 400/503 from the engine's
+    shares. wire: the surface's encoder (`stream`, `frames(run)`, `body(run)`, and `media_type` when its
+    stream is not Server-Sent Events); param: the field a refused submission names. Raises ApiError (429 from admission, 400/503 from the engine's
     refusal, what `wire.body` raises); the caller's openai_endpoint settles the lease."""
     run: Choices | None = None
     await admit(request, reserve_tokens=prepared.reserve_tokens, timeout_s=prepared.timeout_s,
@@ -177,7 +178,7 @@ async def respond(request, rt, prepared: Prepared, wire, *, param: str, started:
     except (RequestRejected, EngineOverloaded) as exc:
         raise engine_refusal(exc, param) from exc
     if wire.stream:
-        return sse_response(wire.frames(run))
+        return sse_response(wire.frames(run), getattr(wire, "media_type", "text/event-stream"))
     resp = JsonResponse(await wire.body(run))
     resp["Server-Timing"] = _server_timing(run, started, prepared_at)
     return resp
@@ -200,9 +201,9 @@ async def health(request):
             default = registry.default() or registry.default(EMBEDDING)
             return JsonResponse({"status": "ready", "model": default.name, "models": models})
         return JsonResponse({"status": "ready", "model": rt.model_id, "system_fingerprint": rt.fingerprint or None,
-                             "adapters": sorted(rt.adapters), "swap": swap.status(), "models": models})
+                             "adapters": sorted(rt.adapters), "swap": swap.status(registry), "models": models})
     if state == "swapping":
-        return JsonResponse({"status": "swapping", "error": error, "swap": swap.status()}, status=503,
+        return JsonResponse({"status": "swapping", "error": error, "swap": swap.status(registry)}, status=503,
                             headers={"Retry-After": "5"})
     body = {"status": "failed", "error": error} if state == "failed" else {"status": "loading"}
     return JsonResponse(body, status=503)

@@ -1,5 +1,5 @@
-"""System checks for auth, rate limiting, the parser settings, the engine settings and the model folder
-(ids metrale.W001, W002, W003, E001, E002)."""
+"""System checks for auth, rate limiting, the parser settings, the engine settings, the model folder and the
+KV event settings (ids metrale.W001, W002, W003, E001, E002, E003)."""
 from django.core.checks import Error, Warning, register
 from django.core.cache import caches
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -8,7 +8,7 @@ from ..tenancy.ratelimiting.store import is_shared_atomically
 from ..serving.errors import OPENAI
 
 # Paths that must go through inference.http.api.openai_endpoint (reference/metrale-behaviour.md 2.2).
-GUARDED_PREFIXES = ("v1/", "tokenize", "detokenize")
+GUARDED_PREFIXES = ("v1/", "api/", "tokenize", "detokenize")
 
 
 @register()
@@ -43,7 +43,7 @@ def guarded_routes():
 
 @register()
 def check_guarded_routes(app_configs, **kwargs):
-    """W002: a /v1/*, /tokenize or /detokenize view that skips auth and rate limiting (neither
+    """W002: a /v1/*, /api/* (Ollama's), /tokenize or /detokenize view that skips auth and rate limiting (neither
     api.openai_endpoint nor api.operator_endpoint), or one URL
     whose method views (api.by_method) answer in different error shapes (the route has one shape,
     which every layer reads from its view: inference.http.error_shapes)."""
@@ -105,3 +105,19 @@ def check_engine_settings(app_configs, **kwargs):
                     hint="Run `manage.py pull_model NAME` (make serve pulls SmolLM2), or point METRALE_MODELS "
                          "(or METRALE_MODEL) at an HF-format folder or a GGUF file.", id="metrale.W003")
             for spec, problem in problems]
+
+
+@register()
+def check_kv_events_setting(app_configs, **kwargs):
+    """E003: METRALE_KV_EVENTS is neither an endpoint nor a JSON object of vLLM's kv-events config fields."""
+    from django.conf import settings
+
+    from .kv_events import KVEventsConfig
+
+    try:
+        KVEventsConfig.parse(settings.METRALE.get("KV_EVENTS"))
+    except (ValueError, TypeError) as exc:
+        return [Error(f"METRALE_KV_EVENTS is invalid: {exc}.", hint='Give an endpoint (tcp://*:5557) or vLLM\'s '
+                      'kv-events config as JSON, e.g. {"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}.',
+                      id="metrale.E003")]
+    return []

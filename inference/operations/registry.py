@@ -23,10 +23,20 @@ A model's life (ModelEntry.state): unloaded -> loading -> loaded -> unloaded, or
   it unloads idle models, least recently used first; it waits up to LOAD_WAIT_S for a busy
   model to become idle, then fails (ModelBudgetBusy). A model whose estimate exceeds the whole
   budget fails at once (ModelLoadFailed).
+- A swap (operations/swap.py) is a load under the same rule: under the load lock (`exclusive()`), no other
+  load meanwhile; the new model loads beside the old one when it fits (idle models unloaded, least
+  recently used first), else the old one drains first (its bytes then count as freed), else the swap is
+  refused (ModelLoadFailed, ModelBudgetBusy) before anything is drained. The replaced model's bytes count
+  until its drain ends and it is stopped (`retire`).
 - Failed: a load that raises fails every request waiting for it with ModelLoadFailed (the
   model's name and the cause; the views answer 503 model_load_failed, never a 500), the model
   is marked failed (its error kept for /v1/models and the admin), and the next request naming
   it tries again. Other models keep serving.
+- Names added at run time (Ollama's routes): `alias(name, target)` makes `name` select `target`'s model
+  (/api/copy; `find` and serving/model_names.served_names read it), `add(spec)` serves a catalogue model
+  pulled while the process runs (/api/pull), `remove(name)` stops serving an added model or an alias
+  (/api/delete). They live in this process only: the configuration (METRALE_MODELS) is what every
+  process serves after a restart.
 """
 from __future__ import annotations
 
@@ -91,13 +101,22 @@ class Loader:
     """How a registry loads a ModelSpec (the real one: operations.runtime.ModelLoader; tests pass fakes).
 
     `estimate(spec)`: bytes it will take (for the budget check before loading; 0 when unknown).
-    `load(spec, registry)`: a Loaded, or raises (any exception: the load failed, its message the cause)."""
+    `load(spec, registry)`: a Loaded, or raises (any exception: the load failed, its message the cause).
+    `kv_events`: the KV event publisher its default chat model's engine publishes to (operations/kv_events.py),
+    or None."""
+
+    kv_events = None
 
     def estimate(self, spec: ModelSpec) -> int:
         return 0
 
     def load(self, spec: ModelSpec, registry: "ModelRegistry") -> Loaded:
         raise NotImplementedError
+
+    def fits_beside(self, spec: ModelSpec, old: Loaded) -> bool:
+        """Whether `spec` can load while `old` keeps its memory (a swap's choice beside the budget's: the
+        machine's free memory). True when unknown."""
+        return True
 
 
 @dataclass(slots=True, eq=False)
@@ -118,6 +137,8 @@ class ModelEntry:
     loaded_at: int | None = None
     # While a swap that drains first has no model installed: why (requests wait, /health says "swapping").
     unavailable: str | None = None
+    # Served because a request added it while the process runs (ModelRegistry.add), not configured.
+    added: bool = False
 
     @property
     def name(self) -> str:
@@ -162,14 +183,21 @@ class ModelRegistry:
                  keep_alive: dict[str, float] | None = None, load_wait_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic):
         self.loader = loader
+        self.keep_alive_s = keep_alive_s
         self.budget_bytes = budget_bytes
         self.load_wait_s = load_wait_s
         self.clock = clock
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()
+        self._retiring: list[Loaded] = []  # replaced by a swap, draining: still resident
+        # The last swap (operations/swap.py): state (idle, loading, draining, serving, failed), the model name
+        # and folder asked for, the error of a failed one, since when (Unix seconds); /health reports it.
+        self.swap_status: dict = {"state": "idle", "model": None, "path": None, "error": None, "since": None}
         self._reaper: threading.Thread | None = None
         self._stopped = threading.Event()
         self.entries: dict[str, ModelEntry] = {}
+        # name -> the served name it selects (alias)
+        self.aliases: dict[str, str] = {}
         chats = [s.name for s in specs if s.kind == CHAT]
         pins = set(pinned if pinned is not None else chats[:1])
         for spec in specs:
@@ -187,14 +215,15 @@ class ModelRegistry:
 
     def find(self, name: str, kind: str = CHAT) -> ModelEntry | None:
         """The entry a request's `model` selects on a route serving `kind`, None when none does:
-        "" the default; a configured name; an alias (METRALE_MODEL_ALIASES) or `base:adapter` of a chat
-        model; an adapter of a loaded chat model; any name when METRALE_ACCEPT_ANY_MODEL_NAME is on (both
-        settings read at each call, as serving/model_names reads them)."""
+        "" the default; a configured (or added) name; an alias made at run time (`alias`) of a model of
+        either kind; an alias (METRALE_MODEL_ALIASES) or `base:adapter` of a chat model; an adapter of a
+        loaded chat model; any name when METRALE_ACCEPT_ANY_MODEL_NAME is on (both settings read at each
+        call, as serving/model_names reads them)."""
         aliases = settings.METRALE.get("MODEL_ALIASES") or []
         with self._lock:
             if not name:
                 return self.default(kind)
-            entry = self.entries.get(name)
+            entry = self.entries.get(name) or self.entries.get(self.aliases.get(name, ""))
             if entry is not None:
                 return entry
             if kind != CHAT:
@@ -271,7 +300,7 @@ class ModelRegistry:
     def _load(self, entry: ModelEntry, future: concurrent.futures.Future) -> None:
         with self._load_lock:
             try:
-                self._make_room(entry, self.loader.estimate(entry.spec))
+                self._make_room(entry.name, self.loader.estimate(entry.spec), exclude=entry)
                 started = time.perf_counter()
                 loaded = self.loader.load(entry.spec, self)
                 loaded.load_s = loaded.load_s or time.perf_counter() - started
@@ -298,30 +327,40 @@ class ModelRegistry:
         """Hook for the process registry (embedding runners' host, the runtime_ready signal)."""
 
     def resident_bytes(self) -> int:
-        """The loaded models' resident bytes (weights as measured after load, plus KV pools)."""
+        """The loaded models' resident bytes (weights as measured after load, plus KV pools), and those of
+        models a swap replaced that are still draining."""
         with self._lock:
-            return sum(e.loaded.resident_bytes for e in self.entries.values() if e.loaded is not None)
+            return (sum(e.loaded.resident_bytes for e in self.entries.values() if e.loaded is not None)
+                    + sum(r.resident_bytes for r in self._retiring))
 
-    def _make_room(self, entry: ModelEntry, need: int) -> None:
-        """Unload idle models, least recently used first, until `need` more bytes fit the budget.
-        Raises ModelLoadFailed when `need` exceeds the whole budget, ModelBudgetBusy when the
-        models in the way stay busy (or pinned) for load_wait_s."""
+    def _evictable_bytes(self, exclude: ModelEntry | None) -> int:
+        with self._lock:
+            return sum(e.loaded.resident_bytes for e in self.entries.values() if e is not exclude
+                       and e.state == LOADED and e.loaded is not None and not e.pinned and not e.busy())
+
+    def _make_room(self, name: str, need: int, exclude: ModelEntry | None = None, freed: int = 0) -> None:
+        """Unload idle models (never `exclude`), least recently used first, until `need` more bytes fit
+        the budget, `freed` of the resident bytes being freed by the caller before it loads (a swap that
+        drains first). Raises ModelLoadFailed naming `name` when `need` exceeds the whole budget,
+        ModelBudgetBusy when the models in the way stay busy (or pinned) for load_wait_s."""
         budget = self.budget_bytes
         if budget is None:
             return
         if need > budget:
-            raise ModelLoadFailed(entry.name, f"it needs about {need / 1e6:.0f} MB and the memory budget "
-                                              f"(METRALE_MEMORY_BUDGET) is {budget / 1e6:.0f} MB")
+            raise ModelLoadFailed(name, f"it needs about {need / 1e6:.0f} MB and the memory budget "
+                                        f"(METRALE_MEMORY_BUDGET) is {budget / 1e6:.0f} MB")
         deadline = time.monotonic() + self.load_wait_s
-        while self.resident_bytes() + need > budget:
-            victim = self._lru_idle(exclude=entry)
+        while self.resident_bytes() - freed + need > budget:
+            victim = self._lru_idle(exclude=exclude)
             if victim is not None:
-                self._unload(victim, why="to make room under the memory budget for " + entry.name)
+                self._unload(victim, why="to make room under the memory budget for " + name)
                 continue
             if time.monotonic() >= deadline:
-                in_way = ", ".join(e.name for e in self.entries.values() if e.loaded is not None and e is not entry)
-                raise ModelBudgetBusy(entry.name, f"the memory budget ({budget / 1e6:.0f} MB) is taken by models "
-                                                  f"that are busy or pinned ({in_way}); retry shortly")
+                in_way = ", ".join(e.name for e in self.entries.values() if e.loaded is not None and e is not exclude)
+                if self._retiring:
+                    in_way += (", " if in_way else "") + f"{len(self._retiring)} replaced model(s) still draining"
+                raise ModelBudgetBusy(name, f"the memory budget ({budget / 1e6:.0f} MB) is taken by models "
+                                            f"that are busy or pinned ({in_way}); retry shortly")
             time.sleep(0.05)
 
     def _lru_idle(self, exclude: ModelEntry | None = None) -> ModelEntry | None:
@@ -329,6 +368,75 @@ class ModelRegistry:
             idle = [e for e in self.entries.values() if e is not exclude and e.state == LOADED
                     and not e.pinned and not e.busy()]
             return min(idle, key=lambda e: e.last_used) if idle else None
+
+    # --- swapping (operations/swap.py drives it) ---
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator["ModelRegistry"]:
+        """Hold the registry's load lock for the block: no load (on demand, an operator's, another swap)
+        runs meanwhile; they wait and then see what the block left."""
+        with self._load_lock:
+            yield self
+
+    def room_for_swap(self, entry: ModelEntry, spec: ModelSpec) -> bool:
+        """Make room for `spec` to replace `entry` (inside `exclusive()`): True when it loads beside the
+        running model (idle models unloaded first, least recently used first), False when `entry`'s model
+        must drain and stop first (its bytes then count as freed; the loader's fits_beside says no, or the
+        budget holds the two only without it). Raises what _make_room raises (ModelLoadFailed: bigger than
+        the whole budget; ModelBudgetBusy: busy or pinned models in the way for load_wait_s) before
+        anything is drained."""
+        need = self.loader.estimate(spec)
+        old = entry.loaded
+        budget = self.budget_bytes
+        beside = old is None or (
+            (budget is None or self.resident_bytes() - self._evictable_bytes(entry) + need <= budget)
+            and self.loader.fits_beside(spec, old))
+        self._make_room(spec.name, need, exclude=entry, freed=0 if beside else old.resident_bytes)
+        return beside
+
+    def drain(self, entry: ModelEntry, why: str, timeout_s: float) -> Loaded | None:
+        """Stop serving `entry` (requests naming it wait: `unavailable` = why), wait up to timeout_s for
+        its running requests, then stop its model (inside `exclusive()`, a swap that drains first).
+        Returns the stopped Loaded (None when nothing was loaded)."""
+        with self._lock:
+            entry.unavailable = why
+            loaded = entry.loaded
+        if loaded is None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while not loaded.idle() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._lock:
+            entry.loaded, entry.state = None, UNLOADED
+        self._stop(entry, loaded, why="to be swapped")
+        return loaded
+
+    def retire(self, loaded: Loaded, name: str, timeout_s: float) -> threading.Thread:
+        """Stop `loaded` (a model a swap replaced, no longer in the registry) once no request runs on it,
+        up to timeout_s, on a thread of its own; its bytes count against the budget until then."""
+        with self._lock:
+            self._retiring.append(loaded)
+
+        def run():
+            deadline = time.monotonic() + timeout_s
+            while not loaded.idle() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:
+                loaded.release()
+            except Exception:
+                log.exception("stopping the replaced model %s failed", name)
+            with self._lock:
+                self._retiring.remove(loaded)
+            log.info("the replaced model %r stopped after draining (%.1f MB freed)", name, loaded.resident_bytes / 1e6)
+
+        thread = threading.Thread(target=run, name="metrale-drain-old", daemon=True)
+        thread.start()
+        return thread
+
+    def set_swap_status(self, **fields) -> None:
+        """Record a swap's step in `swap_status` (since: now)."""
+        with self._lock:
+            self.swap_status = {**self.swap_status, **fields, "since": time.time()}
 
     def _release(self, entry: ModelEntry) -> None:
         with self._lock:
@@ -351,13 +459,16 @@ class ModelRegistry:
             if entry.state != LOADED or entry.busy():
                 return False
             loaded, entry.loaded, entry.state = entry.loaded, None, UNLOADED
+        self._stop(entry, loaded, why)
+        return True
+
+    def _stop(self, entry: ModelEntry, loaded: Loaded, why: str) -> None:
         try:
             loaded.release()
         except Exception:
             log.exception("stopping model %s failed", entry.name)
         self._after_unload(entry, loaded)
         log.info("model %s unloaded %s (%.1f MB freed)", entry.name, why, loaded.resident_bytes / 1e6)
-        return True
 
     def _after_unload(self, entry: ModelEntry, loaded: Loaded) -> None:
         """An embedding runner whose units ran on the unloaded chat engine's thread moves to a thread
@@ -444,6 +555,68 @@ class ModelRegistry:
     def set_keep_alive(self, name: str, seconds: float) -> None:
         with self._lock:
             self.entries[name].keep_alive_s = seconds
+
+    # --- names added while the process runs (module doc) ---
+
+    def alias(self, name: str, target: str) -> None:
+        """`name` selects the served model `target` from now on (an alias of an alias selects its model).
+        Raises KeyError when `target` selects no model, ValueError when `name` is a served model's own."""
+        with self._lock:
+            served = self.aliases.get(target, target)
+            if served not in self.entries:
+                raise KeyError(target)
+            if name in self.entries:
+                raise ValueError(f"{name!r} is a served model's own name")
+            self.aliases[name] = served
+
+    def aliases_of(self, name: str) -> list[str]:
+        """The aliases made at run time that select the served model `name`, in the order they were made."""
+        with self._lock:
+            return [alias for alias, served in self.aliases.items() if served == name]
+
+    def add(self, spec: ModelSpec) -> ModelEntry:
+        """Serve `spec` from now on (a catalogue model pulled while the process runs), unloaded until a request
+        names it, with the default keep_alive. Returns its entry (the existing one when that name is served)."""
+        with self._lock:
+            entry = self.entries.get(spec.name)
+            if entry is None:
+                entry = self.entries[spec.name] = ModelEntry(spec, keep_alive_s=self.keep_alive_s, added=True)
+            self.aliases.pop(spec.name, None)
+            return entry
+
+    def remove(self, name: str) -> None:
+        """Stop serving `name`: an alias (`alias`), or a model `add` served (unloaded first, and the aliases that
+        select it dropped). Raises KeyError when nothing of that name is served, ValueError (the reason, a
+        sentence) for a configured model or one a request holds."""
+        with self._lock:
+            if name in self.aliases:
+                del self.aliases[name]
+                return
+            entry = self.entries[name]
+            if not entry.added:
+                raise ValueError(f"{name} is configured (METRALE_MODELS); take it out of the configuration to stop "
+                                 "serving it")
+            if entry.busy() or entry.state == LOADING:
+                raise ValueError(f"{name} is loading or answering requests; retry once they end")
+        if entry.state == LOADED and not self._unload(entry, why="removed on request"):
+            raise ValueError(f"{name} is answering requests; retry once they end")
+        with self._lock:
+            self.entries.pop(name, None)
+            self.aliases = {a: served for a, served in self.aliases.items() if served != name}
+
+    def expires_in_s(self, name: str) -> float | None:
+        """Seconds until the reaper may unload the loaded model `name`: its keep_alive less the time it has
+        been idle (its whole keep_alive while a request holds it), math.inf for a pinned model or one kept
+        for good; None when it is not loaded."""
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or entry.state != LOADED:
+                return None
+            if entry.pinned or math.isinf(entry.keep_alive_s):
+                return math.inf
+            if entry.busy():
+                return entry.keep_alive_s
+            return max(0.0, entry.keep_alive_s - (self.clock() - entry.last_used))
 
     def install(self, entry: ModelEntry, spec: ModelSpec, loaded: Loaded | None) -> ModelEntry:
         """Serve `loaded` (already loaded from `spec`) in `entry`'s place (the swap's switch): the entry

@@ -58,6 +58,11 @@ class Runtime:
         """The model folder's JSON files, read once per process (sampling defaults, model_type)."""
         return ModelFolder.read(self.model_path)
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of its engine (the prefix cache's unit)."""
+        return self.engine.block_size
+
 
 @dataclass(slots=True)
 class EmbeddingService:
@@ -203,6 +208,16 @@ def _safetensors_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
 
 
+def memory_estimate(folder: Path, kv_cache_bytes: int | None) -> int:
+    """Memory a model folder will take once served on CPU in float32 with int8 copies: its safetensors
+    scaled to float32 (bytes per parameter from config.json's dtype) plus a quarter for the int8 copies,
+    plus its KV pool (a swap's check against the machine's free memory)."""
+    stored = _safetensors_bytes(folder)
+    dtype = (ModelFolder.read(folder).model_config.torch_dtype or "float32").removeprefix("torch.")
+    scale = 4 / {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+    return int(stored * scale * 1.25) + (kv_cache_bytes or 0)
+
+
 def release_embeddings(runner) -> None:
     """An unloading embedding model's runner: detached from the chat engine that ran its units (so that
     engine no longer holds it), or its own thread stopped."""
@@ -219,11 +234,16 @@ class ModelLoader:
     what RSS grew by while it loaded, plus its KV pool's size (reserved, committed as written).
 
     metrale: the settings (default settings.METRALE). kv_share: with a memory budget and no
-    KV_CACHE_BYTES, each chat model's KV pool is this fraction of the budget (KV_BUDGET_SHARE)."""
+    KV_CACHE_BYTES, each chat model's KV pool is this fraction of the budget (KV_BUDGET_SHARE).
+    kv_events: the process's KV event publisher (operations/kv_events.py) or None; the engine of
+    `kv_events_model` (the default chat model: the one /get_server_info names to routers) publishes
+    its prefix cache's changes there while it is loaded."""
 
-    def __init__(self, metrale: dict | None = None):
+    def __init__(self, metrale: dict | None = None, *, kv_events=None, kv_events_model: str | None = None):
         self.metrale = settings.METRALE if metrale is None else metrale
         self.several_chat_models = False
+        self.kv_events = kv_events
+        self.kv_events_model = kv_events_model
 
     def kv_cache_bytes(self) -> int | None:
         """The KV pool of each chat model: KV_CACHE_BYTES, else KV_BUDGET_SHARE of MEMORY_BUDGET, else
@@ -246,6 +266,17 @@ class ModelLoader:
         if not files and spec.gguf is not None and spec.gguf.is_file():
             files = spec.gguf.stat().st_size
         return files + ((self.kv_cache_bytes() or 0) if spec.kind == CHAT else 0)
+
+    def fits_beside(self, spec, old) -> bool:
+        """Whether `spec` can load while `old` (a Loaded) keeps its memory: memory_estimate against the
+        device's free memory (MemAvailable on CPU), a fifth kept free; the new KV pool taken as large as
+        the old one's where no setting sizes it."""
+        from inference.engine.llm_engine import available_memory_bytes, resolve_device
+
+        if not (spec.folder / "config.json").is_file():
+            return True  # a GGUF not imported yet, or no model there (its load says why)
+        need = memory_estimate(spec.folder, self.kv_cache_bytes() or old.kv_bytes)
+        return need < 0.8 * available_memory_bytes(resolve_device(self.metrale.get("DEVICE") or "auto"))
 
     def folder(self, spec) -> Path:
         """The model folder of `spec`, a GGUF imported into it first where it is not there yet.
@@ -290,7 +321,15 @@ class ModelLoader:
         config = self.engine_config(folder)
         tokenizer = Tokenizer.from_folder(folder)
         fp = model_fingerprint(folder, fingerprint_settings(config))
-        engine = AsyncEngine(config=config, on_fatal=self.on_fatal(registry, spec.name))
+        sink = None
+        if self.kv_events is not None and spec.name == self.kv_events_model:
+            sink = self.kv_events.attach(tokenizer.vocab_size)
+        try:
+            engine = AsyncEngine(config=config, on_fatal=self.on_fatal(registry, spec.name), kv_events=sink)
+        except BaseException:
+            if sink is not None:
+                self.kv_events.detach(sink)
+            raise
         kv = engine.engine.runner.kv_pool.nbytes
         from .model_specs import EMBEDDING
 
@@ -302,11 +341,22 @@ class ModelLoader:
                 log.info("embedding model %s: its passes run between %s's steps from now on", service.name, spec.name)
         rt = Runtime(engine, tokenizer, spec.name, folder, int(time.time()), fingerprint=fp)
         _send_from_this_thread(runtime_ready, runtime=rt, swap=swap)
-        return Loaded(rt, max(0, rss_bytes() - before) + kv, kv, release=engine.stop)
+        return Loaded(rt, max(0, rss_bytes() - before) + kv, kv, release=self._release(engine, sink))
+
+    def _release(self, engine, sink) -> Callable[[], None]:
+        """A loaded chat model's release: its engine stopped, then its KV events' subscribers told."""
+        if sink is None:
+            return engine.stop
+
+        def release():
+            engine.stop()
+            self.kv_events.detach(sink)
+        return release
 
     def load_embedding(self, spec, registry):
         import time
 
+        from inference.engine.core_share import ThreadTeam
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.embedding_runner import EmbeddingRunner
 
@@ -315,7 +365,9 @@ class ModelLoader:
         folder = self.folder(spec)
         before = rss_bytes()
         model = EmbeddingModel(folder, self.metrale.get("EMBEDDING_WEIGHTS") or "auto")
-        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35)
+        threads, adaptive = self.metrale.get("NUM_THREADS"), self.metrale.get("ADAPTIVE_THREADS")
+        runner = EmbeddingRunner(model, share=self.metrale.get("EMBEDDING_SHARE") or 0.35,
+                                 team=lambda: ThreadTeam(threads, adaptive=adaptive is not False))
         service = EmbeddingService(spec.name, folder, int(time.time()), model, runner)
         host = registry.runtime()
         if host is not None and hasattr(host.engine, "attach_embeddings"):
@@ -344,6 +396,21 @@ class ModelLoader:
         return died
 
 
+def kv_event_publisher(metrale: dict):
+    """The KV event publisher METRALE["KV_EVENTS"] asks for (operations/kv_events.py), or None: off, or its
+    address cannot be bound (logged: the replica serves on, routed by load alone). Raises ValueError for a
+    value KVEventsConfig refuses (system check E003 names it first)."""
+    import zmq
+
+    from .kv_events import publisher_from_settings
+
+    try:
+        return publisher_from_settings(metrale)
+    except zmq.ZMQError as exc:
+        log.error("METRALE_KV_EVENTS: cannot open the KV event sockets (%s); no KV events are published", exc)
+        return None
+
+
 def build_registry(metrale: dict | None = None):
     """The process's ModelRegistry from METRALE (MODELS or MODEL / EMBEDDING_MODEL, PIN, KEEP_ALIVE,
     MODEL_KEEP_ALIVE, MEMORY_BUDGET, MODEL_LOAD_WAIT_S) with ModelLoader. Raises SettingError (model_settings) for an unreadable keep_alive or budget."""
@@ -353,7 +420,9 @@ def build_registry(metrale: dict | None = None):
 
     m = settings.METRALE if metrale is None else metrale
     specs = configured_specs(m)
-    loader = ModelLoader(m)
+    chats = [s.name for s in specs if s.kind == CHAT]
+    loader = ModelLoader(m, kv_events=kv_event_publisher(m) if chats else None,
+                         kv_events_model=chats[0] if chats else None)
     loader.several_chat_models = sum(s.kind == CHAT for s in specs) > 1
     per_model = {}
     for item in m.get("MODEL_KEEP_ALIVE") or []:

@@ -144,19 +144,21 @@ def response_body(call: EmbeddingCall, model_name: str, vectors: list[bytes]) ->
     """OpenAI's embedding list from each input's vector (float32 little-endian bytes)."""
     data = []
     for i, raw in enumerate(vectors):
-        if call.encoding_format == "base64":
-            embedding = base64.b64encode(raw).decode("ascii")
-        else:
-            values = array("f")
-            values.frombytes(raw)
-            if values.itemsize != 4:  # pragma: no cover - array('f') is C float, 4 bytes on every platform we run
-                raise RuntimeError("float is not 4 bytes")
-            if _big_endian():
-                values.byteswap()
-            embedding = values.tolist()
+        embedding = base64.b64encode(raw).decode("ascii") if call.encoding_format == "base64" else vector_floats(raw)
         data.append({"object": "embedding", "index": i, "embedding": embedding})
     return {"object": "list", "data": data, "model": model_name,
             "usage": {"prompt_tokens": call.prompt_tokens, "total_tokens": call.prompt_tokens}}
+
+
+def vector_floats(raw: bytes) -> list[float]:
+    """A vector's float32 little-endian bytes (EmbeddingRunner's output) as Python floats."""
+    values = array("f")
+    values.frombytes(raw)
+    if values.itemsize != 4:  # pragma: no cover - array('f') is C float, 4 bytes on every platform we run
+        raise RuntimeError("float is not 4 bytes")
+    if _big_endian():
+        values.byteswap()
+    return values.tolist()
 
 
 def response_json(call: EmbeddingCall, model_name: str, vectors: list[bytes]) -> bytes:

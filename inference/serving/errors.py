@@ -68,7 +68,7 @@ ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_erro
 
 
 class ErrorShape:
-    """How a route words its errors: OpenAI's body (OPENAI) or Anthropic's (ANTHROPIC).
+    """How a route words its errors: OpenAI's body (OPENAI), Anthropic's (ANTHROPIC) or Ollama's (OLLAMA).
 
     A route's shape is a property of its view (`api.openai_endpoint(error_shape=...)`); every layer
     that answers for a route (the endpoint wrapper, the middleware, the ASGI guard, daphne's body
@@ -112,5 +112,17 @@ class AnthropicErrorShape(ErrorShape):
         return body
 
 
+class OllamaErrorShape(ErrorShape):
+    """Ollama's `{"error": "<message>"}` and nothing else (its server/routes.go; docs/api.md "Errors"), at the
+    status the error has: Ollama's own 400 / 404 / 500 / 503 and this server's others (401, 413, 429, 501)."""
+
+    name = "ollama"
+
+    def body(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
+             code: str | None = None, request_id: str | None = None) -> dict:
+        return {"error": message}
+
+
 OPENAI = ErrorShape()
 ANTHROPIC = AnthropicErrorShape()
+OLLAMA = OllamaErrorShape()

@@ -35,8 +35,12 @@ class ServedAdapter:
 
 
 def served_names(model_id: str) -> list[str]:
-    """The served id followed by its aliases."""
-    return [model_id, *[a for a in settings.METRALE.get("MODEL_ALIASES") or [] if a != model_id]]
+    """The served id followed by its aliases: METRALE_MODEL_ALIASES, then those made while the process runs
+    (Ollama's /api/copy: operations/registry.ModelRegistry.alias)."""
+    from inference.operations.registry import process_registry
+
+    made = process_registry().aliases_of(model_id)
+    return [model_id, *[a for a in [*(settings.METRALE.get("MODEL_ALIASES") or []), *made] if a != model_id]]
 
 
 def check_model(requested: str, model_id: str, adapters: Mapping[str, ServedAdapter] | None = None,

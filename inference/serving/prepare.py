@@ -98,7 +98,11 @@ class GenerationRequest:
     else up to the context). structured: the requested output format (spec, param) from
     structured.requested_grammar. timeout_s: the request's own deadline in seconds (capped by
     METRALE["REQUEST_TIMEOUT_S"]). priority: EngineRequest.priority (0 interactive, batch lines above).
-    prediction: a Predicted Output's text (serving/prediction.py).
+    prediction: a Predicted Output's text (serving/prediction.py). prefix_ids: token ids placed before every
+    prompt's own (Ollama's generate `context`: an earlier answer's prompt and output). context_limit: the
+    request's own context length in tokens (Ollama's num_ctx): prompt + completion within the lower of it and
+    the engine's; the model is never reloaded for it. fit_max_tokens: max_tokens is an upper bound, cut to the room
+    the context leaves the prompt (Ollama's num_predict) instead of a 400 when it does not fit.
     """
 
     param: str
@@ -130,6 +134,9 @@ class GenerationRequest:
     prediction: str | None = None
     # beam_search.BeamSpec: the choices come from one beam search (blocking requests only).
     beam: object = None
+    prefix_ids: list[int] = field(default_factory=list)
+    context_limit: int | None = None
+    fit_max_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -220,10 +227,11 @@ def _render_and_tokenize(rt, greq: GenerationRequest, limit: int, wanted: int) -
                                add_generation_prompt=greq.add_generation_prompt,
                                continue_final_message=greq.continue_final_message, param=greq.param)
 
+    prefix = greq.prefix_ids
     while True:
         text = render(messages)
         if len(text) <= limit * bound:
-            ids = tok.encode(text)
+            ids = [*prefix, *tok.encode(text)]
             if len(ids) + wanted <= limit or not greq.truncate:
                 return messages, text, ids
         elif not greq.truncate:
@@ -232,7 +240,7 @@ def _render_and_tokenize(rt, greq: GenerationRequest, limit: int, wanted: int) -
         if shorter is None:
             if len(text) > limit * bound:
                 raise _too_many_chars(len(text), limit, bound, greq.param)
-            return messages, text, tok.encode(text)
+            return messages, text, [*prefix, *tok.encode(text)]
         messages = shorter
 
 
@@ -244,7 +252,7 @@ def _completion_prompts(rt, greq: GenerationRequest, limit: int) -> tuple[list[l
         param = greq.param if len(greq.prompts) == 1 else f"{greq.param}[{k}]"
         if isinstance(prompt, str):
             check_prompt_chars(tok, prompt, limit, param)
-        ids_list.append(completion_prompt_ids(tok, prompt, greq.suffix, tok.vocab_size, param))
+        ids_list.append([*greq.prefix_ids, *completion_prompt_ids(tok, prompt, greq.suffix, tok.vocab_size, param)])
         texts.append(prompt if isinstance(prompt, str) else tok.decode(prompt, skip_special_tokens=False))
     return ids_list, texts
 
@@ -257,6 +265,15 @@ async def prompt_ids(greq: GenerationRequest, rt) -> list[int]:
     hold."""
     check_model(greq.model, rt.model_id, rt.adapters)
     _, _, ids = await cpu_work(_render_and_tokenize, rt, greq, rt.engine.max_request_tokens, 1)
+    return ids
+
+
+async def completion_ids(greq: GenerationRequest, rt) -> list[list[int]]:
+    """The token ids of each prompt `prepare` would run for a legacy completions `greq` (prompts set), on the
+    prepare pool. Raises ApiError as `prepare` does for the model name, out-of-vocabulary ids and a prompt
+    longer in characters than the context could hold."""
+    check_model(greq.model, rt.model_id, rt.adapters)
+    ids, _ = await cpu_work(_completion_prompts, rt, greq, rt.engine.max_request_tokens)
     return ids
 
 
@@ -277,6 +294,8 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     if lora is not None:
         rt.adapter_requests[lora] += 1
     limit = rt.engine.max_request_tokens
+    if greq.context_limit is not None:
+        limit = max(1, min(limit, greq.context_limit))
     tok = rt.tokenizer
     setup = text_setup(rt, greq.tools, greq.tool_choice, greq.parallel_tool_calls, greq.thinking,
                        max_calls=greq.max_tool_calls)
@@ -298,7 +317,10 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
     inputs: list[GenerationInput] = []
     for k, ids in enumerate(prompt_ids):
         param = greq.param if len(prompt_ids) == 1 else f"{greq.param}[{k}]"
-        max_tokens = resolve_max_tokens(greq.max_tokens, default_max, len(ids), limit, param=param)
+        requested = greq.max_tokens
+        if requested is not None and greq.fit_max_tokens:
+            requested = min(requested, max(1, limit - len(ids)))
+        max_tokens = resolve_max_tokens(requested, default_max, len(ids), limit, param=param)
         structured = StructuredOutput(compiled) if compiled is not None else None
         reasoning = (reasoning_spec(tok, setup.reasoning_parser, prompt_texts[k], setup.thinking)
                      if greq.messages is not None else None)
@@ -317,4 +339,4 @@ async def prepare(greq: GenerationRequest, rt, *, request_id: str | None = None,
                     beam=greq.beam, fingerprint=rt.fingerprint_of(lora))
 
 
-__all__ = ["GenerationRequest", "Prepared", "cpu_work", "light_work", "prepare", "prompt_ids"]
+__all__ = ["GenerationRequest", "Prepared", "completion_ids", "cpu_work", "light_work", "prepare", "prompt_ids"]

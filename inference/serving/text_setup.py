@@ -44,6 +44,15 @@ def model_tool_parser(model_type: str, chat_template: str | None) -> str | None:
     return choose_tool_parser(model_type, chat_template)
 
 
+def tools_parser(model_type: str, chat_template: str | None) -> str | None:
+    """The tool parser a request with tools gets on this model: the model's own (model_tool_parser), else
+    FALLBACK_TOOL_PARSER unless METRALE_TOOL_CALL_PARSER is "none" (None: this model takes no tools)."""
+    parser = model_tool_parser(model_type, chat_template)
+    if parser is None and _setting("TOOL_CALL_PARSER") != OFF:
+        return FALLBACK_TOOL_PARSER
+    return parser
+
+
 def model_reasoning_parser(model_type: str, chat_template: str | None) -> str | None:
     """The reasoning parser for this model: the setting, else the chooser (None: no reasoning)."""
     name = _setting("REASONING_PARSER")
@@ -101,8 +110,6 @@ def text_setup(rt, tools: list[dict] | None, tool_choice, parallel_tool_calls: b
         limit = min(limit, max_calls)
     template = rt.tokenizer.chat_template
     model_type = rt.folder.model_type
-    tool_parser = model_tool_parser(model_type, template)
-    if tools and tool_parser is None and _setting("TOOL_CALL_PARSER") != OFF:
-        tool_parser = FALLBACK_TOOL_PARSER
+    tool_parser = tools_parser(model_type, template) if tools else model_tool_parser(model_type, template)
     return TextSetup(model_reasoning_parser(model_type, template), tool_parser, tools,
                      tool_choice or "auto", parallel_tool_calls is not False, thinking, limit)

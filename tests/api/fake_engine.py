@@ -60,10 +60,17 @@ class FakeEngine:
     max_model_len: int = 2048
     delay_s: float = 0.0
     submissions: list[Submission] = field(default_factory=list)
+    block_size: int = 16
+    num_waiting: int = 0
 
     @property
     def max_request_tokens(self) -> int:
         return self.max_model_len
+
+    @property
+    def num_running(self) -> int:
+        """Scripted requests with events left."""
+        return sum(1 for s in self.submissions if s.handle.events)
 
     def idle(self) -> bool:
         """No scripted request has events left (AsyncEngine.idle's meaning for a swap's drain)."""

@@ -15,21 +15,26 @@ REFUSED = "loading a model is off in in-process tests (install a registry with t
 class FakeLoader(Loader):
     """Loads `models[name]` (the object itself, or a callable making a fresh one per load); `sizes[name]`:
     its resident bytes, `estimates[name]`: what estimate() says; `fail[name]`: an exception its loads raise;
-    `gate`: an Event every load waits for (a load "under way" until set). Records `loads` and `released`."""
+    `gate`: an Event every load waits for (a load "under way" until set); `beside`: what fits_beside answers
+    (the machine's memory holds a swap's new model beside the old). Records `loads` and `released`."""
 
     def __init__(self, models: dict | None = None, *, sizes: dict | None = None, estimates: dict | None = None,
-                 fail: dict | None = None, gate: threading.Event | None = None):
+                 fail: dict | None = None, gate: threading.Event | None = None, beside: bool = True):
         self.models = dict(models or {})
         self.sizes = dict(sizes or {})
         self.estimates = dict(estimates or {})
         self.fail = dict(fail or {})
         self.gate = gate
+        self.beside = beside
         self.loads: list[str] = []
         self.released: list[str] = []
         self.lock = threading.Lock()
 
     def estimate(self, spec: ModelSpec) -> int:
         return self.estimates.get(spec.name, 0)
+
+    def fits_beside(self, spec: ModelSpec, old: Loaded) -> bool:
+        return self.beside
 
     def load(self, spec: ModelSpec, registry) -> Loaded:
         with self.lock:

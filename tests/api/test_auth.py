@@ -17,13 +17,16 @@ RATELIMIT_HEADERS = [f"x-ratelimit-{kind}-{axis}" for kind in ("limit", "remaini
                      for axis in ("requests", "tokens")]
 
 
-def v1_paths(operator: bool | None = None):
+def v1_paths(operator: bool | None = None, ollama: bool = False):
     """A concrete path for every /v1/* (and /tokenize, /detokenize) route the site has (only the
-    operator routes with operator=True, none of them with False)."""
+    operator routes with operator=True, none of them with False); with `ollama`, Ollama's /api/* routes
+    instead."""
     samples = {"int": "1", "uuid": "00000000-0000-0000-0000-000000000001"}
     paths = []
     for route, view in guarded_routes():
         if operator is not None and bool(getattr(view, "operator_endpoint", False)) != operator:
+            continue
+        if route.lstrip("^").startswith("api/") != ollama:
             continue
         path = "/" + route.lstrip("^").rstrip("$")
         paths.append(re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples.get(m[1], "x1"), path))
@@ -84,6 +87,34 @@ def test_it_refuses_bad_credentials(client, require_auth, keys, path, case, auth
                                          "code": code}}
 
 
+# Ollama's routes go through the same authenticate (the matrix above is its table); each is asked the two
+# kinds of refusal, in Ollama's shape.
+@pytest.mark.parametrize("path", v1_paths(ollama=True))
+@pytest.mark.parametrize("case, authorization, code", [CASES[0], CASES[5]], ids=[CASES[0][0], CASES[5][0]])
+def test_ollama_routes_refuse_bad_credentials_in_their_shape(client, require_auth, keys, path, case, authorization,
+                                                            code):
+    response = call(client, path, authorization)
+    assert response.status_code == 401 and set(response.json()) == {"error"}
+    assert "API key" in response.json()["error"]
+
+
+# Model management on Ollama's routes needs an operator when auth is on (ollama_api.model_views._operator).
+OLLAMA_OPERATOR_PATHS = {"/api/pull", "/api/copy", "/api/delete"}
+
+
+@pytest.mark.parametrize("path", v1_paths(ollama=True))
+def test_ollama_routes_serve_a_good_key(client, require_auth, keys, path):
+    response = call(client, path, f"Bearer {keys['good']}")
+    allowed = (401, 429) if path in OLLAMA_OPERATOR_PATHS else (401, 403, 429)
+    assert response.status_code not in allowed, response.content
+    if response.status_code == 403:  # an operator route: only an admin key, in Ollama's shape
+        assert set(response.json()) == {"error"} and "admin key" in response.json()["error"]
+    if response.status_code >= 500:
+        assert "not supported by this server" in response.json()["error"], response.content
+    for header in RATELIMIT_HEADERS:
+        assert header in response.headers
+
+
 @pytest.mark.parametrize("path", v1_paths(operator=True))
 def test_operator_routes_refuse_a_good_key_that_is_not_an_admin_key(client, require_auth, keys, path):
     response = call(client, path, f"Bearer {keys['good']}")
@@ -107,6 +138,7 @@ def test_it_serves_a_good_key(client, require_auth, keys, path, which):
 
 def test_every_route_is_covered():
     assert "/v1/models" in v1_paths(operator=False) and "/v1/load_lora_adapter" in v1_paths(operator=True)
+    assert {"/api/chat", "/api/tags", "/api/pull", "/api/blobs/x1"} <= set(v1_paths(ollama=True))
 
 
 def test_the_scheme_is_case_insensitive(client, require_auth, keys):

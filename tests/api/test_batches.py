@@ -99,6 +99,18 @@ def test_responses_lines_equal_the_endpoints_body_and_are_stored(fake_rt, as_ten
     assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "background"
 
 
+def test_a_line_naming_an_unknown_model_gets_the_endpoint_s_404_model_not_found(fake_rt, as_tenant):
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a"), chat_line("b", model="no-such-model")))
+    assert run_batch(fake_rt, batch["id"]) == "completed"
+    done = tc.get(f"/v1/batches/{batch['id']}").json()
+    assert done["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    [row] = lines_of(tc, done["error_file_id"])
+    assert row["custom_id"] == "b" and row["response"]["status_code"] == 404
+    error = row["response"]["body"]["error"]
+    assert error["code"] == "model_not_found" and "no-such-model" in error["message"]
+
+
 def test_all_lines_failing_still_completes_with_a_null_output_file(fake_rt, as_tenant):
     tc = as_tenant()
     batch = batch_of(tc, jsonl(chat_line("a", temperature=9), chat_line("b", n=0)))

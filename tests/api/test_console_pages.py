@@ -7,16 +7,18 @@ import threading
 import pytest
 
 pytestmark = pytest.mark.django_db
+# What a browser asks for (a client probing for Ollama asks for anything else and gets "Ollama is running").
+BROWSER = {"HTTP_ACCEPT": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 
 
 def test_the_front_door_shows_the_model_its_state_and_the_routes(client, fake_rt):
-    r = client.get("/")
+    r = client.get("/", **BROWSER)
     assert r.status_code == 200 and r["content-type"].startswith("text/html")
     html = r.content.decode()
     assert "smollm2-135m-instruct" in html
     assert 'id="state">ready<' in html
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models/{model_id}",
-                  "/health/live", "/metrics"):
+                  "/health/live", "/metrics", "/api/chat", "/api/tags"):
         assert f"<code>{route}</code>" in html
     assert "not_implemented" not in html and "/v1/moderations" not in html  # 501s are not served routes
     assert 'base_url="http://testserver/v1"' in html  # the address this page was reached at
@@ -26,7 +28,7 @@ def test_the_front_door_shows_the_model_its_state_and_the_routes(client, fake_rt
 
 
 def test_the_front_door_says_when_keys_are_needed(client, fake_rt, require_auth):
-    html = client.get("/").content.decode()
+    html = client.get("/", **BROWSER).content.decode()
     assert 'api_key="YOUR_KEY"' in html and "Authorization: Bearer $METRALE_API_KEY" in html
 
 
@@ -35,7 +37,7 @@ def test_the_front_door_shows_a_loading_model(client, no_model_loading):
     no_model_loading.loader.gate = gate
     no_model_loading.load(no_model_loading.default().name)  # a load under way until the gate opens
     try:
-        r = client.get("/")
+        r = client.get("/", **BROWSER)
     finally:
         gate.set()
     assert r.status_code == 200

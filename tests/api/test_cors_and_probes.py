@@ -59,7 +59,7 @@ def test_it_reads_the_origins_setting(value, expected):
     out = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True,
                          capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == repr(expected)
-    assert cors_conf.CORS_URLS_REGEX == r"^/v1(/.*)?$"
+    assert cors_conf.CORS_URLS_REGEX == r"^/(v1|api)(/.*)?$"
 
 
 def test_it_is_live_while_the_model_loads(client, monkeypatch):

@@ -168,3 +168,25 @@ def _async(value):
     async def give():
         return value
     return give
+
+
+def test_a_snapshot_shows_each_resident_chat_engine_and_every_configured_model(smollm2_engine, smollm2_tokenizer,
+                                                                               smollm2_dir, db):
+    """Two chat models resident (stand-ins over the one real engine, each its own Runtime) and one configured but
+    unloaded: each resident one's engine view, every model's state."""
+    from asgiref.sync import async_to_sync
+
+    from inference.operations.model_specs import CHAT, ModelSpec
+    from inference.operations.registry import serving
+    from inference.operations.runtime import Runtime
+
+    from .registries import registry_of
+
+    first, second = (Runtime(smollm2_engine, smollm2_tokenizer, name, smollm2_dir, 0) for name in ("chat-a", "chat-b"))
+    with serving(registry_of(first, second, ModelSpec("chat-c", smollm2_dir, CHAT))):
+        snap = async_to_sync(replica.snapshot)()
+    assert [(m["id"], m["state"]) for m in snap["models"]] == [("chat-a", "loaded"), ("chat-b", "loaded"),
+                                                               ("chat-c", "unloaded")]
+    assert [e["id"] for e in snap["engines"]] == ["chat-a", "chat-b"]
+    assert all(e["kv"]["blocks_total"] > 0 and e["running"] == [] for e in snap["engines"])
+    assert snap["model"]["id"] == "chat-a" and snap["kv"] == snap["engines"][0]["kv"]  # the default's at the top

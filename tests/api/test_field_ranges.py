@@ -26,9 +26,12 @@ def test_every_route_has_numeric_fields_and_each_is_bounded_within_what_the_engi
 
 
 def assert_names(route, answer, name: str, value) -> None:
-    """The 400 names the field: in `param` (OpenAI's shape), in the message (Anthropic's has no param)."""
+    """The 400 names the field: in `param` (OpenAI's shape), in the message (Anthropic's has no param; Ollama's
+    error is the message alone)."""
     error = answer.json()["error"]
-    if route.shape == "anthropic":
+    if route.shape == "ollama":
+        assert list(answer.json()) == ["error"] and f"'{name}'" in error, (value, answer.body[:300])
+    elif route.shape == "anthropic":
         assert f"'{name}'" in error["message"] and answer.json()["type"] == "error", (value, answer.body[:300])
     else:
         assert error["param"] == name, (value, answer.body[:300])
@@ -48,7 +51,7 @@ def past_the_bounds(limits: dict) -> list:
 def test_a_number_past_its_range_is_a_400_naming_the_field(fake_rt, route, name, limits):
     for value in past_the_bounds(limits):
         body = body_for(route, name, value)
-        answer = call("POST", route.path, body)
+        answer = call(route.method, route.path, body)
         assert answer.status == 400, (name, value, answer.body[:300])
         assert_names(route, answer, name, value)
 
@@ -93,7 +96,7 @@ TYPED = [(route, name, kind) for route in ROUTES for name, field in declared_fie
 def test_a_value_of_the_wrong_json_type_is_a_400_naming_the_field(fake_rt, route, name, kind):
     for value in WRONG[kind]:
         body = body_for(route, name, value)
-        answer = call("POST", route.path, body)
+        answer = call(route.method, route.path, body)
         assert answer.status == 400, (name, value, answer.body[:300])
         assert_names(route, answer, name, value)
 

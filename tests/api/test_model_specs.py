@@ -55,6 +55,14 @@ def test_the_configured_list_reads_names_folders_and_gguf_files(settings, tmp_pa
     assert specs[3].gguf is not None and specs[3].folder == tmp_path / "models" / "tiny-q4"
 
 
+@pytest.mark.parametrize("pin, pinned", [(None, ["smollm2-135m-instruct"]), (["none"], []), (["NONE"], []),
+                                         (["all-minilm-l6-v2", "gemma-3-270m"], ["all-minilm-l6-v2", "gemma-3-270m"])])
+def test_metrale_pin_names_the_models_loaded_at_start_by_default_the_first_chat_model(settings, tmp_path, pin, pinned):
+    settings.METRALE_HOME = str(tmp_path)
+    registry = build_registry({"MODELS": "all-minilm-l6-v2,smollm2-135m-instruct,gemma-3-270m", "PIN": pin})
+    assert [e.name for e in registry.entries.values() if e.pinned] == pinned
+
+
 def test_without_a_list_metrale_model_and_the_embedding_model_are_lists_of_one(settings, tmp_path):
     settings.METRALE_HOME = str(tmp_path)
     specs = configured_specs({"MODEL": str(tmp_path / "folder-x"), "SERVED_MODEL_NAME": "served",

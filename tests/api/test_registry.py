@@ -2,11 +2,12 @@
 model it names (concurrent first requests load it once, and wait), keep_alive (the body field and the model's own)
 unloads idle models, the memory budget evicts least-recently-used idle models and never a busy or pinned one, a
 model that cannot load fails its requests with 503 naming it and its cause (marked failed, retried later) while
-the others serve, an unknown model is a 404 naming it in each route's shape, and /v1/models, /health and
-/metrics show each model's state."""
+the others serve, an unknown model is a 404 naming it in each route's shape, /v1/models, /health and
+/metrics show each model's state, and names added while the process runs (aliases, pulled models) come and go."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -93,12 +94,16 @@ def test_concurrent_first_requests_load_the_model_once_and_all_wait_for_it(model
         async def one():
             req = await AsgiRequest("POST", "/v1/chat/completions", {"content-type": "application/json"},
                                     b'{"model": "model-a", "max_tokens": 4, "messages": [{"role": "user", '
-                                    b'"content": "hi"}]}').start()
+                                    b'"content": "hi"}]}').start(timeout_s=60)  # the load is held until all wait
             return req.status, await req.read_all()
 
         tasks = [asyncio.ensure_future(one()) for _ in range(6)]
-        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while registry.entries[A].holds < 6 and time.monotonic() < deadline:  # every request is waiting for it
+            await asyncio.sleep(0.02)
         assert registry.entries[A].state == "loading" and not any(t.done() for t in tasks)
+        listed = await AsgiRequest("GET", "/v1/models", {}, b"").start(timeout_s=60)
+        assert [m["state"] for m in json.loads(await listed.read_all())["data"]] == ["loading"]
         gate.set()
         return await asyncio.gather(*tasks)
 
@@ -155,6 +160,45 @@ def test_the_keep_alive_field_is_on_every_generating_and_embedding_route(models)
         assert answer.status == 400, (path, answer.body)
         shape = answer.json()["error"]
         assert "keep_alive" in (shape.get("param") or shape["message"]), (path, shape)
+
+
+def test_the_keep_alive_field_sets_its_model_s_on_every_generating_route(models):
+    registry, loader, clock = models(A, B)
+    bodies = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+              "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+              "/v1/responses": {"input": "hi", "max_output_tokens": 16},
+              "/v1/messages": {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}}
+    for seconds, (path, body) in enumerate(bodies.items(), start=1):
+        answer = call("POST", path, {**body, "model": B, "keep_alive": f"{seconds}m"})
+        assert answer.status == 200, (path, answer.body)
+        assert registry.entries[B].keep_alive_s == 60.0 * seconds, path
+        clock.now += 60.0 * seconds - 1
+        assert registry.reap() == [], path
+        clock.now += 2
+        assert registry.reap() == [B], path  # unloaded once its own keep_alive passed
+    assert loader.loads.count(B) == len(bodies)
+
+
+def test_the_keep_alive_field_sets_the_embedding_model_s_on_the_embeddings_route(minilm_model, raw_asgi_requests):
+    from inference.engine.embedding_runner import EmbeddingRunner
+    from inference.operations.runtime import EmbeddingService
+
+    from .conftest import EMBEDDING_MODEL
+    from .registries import registry_of
+
+    runner = EmbeddingRunner(minilm_model)
+    runner.start_thread()
+    clock = Clock()
+    registry = registry_of(EmbeddingService(EMBEDDING_MODEL, minilm_model.path, 0, minilm_model, runner),
+                           pinned=[], clock=clock)
+    try:
+        with serving(registry):
+            answer = call("POST", "/v1/embeddings", {"model": EMBEDDING_MODEL, "input": "hi", "keep_alive": 0})
+        assert answer.status == 200, answer.body
+        assert registry.entries[EMBEDDING_MODEL].keep_alive_s == 0.0
+        assert registry.reap() == [EMBEDDING_MODEL] and registry.loader.released == [EMBEDDING_MODEL]
+    finally:
+        runner.stop()
 
 
 def test_the_budget_unloads_the_least_recently_used_idle_model_first(models):
@@ -224,9 +268,16 @@ def test_an_unknown_model_is_a_404_naming_it_in_each_route_s_shape(models):
     embeddings = call("POST", "/v1/embeddings", {"model": "no-such-model", "input": "hi"})
     assert embeddings.status == 404 and embeddings.json()["error"]["code"] == "model_not_found"
     for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"}),
-                       ("/tokenize", {"prompt": "hi"})):
+                       ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})):
         answer = call("POST", path, {**body, "model": "no-such-model"})
-        assert answer.status == 404 and "no-such-model" in answer.json()["error"]["message"], (path, answer.body)
+        assert answer.status == 404, (path, answer.body)
+        error = answer.json()["error"]
+        assert error["code"] == "model_not_found" and "no-such-model" in error["message"], (path, answer.body)
+    counted = call("POST", "/v1/messages/count_tokens", {"model": "no-such-model",
+                                                         "messages": [{"role": "user", "content": "hi"}]})
+    assert counted.status == 404 and counted.json()["type"] == "error"
+    assert counted.json()["error"]["type"] == "not_found_error" and "no-such-model" in counted.json()["error"]["message"]
+    assert anthropic.json()["error"]["type"] == "not_found_error"
 
 
 def test_models_health_and_metrics_show_each_model_and_its_state(models):
@@ -289,6 +340,12 @@ def test_the_admin_shows_each_model_live_with_load_unload_and_pin(models, admin_
     assert registry.entries[B].state == LOADED  # pinning loads it
     admin_client.post("/admin/adapters/modelsetting/", {"action": "unload_models", "_selected_action": [pk[A]]})
     assert registry.entries[A].state == UNLOADED and loader.released == [A]
+    admin_client.post("/admin/adapters/modelsetting/", {"action": "load_models", "_selected_action": [pk[A]]})
+    for _ in range(200):
+        if registry.entries[A].state == LOADED:
+            break
+        time.sleep(0.01)
+    assert registry.entries[A].state == LOADED and loader.loads.count(A) == 2
     admin_client.post(f"/admin/adapters/modelsetting/{pk[B]}/change/", {"pinned": "false", "keep_alive": "90s"})
     assert registry.entries[B].keep_alive_s == 90.0 and not registry.entries[B].pinned
 
@@ -313,6 +370,13 @@ def test_manage_models_commands_reach_the_registry_through_the_database(models):
     out = StringIO()
     call_command("models", "list", stdout=out)
     assert f"{B}\tloaded" in out.getvalue() and f"{A}\tunloaded" in out.getvalue()
+    call_command("models", "unload", B, "--no-wait", stdout=StringIO())
+    assert swap_watch.run_model_commands(registry) == [(B, "unload")]
+    assert registry.entries[B].state == UNLOADED and ModelSetting.objects.get(name=B).state == UNLOADED
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="no server serves a model named 'nope'"):
+        call_command("models", "load", "nope")
 
 
 def test_the_operators_choices_apply_over_the_configuration_where_they_may_and_the_log_says_so(models, tmp_path,
@@ -354,3 +418,37 @@ def test_with_several_chat_models_a_dead_engine_marks_its_model_failed_and_the_o
     assert registry.entries[B].state == FAILED and "a kernel fault" in registry.entries[B].error
     assert content(chat(A)) == f"I am {A}"  # the other model's requests go on
     assert content(chat(B)) == f"I am {B}" and loader.loads.count(B) == 2  # loaded again on its next request
+
+
+def test_names_added_while_running_aliases_pulled_models_and_their_removal(models, smollm2_dir):
+    registry, loader, clock = models(A, B, pinned=[A], keep_alive_s=60)
+    loader.models[C] = loader.models[B]  # what a pull fetched: the loader can load it, the configuration has it not
+    registry.alias("copy-of-b", B)
+    registry.alias("copy-of-copy", "copy-of-b")  # an alias of an alias selects its model
+    assert registry.find("copy-of-copy") is registry.entries[B] and registry.aliases_of(B) == ["copy-of-b",
+                                                                                                "copy-of-copy"]
+    with pytest.raises(KeyError):
+        registry.alias("x", "nothing")
+    with pytest.raises(ValueError):
+        registry.alias(A, B)  # a served model's own name
+    added = registry.add(ModelSpec(C, smollm2_dir, CHAT))
+    assert added.added and added.state == UNLOADED and added.keep_alive_s == 60 and registry.add(added.spec) is added
+    registry.load(C).result(10)
+    assert registry.expires_in_s(C) == 60 and registry.expires_in_s(B) is None  # idle since now; B not loaded
+    clock.now += 45
+    assert registry.expires_in_s(C) == 15
+    registry.load(A).result(10)
+    assert math.isinf(registry.expires_in_s(A))  # pinned
+    hold = registry.acquire_blocking(registry.entries[C])
+    with pytest.raises(ValueError, match="answering requests"):
+        registry.remove(C)
+    hold.release()
+    registry.alias("copy-of-c", C)
+    registry.remove(C)
+    assert C not in registry.entries and "copy-of-c" not in registry.aliases and C in loader.released
+    registry.remove("copy-of-b")
+    assert "copy-of-b" not in registry.aliases and B in registry.entries
+    with pytest.raises(ValueError, match="configured"):
+        registry.remove(B)
+    with pytest.raises(KeyError):
+        registry.remove("never-served")

@@ -14,6 +14,7 @@ import pytest
 from django.apps import apps
 
 from anthropic_api import views as anthropic_views
+from ollama_api import views as ollama_views
 from inference.http import views as inference_views
 from inference.operations.checks import guarded_routes
 from inference.models import StoredChatCompletion, Tenant
@@ -30,9 +31,13 @@ METHODS = ("GET", "POST", "DELETE", "PUT", "PATCH")
 EXEMPT = {
     "v1/models": "the served model, the same for every tenant",
     "v1/models/<path:model_id>": "the served model, the same for every tenant",
+    **{f"api/{name}": "Ollama's routes store nothing of a client's (its models are the server's, for every tenant)"
+       for name in ("chat", "generate", "embed", "embeddings", "tags", "show", "ps", "version", "pull", "delete",
+                    "copy")},
 }
 # Views that answer every tenant the same error for any path they match.
-EXEMPT_VIEWS = (inference_views.not_implemented, inference_views.unknown_route, anthropic_views.unknown_route)
+EXEMPT_VIEWS = (inference_views.not_implemented, inference_views.unknown_route, anthropic_views.unknown_route,
+                ollama_views.not_implemented, ollama_views.unknown_route)
 # A valid body for the routes whose POST needs one (a 404 must come for a request that is otherwise good).
 BODIES = {
     "v1/conversations/<str:conversation_id>": {"metadata": {"m": "changed"}},

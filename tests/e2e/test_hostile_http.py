@@ -1,6 +1,6 @@
 """The hostile kinds against a live daphne (what the in-process suite cannot see: daphne's and twisted's own
 HTTP layer): over-size bodies refused without being buffered, form bodies reaching the application, every
-answer JSON, and the request that used to hang answered at once."""
+answer JSON (in Ollama's shape on its routes), and the request that used to hang answered at once."""
 import json
 import socket
 import threading
@@ -109,3 +109,25 @@ def test_deep_nesting_and_huge_integers_are_400s(metrale_server):
         answer = httpx.post(metrale_server.url + "/v1/completions", content=raw,
                             headers={"content-type": "application/json"}, timeout=30)
         assert assert_openai_error(answer, 400)["param"] == param
+
+
+def assert_ollama_error(answer: httpx.Response, status: int) -> str:
+    assert answer.status_code == status, (answer.status_code, answer.content[:300])
+    assert answer.headers["content-type"] == "application/json", answer.content[:300]
+    assert set(answer.json()) == {"error"} and answer.json()["error"]
+    return answer.json()["error"]
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000,
+                                 b'{"model": "m", "options": {"seed": ' + b"1" * 5000 + b"}}",
+                                 b'{"model": "\xff"}', b'{"model": "x", "options": {"temperature": "hot"}}'])
+def test_ollama_s_routes_answer_hostile_bodies_with_400s_in_their_shape(metrale_server, raw):
+    answer = httpx.post(metrale_server.url + "/api/chat", content=raw, headers={"content-type": "application/json"},
+                        timeout=30)
+    assert_ollama_error(answer, 400)
+
+
+def test_a_declared_length_over_the_limit_on_ollama_s_routes_is_a_413_in_their_shape(metrale_server):
+    answer = httpx.post(metrale_server.url + "/api/generate", content=b" " * (LIMIT + 1),
+                        headers={"content-type": "application/json"}, timeout=60)
+    assert "bytes" in assert_ollama_error(answer, 413)

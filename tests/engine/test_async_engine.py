@@ -215,9 +215,9 @@ def test_from_a_config_the_engine_thread_builds_the_engine_and_serves(tiny_folde
     built_on = []
     real_init = llm_engine.LLMEngine.__init__
 
-    def spy(self, config):
+    def spy(self, config, *args):
         built_on.append(threading.current_thread().name)
-        real_init(self, config)
+        real_init(self, config, *args)
 
     llm_engine.LLMEngine.__init__ = spy
     try:

@@ -97,6 +97,56 @@ def test_it_refuses_inputs_outside_the_model(model):
             asyncio.run(run(seqs))
 
 
+def test_on_a_thread_of_its_own_it_steps_under_the_process_s_thread_team(model, monkeypatch):
+    """With no chat engine hosting its passes, the runner's thread is one of the process's stepping engines
+    (core_share.ThreadTeam): its team shares the cores with a chat engine's that steps (an equal share), takes
+    them all when that engine is idle, applies its size with torch.set_num_threads on its own thread before
+    every unit, and leaves the process's teams when the thread ends."""
+    import threading
+
+    from inference.engine.core_share import ThreadTeam, cpu_cap
+
+    peers, now = set(), [100.0]
+    chat = ThreadTeam(2, adaptive=False, clock=lambda: now[0], apply=lambda n: None, peers=peers)
+    runner = EmbeddingRunner(model, idle_chunk_rows=16, solo_rows=0,  # every pass on the team
+                             team=lambda: ThreadTeam(2, adaptive=False, clock=lambda: now[0], peers=peers))
+    real_units, seen = model.encoder.units, []
+
+    def units(batch, chunk_rows):  # what each unit runs under, read as it starts
+        inner = real_units(batch, chunk_rows)
+        while True:
+            seen.append((threading.get_ident(), torch.get_num_threads(), runner.team.size))
+            try:
+                next(inner)
+            except StopIteration as done:
+                return done.value
+            yield
+
+    monkeypatch.setattr(model.encoder, "units", units)
+    seq = model.tokenize(["word " * 60])
+    cap = cpu_cap(2).cpus
+
+    async def embed():
+        return await runner.submit(seq)
+
+    try:
+        chat.adjust()  # a chat engine stepping now: the runner's team gets an equal share
+        runner.start_thread()
+        asyncio.run(embed())
+        shared = list(seen)
+        seen.clear()
+        now[0] += 1.0  # the chat engine has not stepped since: the runner's team takes every core
+        asyncio.run(embed())
+        assert runner.team in peers and chat.adjust() == max(1, cap // 2)  # and the chat engine sees it
+        thread = runner._thread.ident
+    finally:
+        runner.stop()
+    assert len(shared) == len(seen) == 56  # every unit of a 62-token pass in 16-row chunks, and its end
+    assert {(t, n, size) for t, n, size in shared} == {(thread, max(1, cap // 2), max(1, cap // 2))}
+    assert {(t, n, size) for t, n, size in seen} == {(thread, cap, cap)}
+    assert runner.team is None and len(peers) == 1 and chat.adjust() == cap  # it left with its thread
+
+
 class Team:
     """Stands in for the host's core_share.ThreadTeam: records each unit's `alone`."""
 

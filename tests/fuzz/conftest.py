@@ -11,7 +11,7 @@ from tests.api.conftest import (fake_rt, fresh_locmem, no_model_loading, raw_asg
 from tests.api.fake_engine import call
 
 # Examples per route in the normal test run (the in-process suite); `make fuzz` runs the long campaign.
-EXAMPLES = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "250"))
+EXAMPLES = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "150"))
 # The same examples every run (a failure reproduces); METRALE_FUZZ_RANDOM=1 draws new ones.
 settings.register_profile("metrale-fuzz", deadline=None, database=None, print_blob=True,
                           derandomize=os.environ.get("METRALE_FUZZ_RANDOM") != "1",

@@ -13,6 +13,7 @@ from anthropic_api.protocol import CountTokensRequest, MessagesRequest
 from inference.serving import fields as strict
 from inference.serving.protocol import ChatCompletionRequest, CompletionRequest
 from inference.serving.tokenize import DetokenizeRequest, TokenizeRequest
+from ollama_api import protocol as ollama
 from responses_api.protocol import (ConversationCreateRequest, ConversationItemsRequest, ConversationUpdateRequest,
                                     CreateResponseRequest)
 
@@ -21,17 +22,33 @@ USER = [{"role": "user", "content": "hi"}]
 
 @dataclass(frozen=True)
 class Route:
-    """A JSON route: its path, its serializer, the smallest body it serves (the required fields), and the
-    error shape it answers in ("openai" or "anthropic")."""
+    """A JSON route: its path, its serializer, the smallest body it serves (the required fields), the
+    error shape it answers in ("openai", "anthropic" or "ollama") and the method it takes the body with."""
 
     path: str
     serializer: type[serializers.Serializer]
     base: dict
     generates: bool = False
     shape: str = "openai"
+    method: str = "POST"
 
 
 SERVED = "smollm2-135m-instruct"  # the fixtures' model id (any other name is a 404)
+SHORT_OPTIONS = {"num_predict": 4}
+# Ollama's routes (ollama_api.protocol). Pulls name models the catalogue has pulled already (METRALE_HOME's), so
+# none fetches anything; copies and deletes change only the test's own registry.
+OLLAMA_ROUTES = (
+    Route("/api/chat", ollama.ChatRequest, {"model": SERVED, "messages": USER, "options": SHORT_OPTIONS},
+          generates=True, shape="ollama"),
+    Route("/api/generate", ollama.GenerateRequest, {"model": SERVED, "prompt": "hi", "options": SHORT_OPTIONS},
+          generates=True, shape="ollama"),
+    Route("/api/embed", ollama.EmbedRequest, {"model": "all-minilm-l6-v2", "input": "hi"}, shape="ollama"),
+    Route("/api/embeddings", ollama.EmbeddingsRequest, {"model": "all-minilm-l6-v2", "prompt": "hi"}, shape="ollama"),
+    Route("/api/show", ollama.ModelRequest, {"model": SERVED}, shape="ollama"),
+    Route("/api/pull", ollama.PullRequest, {"model": SERVED}, shape="ollama"),
+    Route("/api/copy", ollama.CopyRequest, {"source": SERVED, "destination": "fuzzed"}, shape="ollama"),
+    Route("/api/delete", ollama.ModelRequest, {"model": "fuzzed"}, shape="ollama", method="DELETE"),
+)
 ROUTES = (
     Route("/v1/chat/completions", ChatCompletionRequest, {"messages": USER, "max_tokens": 4}, generates=True),
     Route("/v1/completions", CompletionRequest, {"prompt": "hi", "max_tokens": 4}, generates=True),
@@ -44,6 +61,7 @@ ROUTES = (
     Route("/v1/messages", MessagesRequest, {"model": SERVED, "max_tokens": 4, "messages": USER}, generates=True,
           shape="anthropic"),
     Route("/v1/messages/count_tokens", CountTokensRequest, {"model": SERVED, "messages": USER}, shape="anthropic"),
+    *OLLAMA_ROUTES,
 )
 
 

@@ -19,6 +19,7 @@ from inference.serving import protocol, thinking, tool_fields
 from inference.serving.fields import INT64_MAX, INT64_MIN
 from inference.serving.json_body import MAX_JSON_DEPTH
 from anthropic_api import protocol as anthropic
+from ollama_api import protocol as ollama
 from responses_api import protocol as responses
 
 from .routes import ROUTES, Route, declared_fields
@@ -184,6 +185,21 @@ anthropic_thinking = st.fixed_dictionaries(
     {"type": st.sampled_from(["enabled", "disabled", "adaptive", "maybe"])},
     optional={"budget_tokens": st.one_of(st.integers(-2, 64), any_json), "display": st.sampled_from(["omitted", "x"])})
 
+# Ollama's: messages with their own fields (thinking, images, tool_calls with object arguments, tool_name), think,
+# format, images, embed's input.
+_OLLAMA_CALL = st.fixed_dictionaries(
+    {"function": st.one_of(st.fixed_dictionaries({"name": st.sampled_from(["f0", "x", ""]), "arguments": st.one_of(
+        st.dictionaries(text, any_json, max_size=2), text, any_json)}), any_json)},
+    optional={"id": st.one_of(text, any_json)})
+ollama_messages = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool", "USER", "wizard"]),
+                           "content": st.one_of(text, st.none(), any_json)},
+                          optional={"thinking": st.one_of(text, any_json),
+                                    "images": st.one_of(st.lists(text, max_size=2), any_json),
+                                    "tool_calls": st.one_of(st.lists(_OLLAMA_CALL, max_size=2), any_json),
+                                    "tool_name": st.one_of(text, any_json), "tool_call_id": st.one_of(text, any_json)}),
+    any_json), max_size=4)
+
 # Values of the right shape for the field classes that are not plain numbers, strings or booleans. A field
 # class missing here gets any JSON, and the typed kinds below come from the field's own declaration.
 BY_CLASS = {
@@ -217,6 +233,12 @@ BY_CLASS = {
     anthropic.ToolChoiceField: anthropic_tool_choice,
     anthropic.ThinkingField: anthropic_thinking,
     anthropic.MetadataField: st.fixed_dictionaries({}, optional={"user_id": st.one_of(text, huge_text, any_json)}),
+    ollama.MessagesField: ollama_messages,
+    ollama.ToolsField: tools,
+    ollama.ThinkField: st.one_of(st.booleans(), st.sampled_from(["low", "medium", "high", "max", "extreme"]), any_json),
+    ollama.FormatField: st.one_of(st.sampled_from(["json", "", "yaml"]), schema, any_json),
+    ollama.ImagesField: st.one_of(st.lists(text, max_size=2), any_json),
+    ollama.EmbedInputField: st.one_of(text, st.lists(text, max_size=4), any_json),
     anthropic.OutputConfigField: st.fixed_dictionaries({}, optional={
         "effort": st.one_of(text, any_json), "format": st.fixed_dictionaries(
             {"type": st.sampled_from(["json_schema", "xml"])}, optional={"schema": schema})}),
@@ -264,7 +286,7 @@ def value_for(name: str, field: serializers.Field):
 # For the real engine: completion lengths and choices kept small, so every example ends in a few steps.
 SHORT = {"max_tokens": st.integers(1, 4), "max_completion_tokens": st.integers(1, 4),
          "max_output_tokens": st.integers(1, 4), "n": st.integers(1, 2), "best_of": st.integers(1, 2),
-         "min_tokens": st.integers(0, 4)}
+         "min_tokens": st.integers(0, 4), "options": st.fixed_dictionaries({"num_predict": st.integers(1, 4)})}
 
 
 def top_level(route: Route, overrides: dict | None = None) -> dict[str, st.SearchStrategy]:
@@ -319,6 +341,15 @@ VALID_BY_NAME = {
     "text": st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}]),
     "reasoning": st.fixed_dictionaries({"effort": st.sampled_from(["low", "medium", "high"])}),
     "chat_template_kwargs": st.just({}), "include": st.just([]), "suffix": st.none(),
+    # Ollama's
+    "think": st.just(False), "format": st.sampled_from(["json", _GOOD_SCHEMA]), "images": st.just([]),
+    "options": st.fixed_dictionaries({}, optional={"temperature": st.floats(0, 2), "top_k": st.integers(0, 50),
+                                                   "seed": st.integers(-1, 100), "stop": st.lists(_words, max_size=2),
+                                                   "num_predict": st.integers(1, 8), "num_ctx": st.integers(64, 4096)}),
+    "context": st.lists(st.integers(0, VOCAB - 1), max_size=4),
+    "template": st.sampled_from(["{{ .Prompt }}", "{{ if .System }}{{ .System }}\n{{ end }}{{ .Prompt }}"]),
+    "source": st.sampled_from(["smollm2-135m-instruct", "smollm2-135m-instruct:latest"]),
+    "destination": st.sampled_from(["fuzzed", "other:v1", "ns/model:tag"]),
 }
 # Fields a plausible body leaves out: they need stored objects or are refused whenever set; a beam search
 # runs width beams up to the context's end (tests/serving/test_beam_search.py).

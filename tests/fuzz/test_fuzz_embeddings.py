@@ -1,7 +1,8 @@
 """Hostile /v1/embeddings bodies through the whole ASGI stack with all-MiniLM-L6-v2 beside the real SmolLM2
 engine: every `input` form and its wrong neighbours (nested too deep, mixed kinds, booleans, floats, huge and
 negative ids, ids past the vocabulary, empty items, NUL, lone surrogates, over-length texts), wrong
-encoding_format / dimensions / truncate_prompt_tokens. No answer is a 5xx, every error is OpenAI's shape
+encoding_format / dimensions / truncate_prompt_tokens, `model` values of every kind (the chat model's, unknown
+ones, adapter forms, paths, a GGUF file name). No answer is a 5xx, every error is OpenAI's shape
 naming a field of the body, and afterwards an ordinary request gets the vector it got before."""
 import json
 
@@ -14,6 +15,7 @@ from tests.api.fake_engine import call
 
 from .checks import check_error, root
 from .conftest import EXAMPLES, FIGURES
+from .strategies import VALID_BY_NAME
 
 ids = st.one_of(st.integers(0, 30521), st.integers(30522, 2**63), st.integers(-(2**63), -1),
                 st.sampled_from([2**64, 10**30]), st.booleans(), st.floats(allow_nan=False), st.none())
@@ -28,7 +30,7 @@ extras = st.fixed_dictionaries({}, optional={
     "dimensions": st.one_of(st.integers(-2, 1000), st.none(), st.text(max_size=3)),
     "truncate_prompt_tokens": st.one_of(st.integers(-3, 300), st.none(), st.floats(allow_nan=False)),
     "user": st.one_of(st.text(max_size=8), ids),
-    "model": st.sampled_from([EMBEDDING_MODEL, "", "smollm2-135m-instruct", "nope"])})
+    "model": st.one_of(st.just(EMBEDDING_MODEL), VALID_BY_NAME["model"])})  # every kind of `model`
 
 
 def answer_of(body: dict):

@@ -1,0 +1,1 @@
+"""Ollama's REST API (/api/*) beside the OpenAI and Anthropic surfaces."""
