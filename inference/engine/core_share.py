@@ -31,14 +31,14 @@ under one rule. OpenMP's number-of-threads setting is the calling thread's own, 
 threads each apply their own share.
 
 What a team costs beyond its work: after each parallel region libgomp's workers spin-wait for the next
-one (GOMP_SPINCOUNT, 300,000 pauses by default: ~10 ms of a core on the 2-vCPU EPYC), and that is the
-process's CPU. Between the steps of a running batch the spin is what keeps the next step's start
+one (GOMP_SPINCOUNT, 300,000 pauses by default: about 10 ms of a core on the 2-vCPU EPYC, measured after
+a lone 256x256 matmul), and that is the process's CPU. Between the steps of a running batch the spin is what keeps the next step's start
 fast (a 1,000-pause spin made decode through HTTP 7-20% slower), so it stays. Two other places it
 buys nothing:
 
-- A unit too small for a second thread to pay (the callers' rules: LLMEngine.solo_step for a prefill
-  of a few tokens with nothing decoding, EmbeddingRunner's for a pass of a few rows while chat is
-  idle) runs alone (`adjust(alone=True)`): one thread, no parallel region, no worker woken.
+- A unit too small for a second thread to pay (the callers' rules, from measured speedups: llm_engine's
+  solo_step for a prefill of a token or two with nothing decoding, EmbeddingRunner's solo_rows for a
+  pass of a short text or two while chat is idle) runs alone (`adjust(alone=True)`): one thread, no parallel region, no worker woken.
 - When the engine goes idle (`rest()`), the calling thread's OpenMP workers are ended at once
   (OpenMP 5.0's omp_pause_resource_all, soft: libgomp joins the thread's pool) instead of spinning
   out their count; the next parallel region starts them again (a thread creation, once per busy

@@ -65,10 +65,9 @@ def available_memory_bytes(device: torch.device) -> int:
 
 def solo_step(batch: ScheduledBatch, max_tokens: int) -> bool:
     """Whether `batch` runs on one thread (core_share.ThreadTeam.adjust's `alone`): a step that only
-    prefills, at most `max_tokens` prompt tokens (EngineConfig.solo_step_tokens: a short prompt, or its
-    uncached tail), where a second thread would save less time than the CPU it spends waking and
-    spinning. A step with a decode in it keeps the team: it belongs to a running batch, whose TPOT the
-    team sets."""
+    prefills, at most `max_tokens` prompt tokens (EngineConfig.solo_step_tokens: a prompt's uncached tail
+    of a token or two), where a second thread would add more CPU than the wall time it saves. A step
+    with a decode in it keeps the team: it belongs to a running batch, whose TPOT the team sets."""
     return batch.num_decodes == 0 and batch.num_tokens <= max_tokens
 
 
