@@ -34,31 +34,19 @@ def written(db_url: str, batch_id: str) -> dict[str, str]:
         db_url, "select custom_id, data from batches_batchresult where batch_id = %s", batch_id)}
 
 
-def test_a_worker_process_runs_the_batch_the_server_stored(deployment, tmp_path):
-    server, env, db_url = deployment
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=60)
-    rows = chat_lines(3)
-    batch = create_batch(client, rows)
-    assert wait_batch(client, batch.id, statuses=("validating",), timeout_s=5).status == "validating"
-    worker = Worker(env, tmp_path / "worker.log")
-    try:
-        done = wait_batch(client, batch.id, timeout_s=300)
-        check_every_line_once(client, done, rows, {})
-        owner = pg_rows(db_url, "select worker from batches_batch where id = %s", batch.id)[0][0]
-        assert f":{worker.proc.pid}:" in owner  # the worker ran it, not the server
-        assert "Traceback" not in worker.log() and "Traceback" not in server.log()
-    finally:
-        worker.stop()
-
-
 def test_a_worker_killed_mid_batch_is_replaced_and_no_line_runs_twice(deployment, tmp_path):
+    """The server stores the batch and leaves it validating; a worker process takes it (its pid in the batch's
+    owner), is killed after two lines, and a second worker finishes it with each line written once."""
     server, env, db_url = deployment
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=60)
     rows = chat_lines(12, max_tokens=16)
     batch = create_batch(client, rows)
+    assert wait_batch(client, batch.id, statuses=("validating",), timeout_s=5).status == "validating"
     first = Worker(env, tmp_path / "first.log")
     try:
         wait_for(lambda: len(written(db_url, batch.id)) >= 2, 300, "two lines written by the first worker")
+        owner = pg_rows(db_url, "select worker from batches_batch where id = %s", batch.id)[0][0]
+        assert f":{first.proc.pid}:" in owner  # the worker runs it, not the server
         first.kill()
         before = written(db_url, batch.id)
         assert len(before) < len(rows), "the batch finished before the kill: nothing was tested"
@@ -70,5 +58,6 @@ def test_a_worker_killed_mid_batch_is_replaced_and_no_line_runs_twice(deployment
         check_every_line_once(client, done, rows, before)
         owner = pg_rows(db_url, "select worker from batches_batch where id = %s", batch.id)[0][0]
         assert f":{second.proc.pid}:" in owner
+        assert "Traceback" not in second.log() and "Traceback" not in server.log()
     finally:
         second.stop()
