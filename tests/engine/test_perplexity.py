@@ -49,7 +49,7 @@ def test_the_served_path_is_within_one_percent_of_the_exact_path(smollm2_blocks_
 @pytest.mark.slow
 def test_gemma3_270m_served_path_is_within_one_percent_of_its_float_weights(gemma3_dir, gemma3_float_dir):
     """The pulled Gemma 3 270M's GGUF blocks on the default path against the same GGUF dequantised to
-    float32 through torch's layers, two chunks with BOS opening each (llama-perplexity's rule for a
+    float32 through torch's layers, two chunks of 512 tokens with BOS opening each (llama-perplexity's rule for a
     tokenizer that adds BOS; bench_perplexity on the whole text: 13.86 against llama-perplexity's 13.91).
     Without the BOS, Gemma reads the later chunk far worse: the rule is not a detail."""
     text = Path(DEFAULT_TEXT)
@@ -65,6 +65,8 @@ def test_gemma3_270m_served_path_is_within_one_percent_of_its_float_weights(gemm
     exact_engine = LLMEngine(replace(base, model_path=str(gemma3_float_dir), weights="model", kv_cache_dtype="float32"))
     exact = engine_perplexity(exact_engine, tokens, 512, bos, max_chunks=2)
     no_bos = engine_perplexity(exact_engine, tokens, 512, None, max_chunks=2)
+    print(f"\nGemma 3 270M, two chunks of 512: served {served.value:.3f}, float32 {exact.value:.3f}, "
+          f"float32 without BOS {no_bos.value:.3f}")
     assert served.scored == exact.scored == 2 * 255
     assert 5 < exact.value < 100
     assert abs(served.value / exact.value - 1) < 0.01, (served.value, exact.value)
