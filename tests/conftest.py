@@ -37,6 +37,45 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _static_file_tables_once() -> None:
+    """WhiteNoise's file table built once per configuration in each test process, not once per Django handler.
+
+    Django's test client builds a handler (and with it the middleware) for every client, and WhiteNoise's
+    middleware walks STATIC_ROOT and every finder's files when it is built: 20 ms of each in-process API test,
+    nearly half of tests/api/test_auth.py's time. The table is a function of the middleware's settings, the
+    settings the finders read and the files on disk (which no test changes under a STATIC_ROOT it reuses); it
+    is kept by those. Served files and their headers are WhiteNoise's own."""
+    from django.conf import settings
+    from whitenoise.base import WhiteNoise
+    from whitenoise.middleware import WhiteNoiseMiddleware
+
+    tables: dict = {}
+
+    def config(middleware) -> tuple:
+        return tuple(repr(getattr(middleware, name, None)) for name in (
+            "static_prefix", "static_root", "use_finders", "autorefresh", "max_age", "allow_all_origins", "charset",
+            "index_file", "add_headers_function")) + tuple(repr(getattr(settings, name, None)) for name in (
+            "INSTALLED_APPS", "STATICFILES_DIRS", "STATICFILES_FINDERS", "WHITENOISE_MIMETYPES",
+            "WHITENOISE_SKIP_COMPRESS_EXTENSIONS", "WHITENOISE_IMMUTABLE_FILE_TEST", "WHITENOISE_ROOT")) + (
+            repr(settings.STORAGES.get("staticfiles")),)
+
+    def kept(method):
+        def build(self, *args, **kwargs):
+            key = (method.__name__, args, tuple(sorted(kwargs.items())), config(self))
+            if key not in tables:
+                before = dict(self.files)
+                method(self, *args, **kwargs)
+                tables[key] = {url: file for url, file in self.files.items() if before.get(url) is not file}
+            self.files.update(tables[key])
+        return build
+
+    WhiteNoise.update_files_dictionary = kept(WhiteNoise.update_files_dictionary)
+    WhiteNoiseMiddleware.add_files_from_finders = kept(WhiteNoiseMiddleware.add_files_from_finders)
+
+
+_static_file_tables_once()
+
+
 # The folders whose files start live servers, processes and browsers come first, so that parallel workers
 # take the long files early and finish on the short ones (xdist hands out files in collection order).
 HEAVY_FIRST = ("services", "faults", "e2e", "browser", "fuzz")
