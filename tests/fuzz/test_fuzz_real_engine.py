@@ -20,7 +20,7 @@ from .strategies import SHORT, routes_and_bodies
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("METRALE_FUZZ_ENGINE_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("METRALE_FUZZ_ENGINE_EXAMPLES", "60"))
 GREEDY = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,
           "max_tokens": 12}
 
