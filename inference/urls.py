@@ -1,6 +1,7 @@
 """URLs of the inference app: the OpenAI chat and completions surface (with stored chat completions),
 embeddings, models, tokenize, health (readiness), health/live (liveness), /metrics, and what routers read
-(http/worker_views.py: server info, KV event sources, load, the render routes)."""
+(http/worker_views.py: server and model info, KV event sources, load, health_generate, flush_cache, the render
+routes)."""
 from django.urls import path
 
 from .stored import views as stored_views
@@ -13,8 +14,13 @@ urlpatterns = [
     path("metrics", metrics_view),
     path("health/live", views.health_live),
     path("get_server_info", worker_views.get_server_info),
+    path("server_info", worker_views.server_info),
+    path("get_model_info", worker_views.get_model_info),
+    path("model_info", worker_views.get_model_info),
     path("kv_event_sources", worker_views.kv_event_sources),
     path("get_load", worker_views.get_load),
+    path("health_generate", worker_views.health_generate),
+    path("flush_cache", worker_views.flush_cache),
     path("v1/models", views.list_models),
     path("v1/models/<path:model_id>", views.retrieve_model),
     path("v1/chat/completions/render", worker_views.render_chat),

@@ -6,8 +6,9 @@ settings.py reads the services from the environment under the same names: `DATAB
 `DJANGO_ALLOWED_HOSTS` and `DJANGO_SECRET_KEY`. TLS ends at the load balancer, which sets
 `X-Forwarded-Proto` (SECURE_PROXY_SSL_HEADER trusts it); plain-HTTP requests without it are
 redirected to HTTPS, but /health and /health/live (the balancer's probes) and what a router in front
-(vllm-router) calls by itself: /get_server_info, /kv_event_sources, /get_load and the render routes,
-which it sends without the client's X-Forwarded-Proto (inference/http/worker_views.py). `manage.py check
+(vllm-router, sglang-router) calls by itself: /get_server_info, /server_info, /get_model_info,
+/model_info, /kv_event_sources, /get_load, /health_generate, /flush_cache and the render routes, which it
+sends without the client's X-Forwarded-Proto (inference/http/worker_views.py). `manage.py check
 --deploy` is clean with these settings. Run with DJANGO_SETTINGS_MODULE=metrale_site.settings_production.
 """
 from django.core.exceptions import ImproperlyConfigured
@@ -32,7 +33,8 @@ METRALE["REQUIRE_AUTH"] = envbool("METRALE_REQUIRE_AUTH", True)
 # HTTPS is terminated by the load balancer in front; only it may reach the replicas.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = envbool("DJANGO_SECURE_SSL_REDIRECT", True)
-SECURE_REDIRECT_EXEMPT = [r"^health(/live)?$", r"^(get_server_info|kv_event_sources|get_load)$",
+SECURE_REDIRECT_EXEMPT = [r"^health(/live|_generate)?$",
+                          r"^((get_)?server_info|(get_)?model_info|kv_event_sources|get_load|flush_cache)$",
                           r"^v1/(chat/)?completions/render$"]
 SECURE_HSTS_SECONDS = envint("DJANGO_HSTS_SECONDS", 31_536_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)

@@ -13,7 +13,8 @@ so the process can exit and be restarted.
 
 Operators: `cancel(request_id)` ends a request by its id (blocks freed at the next step, its
 consumer gets Finished("cancelled")); `snapshot()` gives the engine's live state as plain data
-(engine/snapshot.py), built on this thread between steps. Both answer through a
+(engine/snapshot.py), built on this thread between steps; `reset_prefix_cache()` forgets the cached
+blocks no running request holds, between steps too. They answer through a
 concurrent.futures.Future, so no caller ever holds the engine's state while it steps.
 """
 from __future__ import annotations
@@ -189,6 +190,12 @@ class AsyncEngine:
             future.set_exception(RuntimeError(fatal))
         self._wake.set()
         return future
+
+    def reset_prefix_cache(self) -> concurrent.futures.Future:
+        """Forget the prefix cache's blocks that no running request holds, on the engine thread between two
+        steps (LLMEngine.reset_prefix_cache: never during a step). The future's result: how many cached blocks
+        were forgotten; it fails with RuntimeError once the loop died."""
+        return self.call(lambda engine: engine.reset_prefix_cache())
 
     def fail_all(self, message: str) -> None:
         """End every request in flight with Failed(message) at the next step boundary, freeing

@@ -7,8 +7,9 @@ taken from the cache, so at least one token is always computed. Freed blocks kee
 their contents and stay reusable until evicted, least recently used first. The
 salt (the tenant) keeps one tenant's cached blocks from ever serving another.
 
-With a KVEventRecorder (kv_events.py), every block that enters the cache and every cached block
-evicted is reported to it, as vLLM's KV cache events describe them.
+With a KVEventRecorder (kv_events.py), every block that enters the cache, every cached block
+evicted and a reset of the cache (`reset_prefix_cache`) are reported to it, as vLLM's KV cache events
+describe them.
 
 Copy-on-write (beam search's forks): `fork` gives a child its parent's whole block table
 (refcounts + 1). A block is written only by a sequence that holds it alone: `allocate`
@@ -279,6 +280,33 @@ class BlockManager:
         parent = full[run[0] - 1][0] if run[0] else None
         lora = getattr(seq.lora, "name", None)
         self.kv_events.stored(full[run[0]:run[-1] + 1], parent, self.block_size, seq.cache_salt, lora)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no sequence holds (vLLM's reset_prefix_cache and SGLang's flush_cache,
+        as far as running requests allow): it stays in the free list as an uncached block, never matched
+        again. Blocks that running sequences hold stay cached (their K/V is in use, and the requests' later
+        blocks chain onto them). Returns how many cached blocks were forgotten.
+
+        kv_events hears AllBlocksCleared when nothing is cached afterwards (the cache really is empty: every
+        block it was told of is gone), else one BlockRemoved listing the forgotten blocks (the held ones
+        stay announced). Call between steps only (on the engine's thread)."""
+        dropped: list[int] = []
+        for bid in self.free_list:
+            block = self.blocks[bid]
+            if block.block_hash is None:
+                continue
+            if self.cached.get(block.block_hash) == bid:
+                del self.cached[block.block_hash]
+                dropped.append(block.block_hash)
+            block.block_hash = None
+            block.token_ids = ()
+        if self.kv_events is not None:
+            if not self.cached:
+                self.kv_events.cleared()
+            else:
+                for h in dropped:
+                    self.kv_events.removed(h)
+        return len(dropped)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),

@@ -96,6 +96,12 @@ class HybridBlockManager:
         self.window.free(seq)
         self.full.free(seq)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget both pools' cached blocks no sequence holds (BlockManager.reset_prefix_cache; only the full
+        pool reports KV events). Returns how many full-pool blocks were forgotten."""
+        self.window.reset_prefix_cache()
+        return self.full.reset_prefix_cache()
+
     def next_uncached_hash(self, seq: Sequence) -> int | None:
         return self.full.next_uncached_hash(seq)
 

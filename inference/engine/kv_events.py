@@ -8,9 +8,10 @@ when there are events; vLLM's rule, vllm/distributed/kv_events.py). Plain data, 
 The semantics are vLLM's (contracts-wave4 section 2.4): BlockStored when full blocks enter the
 prefix cache (here once their K/V is computed, after the step), listing one sequence's newly
 cached blocks in order with the hash of the block before the first (None at the sequence's
-start); BlockRemoved when a cached block is evicted (reused for other tokens), never when it is
-merely freed; AllBlocksCleared when the cache is dropped whole (the engine attaches to or leaves
-the publisher).
+start); BlockRemoved when a cached block is evicted (reused for other tokens) or forgotten by a
+cache reset that running requests outlive, never when it is merely freed; AllBlocksCleared when the
+cache is dropped whole (the engine attaches to or leaves the publisher, or a reset leaves nothing
+cached: block_manager.BlockManager.reset_prefix_cache).
 
 Every cached block is salted (block_manager.block_hash): the event keeps the salt's tenant part
 and the LoRA adapter apart (`cache_salt`, `lora_name`), which the publisher turns into what
@@ -92,6 +93,10 @@ class KVEventRecorder:
             last.block_hashes.append(block_hash)
         else:
             self.events.append(BlockRemoved([block_hash]))
+
+    def cleared(self) -> None:
+        """No block is cached any more (a reset of the whole prefix cache)."""
+        self.events.append(AllBlocksCleared())
 
     def take(self) -> list[KVCacheEvent]:
         """The events recorded since the last call, oldest first."""

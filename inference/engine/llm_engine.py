@@ -285,6 +285,15 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prefix cache's blocks that no running request holds (BlockManager.reset_prefix_cache)
+        and hand the change to `kv_events` at once (no step may follow soon). Returns how many cached blocks
+        were forgotten. Between steps only: AsyncEngine.reset_prefix_cache runs it on the engine's thread."""
+        dropped = self.block_manager.reset_prefix_cache()
+        if self.kv_recorder is not None and self.kv_recorder.events:
+            self._publish_kv_events()
+        return dropped
+
     def step(self) -> StepOutputs:
         """One step: schedule -> run -> postprocess. Returns each request's events of this step
         (the TokenEvent / Finished objects its handle receives), in batch order. The step's prefix-cache

@@ -2,6 +2,7 @@
 `manage.py check --deploy` with nothing to report, TLS ending at the load balancer."""
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def test_services_hosts_and_tls_come_from_the_environment():
               "'db': s.DATABASES['default'], 'cache': s.CACHES['default']['LOCATION'], 'broker': s.CELERY_BROKER_URL,"
               "'eager': s.CELERY_TASK_ALWAYS_EAGER, 'hosts': s.ALLOWED_HOSTS, 'proxy': s.SECURE_PROXY_SSL_HEADER,"
               "'layer': s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], 'auth': s.METRALE['REQUIRE_AUTH'],"
-              "'debug': s.DEBUG, 'redirect': s.SECURE_SSL_REDIRECT}, default=str))")
+              "'debug': s.DEBUG, 'redirect': s.SECURE_SSL_REDIRECT, 'exempt': s.SECURE_REDIRECT_EXEMPT}, default=str))")
     done = run("-c", script)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
@@ -43,6 +44,15 @@ def test_services_hosts_and_tls_come_from_the_environment():
     assert got["broker"] == "amqp://guest:guest@mq.internal:5672//" and got["eager"] is False
     assert got["hosts"] == ["api.example.com"] and got["proxy"] == ["HTTP_X_FORWARDED_PROTO", "https"]
     assert got["auth"] is True and got["debug"] is False and got["redirect"] is True
+    # What a load balancer and a router call by themselves over plain HTTP (SecurityMiddleware matches the path
+    # without its leading slash); everything else is sent to HTTPS.
+    exempt = [re.compile(r) for r in got["exempt"]]
+    for path in ("health", "health/live", "health_generate", "get_server_info", "server_info", "get_model_info",
+                 "model_info", "kv_event_sources", "get_load", "flush_cache", "v1/chat/completions/render",
+                 "v1/completions/render"):
+        assert any(r.search(path) for r in exempt), path
+    for path in ("v1/models", "v1/chat/completions", "healthz", "get_model_info/x", "admin/"):
+        assert not any(r.search(path) for r in exempt), path
 
 
 def test_without_a_secret_key_it_refuses_to_start():

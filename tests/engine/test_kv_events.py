@@ -1,4 +1,5 @@
-"""The prefix cache's changes as KV cache events: stores in chain order, evictions, salts kept apart, one batch a step."""
+"""The prefix cache's changes as KV cache events: stores in chain order, evictions, salts kept apart, a reset of
+the cache, one batch a step."""
 import asyncio
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 from inference.engine.async_engine import AsyncEngine
 from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig
-from inference.engine.kv_events import BlockRemoved, BlockStored, KVEventRecorder, sequence_salt, tenant_salt
+from inference.engine.hybrid_block_manager import HybridBlockManager
+from inference.engine.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventRecorder, sequence_salt,
+                                           tenant_salt)
 from inference.engine.outputs import Finished
 from inference.engine.request import EngineRequest
 from inference.engine.sampling_params import SamplingParams
@@ -72,6 +75,47 @@ def test_two_tenants_get_different_hashes_for_the_same_tokens_and_their_salts_ke
     assert one.token_ids == two.token_ids and one.block_hashes != two.block_hashes
     assert (one.cache_salt, two.cache_salt) == ("t1", "t2")
     assert tenant_salt(sequence_salt("t2", 7)) == "t2" and sequence_salt("t2", None) == "t2"
+
+
+def test_a_reset_forgets_the_blocks_no_sequence_holds_and_says_which():
+    recorder = KVEventRecorder()
+    bm = BlockManager(8, 4, kv_events=recorder)
+    running, done = seq(range(10, 19)), seq(range(50, 59))  # two full blocks each
+    compute(bm, running)
+    compute(bm, done)
+    bm.free(done)
+    recorder.take()
+    freed = [h for h, _ in bm.full_blocks(done)]
+
+    assert bm.reset_prefix_cache() == 2
+    (removed,) = recorder.take()  # the running sequence's blocks stay cached (and announced)
+    assert isinstance(removed, BlockRemoved) and sorted(removed.block_hashes) == sorted(freed)
+    again = seq(range(50, 59))
+    assert bm.match_prefix(again) == 0
+    shared = seq(range(10, 19))
+    assert bm.match_prefix(shared) == 8  # a held block still serves a hit
+    assert bm.num_free_blocks == bm.num_blocks - 3  # running's 3 blocks (shared's hit is two of them)
+
+    for s in (running, shared, again):
+        bm.free(s)
+    assert bm.reset_prefix_cache() == 2
+    assert recorder.take() == [AllBlocksCleared()]  # nothing is cached any more
+    assert bm.reset_prefix_cache() == 0 and recorder.take() == [AllBlocksCleared()]
+    assert bm.num_free_blocks == bm.num_blocks and not bm.cached
+
+
+def test_a_reset_empties_both_pools_of_a_hybrid_manager():
+    recorder = KVEventRecorder()
+    bm = HybridBlockManager(BlockManager(16, 4, kv_events=recorder),
+                            BlockManager(8, 4, table="window_table", hashed="num_window_hashed_blocks"), 8)
+    s = seq(range(100, 113))
+    bm.allocate(s, 13)
+    s.num_computed_tokens = 13
+    bm.cache_full_blocks(s)
+    bm.free(s)
+    assert bm.reset_prefix_cache() == 3
+    assert recorder.take()[-1] == AllBlocksCleared() and not bm.full.cached and not bm.window.cached
+    assert bm.match_prefix(seq(range(100, 113))) == 0
 
 
 @pytest.fixture(scope="module")
