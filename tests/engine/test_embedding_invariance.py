@@ -54,10 +54,11 @@ def test_a_text_embeds_to_the_same_bits_alone_and_in_passes_of_any_size(model):
     assert model.encoder.weights in ("float32", "bfloat16")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_encoder_linear_gives_each_row_the_same_bits_whatever_the_rows_beside_it(dtype):
+@pytest.mark.parametrize("dtype, n, k", [(torch.float32, 96, 80), (torch.bfloat16, 96, 80), (torch.bfloat16, 112, 384)])
+def test_the_encoder_linear_gives_each_row_the_same_bits_whatever_the_rows_beside_it(dtype, n, k):
+    """k 384 (a multiple of 32) takes the tile unit where Linux grants it (encoder.c's lin_amx), with 7 groups of
+    16 columns (a block of 4 and 3 alone) and short row blocks; k 80 the vector path."""
     torch.manual_seed(0)
-    n, k = 96, 80
     w = torch.randn(n, k).to(dtype)
     bias = torch.randn(n) if dtype == torch.bfloat16 else None
     packed = kernels.encoder_pack(w)
@@ -71,7 +72,7 @@ def test_the_encoder_linear_gives_each_row_the_same_bits_whatever_the_rows_besid
     if dtype == torch.bfloat16:
         ref = torch.nn.functional.gelu(ref + bias.double())
     assert torch.allclose(torch.cat(rows).double(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
-                          atol=1e-2 if dtype == torch.bfloat16 else 1e-4)
+                          atol=1e-2 * (k / 80) ** 0.5 if dtype == torch.bfloat16 else 1e-4)
     with pytest.raises(ValueError):
         kernels.encoder_pack(torch.randn(20, k).to(dtype))
 

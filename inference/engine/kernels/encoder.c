@@ -729,11 +729,119 @@ void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, float
 #undef LIN_F32
 }
 
+#if defined(ENCODER_AMX)
+/* The bfloat16 form on the tile unit, for k a multiple of 32 wherever metrale_amx_ready: every row of every
+ * call goes through it (one row as well as 64), so the rule is still one per machine and a row's bits never
+ * depend on the rows beside it. Each output element's sum is TDPBF16PS's over K's blocks of 32 in order,
+ * into one float32 accumulator tile: an element's sum reads only its own row of A, whatever the tile's other
+ * rows hold. A task is 16 rows (a short last block copied into zeroed rows, which are computed and never
+ * stored) by AMX_CB groups of 16 columns (one accumulator tile each, tiles 0-3); tile 4 holds the rows' block of
+ * 32 of K, tiles 5 and 6 a group's weights: metrale_encoder_pack_bf16's [K/2][16][2] panel of a group is
+ * exactly a weight tile's pairs layout, 16 pairs of rows a block. The epilogue (bias, GELU, rounding) is the
+ * vector path's. */
+#define AMX_CB 4
+
+static inline void lin_amx_store(const float *sums, const float *bias, int gelu, uint16_t *out, long ldo,
+                                 long r0, int rb, long g) {
+    for (int r = 0; r < rb; r++) {
+        __m512 v = _mm512_loadu_ps(sums + r * 16);
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + g * 16));
+        if (gelu) v = gelu_erf16(v);
+        f32x16_bf16(v, out + (r0 + r) * ldo + g * 16);
+    }
+}
+
+static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
+                         uint16_t *out, long ldo, long k, long r0, int rb, long g0, int cb, uint16_t *pad) {
+    const long k2 = k / 2, blocks = k / 32;
+    const uint16_t *a = x + r0 * ldx;
+    long lda = ldx;
+    if (rb < 16) { /* a short last block: its rows, then zeros */
+        memset(pad, 0, (size_t)16 * k * sizeof *pad);
+        for (int r = 0; r < rb; r++) memcpy(pad + (long)r * k, x + (r0 + r) * ldx, (size_t)k * sizeof *pad);
+        a = pad;
+        lda = k;
+    }
+    float sums[16 * 16] __attribute__((aligned(64)));
+    if (cb == AMX_CB) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (long b = 0; b < blocks; b++) {
+            _tile_loadd(4, a + b * 32, lda * 2);
+            _tile_loadd(5, wp + ((g0 + 0) * k2 + b * 16) * 32, 64);
+            _tile_loadd(6, wp + ((g0 + 1) * k2 + b * 16) * 32, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(5, wp + ((g0 + 2) * k2 + b * 16) * 32, 64);
+            _tile_loadd(6, wp + ((g0 + 3) * k2 + b * 16) * 32, 64);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+        _tile_stored(0, sums, 64);
+        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 0);
+        _tile_stored(1, sums, 64);
+        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 1);
+        _tile_stored(2, sums, 64);
+        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 2);
+        _tile_stored(3, sums, 64);
+        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 3);
+        return;
+    }
+    for (int c = 0; c < cb; c++) { /* the last groups, one at a time: the same sums, block by block */
+        _tile_zero(0);
+        for (long b = 0; b < blocks; b++) {
+            _tile_loadd(4, a + b * 32, lda * 2);
+            _tile_loadd(5, wp + ((g0 + c) * k2 + b * 16) * 32, 64);
+            _tile_dpbf16ps(0, 4, 5);
+        }
+        _tile_stored(0, sums, 64);
+        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + c);
+    }
+}
+
+/* Column blocks of AMX_CB groups (outer) by row blocks of 16, each thread with the tile configuration loaded
+ * and a zeroed-rows buffer for a short last row block. Returns 0 where it cannot run (no buffer). */
+static int lin_amx(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu, uint16_t *out,
+                   long ldo, long rows, long n, long k, int nthreads) {
+    const long groups = n / 16, cblocks = (groups + AMX_CB - 1) / AMX_CB, rblocks = (rows + 15) / 16;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        uint16_t *pad = aligned_alloc(64, (size_t)((16 * k * sizeof(uint16_t) + 63) & ~63L));
+        if (!pad) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+            metrale_amx_begin_bf16();
+#pragma omp for schedule(static) collapse(2)
+            for (long cbk = 0; cbk < cblocks; cbk++)
+                for (long rbk = 0; rbk < rblocks; rbk++) {
+                    const long r0 = rbk * 16, g0 = cbk * AMX_CB;
+                    const int rb = (int)(rows - r0 < 16 ? rows - r0 : 16);
+                    const int cb = (int)(groups - g0 < AMX_CB ? groups - g0 : AMX_CB);
+                    lin_amx_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, rb, g0, cb, pad);
+                }
+            metrale_amx_end();
+        }
+        free(pad);
+    }
+    return !failed;
+}
+#endif
+
 /* bfloat16: x [rows][k] (ldx apart), packed weight (metrale_encoder_pack_bf16 of [n][k]), out [rows][n] (ldo
  * apart) = bfloat16(x · W^T (+ bias) (then GELU when gelu)); bias float32 [n] or NULL; n a multiple of 16,
- * k even. */
+ * k even. On the tile unit where it is granted and k is a multiple of 32 (lin_amx), else on the vector
+ * units. */
 void metrale_encoder_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
                                  uint16_t *out, long ldo, long rows, long n, long k, int nthreads) {
+#if defined(ENCODER_AMX)
+    if (k % 32 == 0 && metrale_amx_ready() && lin_amx(x, ldx, wp, bias, gelu, out, ldo, rows, n, k, nthreads)) return;
+#endif
 #define LIN_BF16(RB, CB) lin_bf16_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, RB, g0, CB)
     LIN_TASKS(LIN_BF16)
 #undef LIN_BF16
