@@ -63,39 +63,61 @@ class EmbedRun:
         return statistics.median(self.latencies_s) * 1000
 
 
-def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: float = 180) -> list[list[float]]:
-    """One POST /v1/embeddings (float); the vectors. Raises RuntimeError on a non-200 answer."""
+def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: float = 180,
+                    conn: http.client.HTTPConnection | None = None) -> list[list[float]]:
+    """One POST /v1/embeddings (float); the vectors. On `conn` (a kept-alive connection to url's host, as a
+    client library keeps one; closed and raised on a transport error) or on a connection of its own, closed
+    after. Raises RuntimeError on a non-200 answer."""
     parts = urlsplit(url)
     body = {"input": texts, "encoding_format": "float"}
     if model:
         body["model"] = model
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+    own = conn is None
+    if own:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
     try:
         conn.request("POST", "/v1/embeddings", json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
         data = response.read()
-    finally:
+    except (OSError, http.client.HTTPException):
         conn.close()
+        raise
+    finally:
+        if own:
+            conn.close()
     if response.status != 200:
         raise RuntimeError(f"{url} answered {response.status}: {data[:300]!r}")
     return [d["embedding"] for d in sorted(json.loads(data)["data"], key=lambda d: d["index"])]
 
 
 def run_clients(url: str, texts: list[str], clients: int, per_request: int, model: str | None) -> EmbedRun:
-    """Embed `texts` in requests of `per_request` texts from `clients` concurrent clients."""
+    """Embed `texts` in requests of `per_request` texts from `clients` concurrent clients, each client on one
+    kept-alive HTTP/1.1 connection (as the openai SDK's pool and vLLM's benchmark clients keep theirs; the same
+    for every side measured)."""
     batches = [texts[i:i + per_request] for i in range(0, len(texts), per_request)]
     latencies: list[float] = []
     lock = threading.Lock()
+    local = threading.local()
+    opened: list[http.client.HTTPConnection] = []
+    parts = urlsplit(url)
 
     def one(batch):
+        if getattr(local, "conn", None) is None:
+            local.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=180)
+            with lock:
+                opened.append(local.conn)
         t0 = time.perf_counter()
-        post_embeddings(url, batch, model)
+        post_embeddings(url, batch, model, conn=local.conn)
         with lock:
             latencies.append(time.perf_counter() - t0)
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, batches))
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(one, batches))
+    finally:
+        for conn in opened:
+            conn.close()
     return EmbedRun(len(texts), time.perf_counter() - started, latencies)
 
 
