@@ -751,8 +751,31 @@ static inline void lin_amx_store(const float *sums, const float *bias, int gelu,
     }
 }
 
+/* A pending epilogue: a task's float32 sums (AMX_CB tiles of 16 x 16) and where they go; `done` of its
+ * AMX_CB x rb row vectors stored so far. */
+typedef struct {
+    float sums[AMX_CB * 256] __attribute__((aligned(64)));
+    long r0, g0;
+    int rb, done;
+} lin_amx_pending;
+
+/* Store up to `count` more of the pending task's row vectors (group-major, row-minor). */
+static inline void lin_amx_drain(lin_amx_pending *p, int count, const float *bias, int gelu, uint16_t *out,
+                                 long ldo) {
+    const int total = AMX_CB * p->rb;
+    for (int end = p->done + count < total ? p->done + count : total; p->done < end; p->done++) {
+        const int c = p->done / p->rb, r = p->done % p->rb;
+        lin_amx_store(p->sums + c * 256 + r * 16, bias, gelu, out, ldo, p->r0 + r, 1, p->g0 + c);
+    }
+}
+
+/* Rows [r0, r0 + rb) by AMX_CB groups from g0: the tile products, block by block, with the previous task's
+ * epilogue (`prev`, when it has rows left) stored a few row vectors after each block's products, so the vector
+ * units turn the last sums into bfloat16 while the tile unit computes these (the bits are the same as
+ * storing them after: each element's sum and epilogue are its own). Leaves this task's sums in `cur`. */
 static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
-                         uint16_t *out, long ldo, long k, long r0, int rb, long g0, int cb, uint16_t *pad) {
+                         uint16_t *out, long ldo, long k, long r0, int rb, long g0, uint16_t *pad,
+                         lin_amx_pending *prev, lin_amx_pending *cur) {
     const long k2 = k / 2, blocks = k / 32;
     const uint16_t *a = x + r0 * ldx;
     long lda = ldx;
@@ -762,34 +785,46 @@ static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const 
         a = pad;
         lda = k;
     }
-    float sums[16 * 16] __attribute__((aligned(64)));
-    if (cb == AMX_CB) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (long b = 0; b < blocks; b++) {
-            _tile_loadd(4, a + b * 32, lda * 2);
-            _tile_loadd(5, wp + ((g0 + 0) * k2 + b * 16) * 32, 64);
-            _tile_loadd(6, wp + ((g0 + 1) * k2 + b * 16) * 32, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(5, wp + ((g0 + 2) * k2 + b * 16) * 32, 64);
-            _tile_loadd(6, wp + ((g0 + 3) * k2 + b * 16) * 32, 64);
-            _tile_dpbf16ps(2, 4, 5);
-            _tile_dpbf16ps(3, 4, 6);
-        }
-        _tile_stored(0, sums, 64);
-        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 0);
-        _tile_stored(1, sums, 64);
-        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 1);
-        _tile_stored(2, sums, 64);
-        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 2);
-        _tile_stored(3, sums, 64);
-        lin_amx_store(sums, bias, gelu, out, ldo, r0, rb, g0 + 3);
-        return;
+    const int left = prev->rb ? AMX_CB * prev->rb - prev->done : 0;
+    const int per_block = (int)((left + blocks - 1) / blocks);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long b = 0; b < blocks; b++) {
+        _tile_loadd(4, a + b * 32, lda * 2);
+        _tile_loadd(5, wp + ((g0 + 0) * k2 + b * 16) * 32, 64);
+        _tile_loadd(6, wp + ((g0 + 1) * k2 + b * 16) * 32, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, wp + ((g0 + 2) * k2 + b * 16) * 32, 64);
+        _tile_loadd(6, wp + ((g0 + 3) * k2 + b * 16) * 32, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 6);
+        if (per_block) lin_amx_drain(prev, per_block, bias, gelu, out, ldo);
     }
-    for (int c = 0; c < cb; c++) { /* the last groups, one at a time: the same sums, block by block */
+    if (prev->rb) lin_amx_drain(prev, AMX_CB * prev->rb, bias, gelu, out, ldo);
+    _tile_stored(0, cur->sums, 64);
+    _tile_stored(1, cur->sums + 256, 64);
+    _tile_stored(2, cur->sums + 512, 64);
+    _tile_stored(3, cur->sums + 768, 64);
+    cur->r0 = r0, cur->g0 = g0, cur->rb = rb, cur->done = 0;
+}
+
+/* The last groups (fewer than AMX_CB), one at a time, with nothing pending: the same sums, block by block. */
+static void lin_amx_tail(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
+                         uint16_t *out, long ldo, long k, long r0, int rb, long g0, int cb, uint16_t *pad) {
+    const long k2 = k / 2, blocks = k / 32;
+    const uint16_t *a = x + r0 * ldx;
+    long lda = ldx;
+    if (rb < 16) {
+        memset(pad, 0, (size_t)16 * k * sizeof *pad);
+        for (int r = 0; r < rb; r++) memcpy(pad + (long)r * k, x + (r0 + r) * ldx, (size_t)k * sizeof *pad);
+        a = pad;
+        lda = k;
+    }
+    float sums[16 * 16] __attribute__((aligned(64)));
+    for (int c = 0; c < cb; c++) {
         _tile_zero(0);
         for (long b = 0; b < blocks; b++) {
             _tile_loadd(4, a + b * 32, lda * 2);
@@ -806,28 +841,43 @@ static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const 
 static int lin_amx(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu, uint16_t *out,
                    long ldo, long rows, long n, long k, int nthreads) {
     const long groups = n / 16, cblocks = (groups + AMX_CB - 1) / AMX_CB, rblocks = (rows + 15) / 16;
+    const long tasks = cblocks * rblocks;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         uint16_t *pad = aligned_alloc(64, (size_t)((16 * k * sizeof(uint16_t) + 63) & ~63L));
-        if (!pad) {
+        lin_amx_pending *ring = aligned_alloc(64, 2 * sizeof(lin_amx_pending));
+        if (!pad || !ring) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp barrier
         if (!failed) {
             metrale_amx_begin_bf16();
-#pragma omp for schedule(static) collapse(2)
-            for (long cbk = 0; cbk < cblocks; cbk++)
-                for (long rbk = 0; rbk < rblocks; rbk++) {
-                    const long r0 = rbk * 16, g0 = cbk * AMX_CB;
-                    const int rb = (int)(rows - r0 < 16 ? rows - r0 : 16);
-                    const int cb = (int)(groups - g0 < AMX_CB ? groups - g0 : AMX_CB);
-                    lin_amx_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, rb, g0, cb, pad);
+            /* the static split of the tasks (column blocks outer, row blocks inner), a contiguous run a thread */
+            const long nt = omp_get_num_threads(), tid = omp_get_thread_num(), per = (tasks + nt - 1) / nt;
+            const long first = tid * per, last = first + per < tasks ? first + per : tasks;
+            lin_amx_pending *prev = &ring[0], *cur = &ring[1];
+            prev->rb = 0;
+            for (long t = first; t < last; t++) {
+                const long cbk = t / rblocks, rbk = t % rblocks, r0 = rbk * 16, g0 = cbk * AMX_CB;
+                const int rb = (int)(rows - r0 < 16 ? rows - r0 : 16);
+                const int cb = (int)(groups - g0 < AMX_CB ? groups - g0 : AMX_CB);
+                if (cb == AMX_CB) {
+                    lin_amx_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, rb, g0, pad, prev, cur);
+                    lin_amx_pending *swap = prev;
+                    prev = cur, cur = swap;
+                } else {
+                    if (prev->rb) lin_amx_drain(prev, AMX_CB * prev->rb, bias, gelu, out, ldo);
+                    prev->rb = 0;
+                    lin_amx_tail(x, ldx, wp, bias, gelu, out, ldo, k, r0, rb, g0, cb, pad);
                 }
+            }
+            if (prev->rb) lin_amx_drain(prev, AMX_CB * prev->rb, bias, gelu, out, ldo);
             metrale_amx_end();
         }
         free(pad);
+        free(ring);
     }
     return !failed;
 }
