@@ -751,6 +751,20 @@ static inline void lin_amx_store(const float *sums, const float *bias, int gelu,
     }
 }
 
+/* The 16 rows a task's row tile reads from r0: x's own rows (ldx apart) for a whole block, else the short last
+ * block's rb rows copied into `pad` ([16][k]) with zeros after them. Returns them; *lda: their stride. */
+static inline const uint16_t *lin_amx_rows(const uint16_t *x, long ldx, long k, long r0, int rb, uint16_t *pad,
+                                           long *lda) {
+    if (rb == 16) {
+        *lda = ldx;
+        return x + r0 * ldx;
+    }
+    memset(pad, 0, (size_t)16 * k * sizeof *pad);
+    for (int r = 0; r < rb; r++) memcpy(pad + (long)r * k, x + (r0 + r) * ldx, (size_t)k * sizeof *pad);
+    *lda = k;
+    return pad;
+}
+
 /* A pending epilogue: a task's float32 sums (AMX_CB tiles of 16 x 16) and where they go; `done` of its
  * AMX_CB x rb row vectors stored so far. */
 typedef struct {
@@ -777,14 +791,8 @@ static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const 
                          uint16_t *out, long ldo, long k, long r0, int rb, long g0, uint16_t *pad,
                          lin_amx_pending *prev, lin_amx_pending *cur) {
     const long k2 = k / 2, blocks = k / 32;
-    const uint16_t *a = x + r0 * ldx;
-    long lda = ldx;
-    if (rb < 16) { /* a short last block: its rows, then zeros */
-        memset(pad, 0, (size_t)16 * k * sizeof *pad);
-        for (int r = 0; r < rb; r++) memcpy(pad + (long)r * k, x + (r0 + r) * ldx, (size_t)k * sizeof *pad);
-        a = pad;
-        lda = k;
-    }
+    long lda;
+    const uint16_t *a = lin_amx_rows(x, ldx, k, r0, rb, pad, &lda);
     const int left = prev->rb ? AMX_CB * prev->rb - prev->done : 0;
     const int per_block = (int)((left + blocks - 1) / blocks);
     _tile_zero(0);
@@ -815,14 +823,8 @@ static void lin_amx_task(const uint16_t *x, long ldx, const uint16_t *wp, const 
 static void lin_amx_tail(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
                          uint16_t *out, long ldo, long k, long r0, int rb, long g0, int cb, uint16_t *pad) {
     const long k2 = k / 2, blocks = k / 32;
-    const uint16_t *a = x + r0 * ldx;
-    long lda = ldx;
-    if (rb < 16) {
-        memset(pad, 0, (size_t)16 * k * sizeof *pad);
-        for (int r = 0; r < rb; r++) memcpy(pad + (long)r * k, x + (r0 + r) * ldx, (size_t)k * sizeof *pad);
-        a = pad;
-        lda = k;
-    }
+    long lda;
+    const uint16_t *a = lin_amx_rows(x, ldx, k, r0, rb, pad, &lda);
     float sums[16 * 16] __attribute__((aligned(64)));
     for (int c = 0; c < cb; c++) {
         _tile_zero(0);
