@@ -69,16 +69,23 @@ HEALTH_GENERATE_TIMEOUT_S = 4.0
 HEALTH_GENERATE_SALT = "metrale:health_generate"
 
 
-def probe(view):
-    """An open GET route a router probes: any other method is answered 405 (with Allow), as JSON."""
+def only(method: str):
+    """A worker route answering `method` alone (GET admits HEAD too): any other method gets 405 with Allow, in
+    vLLM's {"error": message} shape."""
+    accepted = ("GET", "HEAD") if method == "GET" else (method,)
 
-    @functools.wraps(view)
-    async def checked(request):
-        if request.method not in ("GET", "HEAD"):
-            return JsonResponse({"error": f"{request.method} is not allowed on {request.path}; use GET."},
-                                status=405, headers={"Allow": "GET"})
-        return await view(request)
-    return checked
+    def decorate(view):
+        @functools.wraps(view)
+        async def checked(request):
+            if request.method not in accepted:
+                return JsonResponse({"error": f"{request.method} is not allowed on {request.path}; use {method}."},
+                                    status=405, headers={"Allow": method})
+            return await view(request)
+        return checked
+    return decorate
+
+
+probe = only("GET")  # an open GET route a router probes
 
 
 def _no_chat_model() -> JsonResponse:
@@ -204,6 +211,7 @@ async def health_generate(request):
 
 
 @csrf_exempt  # an operator's session call is CSRF-checked by authenticate_operator; a bearer call has no cookie
+@only("POST")
 async def flush_cache(request):
     """POST /flush_cache: 200 {} once every loaded chat model has forgotten its prefix-cache blocks that no
     running request holds (AsyncEngine.reset_prefix_cache: on the engine's thread, between steps; SGLang's
@@ -213,9 +221,6 @@ async def flush_cache(request):
     METRALE["REQUIRE_AUTH"] on only an operator may flush (auth.authenticate_operator: 401/403 in OpenAI's
     error shape); 404 {"error"} when no chat model is configured; 503 {"error"} when an engine has stopped;
     405 for another method."""
-    if request.method != "POST":
-        return JsonResponse({"error": f"{request.method} is not allowed on {request.path}; use POST."},
-                            status=405, headers={"Allow": "POST"})
     operator = None
     if settings.METRALE["REQUIRE_AUTH"]:
         try:
