@@ -8,15 +8,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference.http.middleware import ApiAsgiGuard
 from inference.http.observe import ObservedRequests
-from metrale_site.asgi_handler import AsyncRequestHandler
 
-from .asgi_client import AsgiRequest, serve
+from .asgi_client import AsgiRequest, serve, site_handler
 from .fake_engine import Answer
 
 
 def app():
-    """A fresh HTTP application: ObservedRequests(ApiAsgiGuard(the site's Django handler))."""
-    return ObservedRequests(ApiAsgiGuard(AsyncRequestHandler()))
+    """A fresh HTTP application: ObservedRequests(ApiAsgiGuard(the site's Django handler, asgi_client.site_handler))."""
+    return ObservedRequests(ApiAsgiGuard(site_handler()))
 
 
 def request(method: str, path: str, body=None, headers: dict | None = None) -> AsgiRequest:

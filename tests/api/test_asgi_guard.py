@@ -6,9 +6,8 @@ import json
 import pytest
 
 from inference.http.middleware import ApiAsgiGuard
-from metrale_site.asgi_handler import AsyncRequestHandler
 
-from .asgi_client import AsgiRequest, serve
+from .asgi_client import AsgiRequest, serve, site_handler
 from .fake_engine import call
 
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -35,7 +34,7 @@ class Driver:
         self.sent.append(message)
 
     def run(self, app=None):
-        serve(asyncio.wait_for, (app or ApiAsgiGuard(AsyncRequestHandler()))(self.scope, self.receive, self.send), 10)
+        serve(asyncio.wait_for, (app or ApiAsgiGuard(site_handler()))(self.scope, self.receive, self.send), 10)
         start = self.sent[0]
         body = b"".join(m.get("body", b"") for m in self.sent[1:])
         assert self.sent[-1]["type"] == "http.response.body" and not self.sent[-1].get("more_body")

@@ -6,9 +6,7 @@ import json
 import httpx
 import pytest
 
-from metrale_site.asgi_handler import AsyncRequestHandler
-
-from .asgi_client import serve
+from .asgi_client import serve, site_handler
 from .fake_engine import reply
 
 openai = pytest.importorskip("openai")
@@ -25,7 +23,7 @@ CALLS = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci
 
 def run_with_client(fn):
     async def main():
-        transport = httpx.ASGITransport(app=AsyncRequestHandler())
+        transport = httpx.ASGITransport(app=site_handler())
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http,
                                         max_retries=0)

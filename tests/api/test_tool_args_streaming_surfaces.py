@@ -12,10 +12,8 @@ import json
 import httpx
 import pytest
 
-from metrale_site.asgi_handler import AsyncRequestHandler
-
 from .anthropic.support import sse_frames
-from .asgi_client import serve
+from .asgi_client import serve, site_handler
 from .fake_engine import call, reply
 
 MODEL = "smollm2-135m-instruct"
@@ -152,7 +150,7 @@ def test_a_call_cut_off_by_max_tokens_stays_as_sent_on_every_surface(fake_rt):
 def _with_http(fn, http_module=httpx):
     """fn(an async HTTP client of `http_module` on the ASGI app), run to the end."""
     async def main():
-        transport = http_module.ASGITransport(app=AsyncRequestHandler())
+        transport = http_module.ASGITransport(app=site_handler())
         async with http_module.AsyncClient(transport=transport, base_url="http://testserver") as http:
             return await fn(http)
     return serve(main)
