@@ -66,8 +66,8 @@ class EmbedRun:
 def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: float = 180,
                     conn: http.client.HTTPConnection | None = None) -> list[list[float]]:
     """One POST /v1/embeddings (float); the vectors. On `conn` (a kept-alive connection to url's host, as a
-    client library keeps one; closed and raised on a transport error) or on a connection of its own, closed
-    after. Raises RuntimeError on a non-200 answer."""
+    client library keeps one; its owner closes it) or on a connection of its own, closed after. Raises
+    RuntimeError on a non-200 answer, OSError / http.client.HTTPException on a transport error."""
     parts = urlsplit(url)
     body = {"input": texts, "encoding_format": "float"}
     if model:
@@ -79,9 +79,6 @@ def post_embeddings(url: str, texts: list[str], model: str | None, timeout_s: fl
         conn.request("POST", "/v1/embeddings", json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
         data = response.read()
-    except (OSError, http.client.HTTPException):
-        conn.close()
-        raise
     finally:
         if own:
             conn.close()
