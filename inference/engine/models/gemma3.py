@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..layers.embedding import embedding_table
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .llama import MLP, Attention, LlamaForCausalLM
@@ -90,7 +91,7 @@ class Gemma3Model(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding_table(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -18,6 +18,7 @@ from .. import kernels
 from ..config import ModelConfig
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.blocks import BLOCK, K_FORMATS, BlockWeight
+from ..layers.embedding import embedding_table
 from ..layers.linear import PackedLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
@@ -165,7 +166,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding_table(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -187,7 +188,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = self.build_model(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.init_rotary()
+        # The RoPE tables are computed, not loaded: on the CPU even while the loader builds the rest on
+        # the meta device (arithmetic on meta tensors runs torch's reference kernels, whose first use
+        # imports torch._dynamo: 1.5-2 s of a process's start), moved with the model by .to(device).
+        with torch.device("cpu"):
+            self.init_rotary()
         self.head: PackedLinear | None = None
         self.compact_decode = False
         self.compact_prefill = False
@@ -199,8 +204,7 @@ class LlamaForCausalLM(nn.Module):
         return LlamaModel(cfg)
 
     def init_rotary(self) -> None:
-        """(Re)build the RoPE tables on the current default device (the loader calls it after building
-        the model on the meta device)."""
+        """Build the RoPE tables on the current default device (__init__ builds them on the CPU)."""
         cfg = self.config
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 

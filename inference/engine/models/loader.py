@@ -81,7 +81,6 @@ def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: t
         module = _module(model, name)
         module.weight = None
         module.blocks = bw
-    model.init_rotary()  # its tables were built on the meta device
     model.to(device)
     model.eval()
     model.requires_grad_(False)
