@@ -63,14 +63,13 @@ cluster-stop: install
 	$(PY) manage.py cluster stop
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their module and session
-# fixtures started once there), handed out in tests/conftest.py's order (HEAVY_FIRST: xdist's own reorder by test
-# count would leave the long single-test files for last); the 30 slowest durations printed at the end. Bytecode is written even where the
+# fixtures started once there); the 30 slowest durations printed at the end. Bytecode is written even where the
 # environment sets PYTHONDONTWRITEBYTECODE: without .pyc files every test process and every server the tests
 # start compiles the project's modules again (each worker's collection took 26 s instead of 12 on a 2-vCPU EPYC),
 # and pytest rewrites every test module's asserts anew.
 TEST_WORKERS ?= 2
 test: migrate model static browser
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # `make bench LLAMA_CPP_URL=http://127.0.0.1:8013 LLAMA_CPP_PID=<its pid>` adds the side-by-side with
 # llama.cpp's llama-server on the same GGUF (README, "Speed").
