@@ -20,11 +20,13 @@ from inference.engine.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class Perplexity:
-    """exp(nll / scored); nll: summed negative log likelihood (nats); scored: tokens scored; chunks."""
+    """exp(nll / scored); nll: summed negative log likelihood (nats); scored: tokens scored; chunks;
+    chunk_nll: each chunk's part of nll, in the text's order."""
 
     nll: float
     scored: int
     chunks: int
+    chunk_nll: tuple[float, ...] = ()
 
     @property
     def value(self) -> float:
@@ -53,6 +55,27 @@ def chunk_bos(tokens: list[int], bos_token_id: int | None) -> int | None:
     return bos_token_id if tokens and bos_token_id is not None and tokens[0] == bos_token_id else None
 
 
+def chunk_nlls(engine, chunks: list[list[int]], n_ctx: int) -> list[tuple[float, int]]:
+    """(summed negative log likelihood, tokens scored) of each chunk, in order, through an LLMEngine:
+    one request per chunk, several at once, each scoring the tokens at positions n_ctx / 2 + 1 ..
+    n_ctx - 1 (the module docstring's rule). Raises RuntimeError when the engine fails a chunk."""
+    first = n_ctx // 2
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, ignore_eos=True)
+    index = {f"perplexity-{i}": i for i in range(len(chunks))}
+    for request_id, chunk in zip(index, chunks):
+        engine.add_request(EngineRequest(chunk, params), request_id=request_id)
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(chunks)
+    while engine.has_work():
+        for seq, events in engine.step():
+            for ev in events:
+                if isinstance(ev, Failed):
+                    raise RuntimeError(f"chunk {seq.request_id} failed: {ev.message}")
+                if isinstance(ev, Finished):
+                    entries = ev.prompt_logprobs[first + 1:n_ctx]
+                    out[index[seq.request_id]] = (-sum(entry[0] for entry in entries), len(entries))
+    return out
+
+
 def engine_perplexity(engine, tokens: list[int], n_ctx: int = 512, bos_id: int | None = None,
                       max_chunks: int | None = None) -> Perplexity:
     """Perplexity of `tokens` through an LLMEngine (llama-perplexity's rule, module docstring): one
@@ -61,18 +84,6 @@ def engine_perplexity(engine, tokens: list[int], n_ctx: int = 512, bos_id: int |
     chunks = chunk_tokens(tokens, n_ctx, bos_id, max_chunks)
     if len(chunks) < 2:
         raise ValueError(f"the text has {len(tokens)} tokens; llama-perplexity needs at least {2 * n_ctx}")
-    first = n_ctx // 2
-    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, ignore_eos=True)
-    for i, chunk in enumerate(chunks):
-        engine.add_request(EngineRequest(chunk, params), request_id=f"perplexity-{i}")
-    nll, scored = 0.0, 0
-    while engine.has_work():
-        for seq, events in engine.step():
-            for ev in events:
-                if isinstance(ev, Failed):
-                    raise RuntimeError(f"chunk {seq.request_id} failed: {ev.message}")
-                if isinstance(ev, Finished):
-                    entries = ev.prompt_logprobs[first + 1:n_ctx]
-                    nll -= sum(entry[0] for entry in entries)
-                    scored += len(entries)
-    return Perplexity(nll, scored, len(chunks))
+    scores = chunk_nlls(engine, chunks, n_ctx)
+    return Perplexity(sum(nll for nll, _ in scores), sum(n for _, n in scores), len(chunks),
+                      tuple(nll for nll, _ in scores))

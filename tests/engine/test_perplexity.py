@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.bench.perplexity import chunk_bos, chunk_tokens, engine_perplexity
+from inference.bench.perplexity import Perplexity, chunk_bos, chunk_nlls, chunk_tokens, engine_perplexity
 from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine
 from inference.engine.tokenizer import Tokenizer
@@ -51,7 +51,10 @@ def test_gemma3_270m_served_path_is_within_one_percent_of_its_float_weights(gemm
     """The pulled Gemma 3 270M's GGUF blocks on the default path against the same GGUF dequantised to
     float32 through torch's layers, two chunks of 512 tokens with BOS opening each (llama-perplexity's rule for a
     tokenizer that adds BOS; bench_perplexity on the whole text: 13.86 against llama-perplexity's 13.91).
-    Without the BOS, Gemma reads the later chunk far worse: the rule is not a detail."""
+    Without the BOS, Gemma reads the later chunk far worse: the rule is not a detail. That is measured on
+    the served path: the text's encoding opens with BOS, so without it the first chunk is the same request
+    and only the later one is run again, as the text has it. On the 2-vCPU AVX2 EPYC: served 13.93, float32
+    13.80; without BOS, served 16.72, float32 16.63 (both chunks run again through engine_perplexity)."""
     text = Path(DEFAULT_TEXT)
     if not text.is_file():
         pytest.skip(f"{text} is missing (Debian's base-files installs it)")
@@ -61,13 +64,18 @@ def test_gemma3_270m_served_path_is_within_one_percent_of_its_float_weights(gemm
     assert bos == 2
     base = EngineConfig(model_path=str(gemma3_dir), speculative="off", enable_prefix_caching=False,
                         max_num_seqs=4, kv_cache_bytes=64 << 20)
-    served = engine_perplexity(LLMEngine(base), tokens, 512, bos, max_chunks=2)
+    served_engine = LLMEngine(base)
+    served = engine_perplexity(served_engine, tokens, 512, bos, max_chunks=2)
     exact_engine = LLMEngine(replace(base, model_path=str(gemma3_float_dir), weights="model", kv_cache_dtype="float32"))
     exact = engine_perplexity(exact_engine, tokens, 512, bos, max_chunks=2)
-    no_bos = engine_perplexity(exact_engine, tokens, 512, None, max_chunks=2)
+    first, later = chunk_tokens(tokens, 512, None, max_chunks=2)
+    assert first == chunk_tokens(tokens, 512, bos, max_chunks=1)[0] and later[0] != bos
+    ((later_nll, later_scored),) = chunk_nlls(served_engine, [later], 512)
+    assert later_scored == 255
+    no_bos = Perplexity(served.chunk_nll[0] + later_nll, served.scored, 2)
     print(f"\nGemma 3 270M, two chunks of 512: served {served.value:.3f}, float32 {exact.value:.3f}, "
-          f"float32 without BOS {no_bos.value:.3f}")
+          f"served without BOS {no_bos.value:.3f}")
     assert served.scored == exact.scored == 2 * 255
     assert 5 < exact.value < 100
     assert abs(served.value / exact.value - 1) < 0.01, (served.value, exact.value)
-    assert no_bos.value > 1.1 * exact.value, (no_bos.value, exact.value)
+    assert no_bos.value > 1.1 * served.value, (no_bos.value, served.value)

@@ -1,7 +1,10 @@
 """Constrained decoding on SmolLM2-135M, in-process on the engine (the acceptance runs of issue 6).
 
-Every request here runs through LLMEngine.step directly (no HTTP), many at once, so the
-whole module takes about a minute on two CPU cores.
+Every request here runs through LLMEngine.step directly (no HTTP), many at once, on the served
+default: the pulled folder's GGUF blocks with weights="auto" (int8 activation blocks). The grammar
+masks do not depend on the weight format; float32 weights (weights="model") cost the thirty
+schemas' 90 rows about ten times the CPU on the 2-vCPU AVX2 EPYC for the same outcome (all 90
+valid, every one ended by "stop").
 """
 import json
 import re
@@ -26,14 +29,13 @@ SEEDS = (1, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def tok(smollm2_dir):
-    return Tokenizer.from_folder(smollm2_dir)
+def tok(smollm2_blocks_dir):
+    return Tokenizer.from_folder(smollm2_blocks_dir)
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_dir):
-    return LLMEngine(EngineConfig(model_path=str(smollm2_dir), kv_cache_bytes=512 << 20, max_num_seqs=96,
-                                  weights="model"))
+def engine(smollm2_blocks_dir):
+    return LLMEngine(EngineConfig(model_path=str(smollm2_blocks_dir), kv_cache_bytes=512 << 20, max_num_seqs=96))
 
 
 @pytest.fixture(scope="module")
