@@ -124,18 +124,25 @@ class LiveServer:
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=full_env, stdout=self._log,
                                      stderr=subprocess.STDOUT, preexec_fn=preexec)
 
-    def wait_ready(self, timeout_s: float = 180) -> None:
-        """Poll /health until 200. Raises RuntimeError (with the log's tail) if the server dies or times out."""
+    def wait_ready(self, timeout_s: float = 180, path: str = "/health") -> None:
+        """Poll `path` until 200: /health, the default model loaded; /health/live, the process answers HTTP (a
+        server that loads no model at start). Raises RuntimeError (with the log's tail) if the server dies or
+        times out.
+
+        The polls share one httpx.Client: a bare httpx.get builds a client, and with it an SSL context
+        that loads the CA bundle, at every call (about 50 ms of CPU each, five times a second for as
+        long as a model loads)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        with httpx.Client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {self.log()[-3000:]}")
+                try:
+                    if client.get(self.url + path).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"server not ready in {timeout_s}s: {self.log()[-3000:]}")
 
     def log(self) -> str:

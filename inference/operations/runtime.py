@@ -309,14 +309,19 @@ class ModelLoader:
         return config
 
     def load_chat(self, spec, registry, *, swap: bool = False):
+        """Load the chat model `spec`: its engine, tokenizer and fingerprint as a Runtime (sent with
+        runtime_ready, `swap` passed on), in a Loaded. Raises what folder() and the engine raise."""
         import time
+
+        # The folder first: a model that is not there fails before the engine's modules (torch: seconds
+        # of CPU) are imported.
+        folder = self.folder(spec)
 
         from inference.engine.async_engine import AsyncEngine
         from inference.engine.tokenizer import Tokenizer
 
         from .registry import Loaded
 
-        folder = self.folder(spec)
         before = rss_bytes()
         config = self.engine_config(folder)
         tokenizer = Tokenizer.from_folder(folder)

@@ -3,8 +3,9 @@ the other), and each owns its background responses (a second process leaves the 
 alone while it lives, and takes them over once it dies).
 
 Runs on the default SQLite file and on the production database, the real PostgreSQL on
-127.0.0.1:5432 (a fresh database per run, dropped afterwards). Also drives the management commands
-(migrate, create_tenant, create_api_key) and the official openai SDK against the live server."""
+127.0.0.1:5432 (a fresh database per run, dropped afterwards); the module's two tests share each
+migrated database. Also drives the management commands (migrate on PostgreSQL, create_tenant,
+create_api_key) and the official openai SDK against the live server."""
 import os
 import socket
 import subprocess
@@ -16,12 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inference.bench.live_server import migrated_sqlite
+
 from .conftest import REDIS_URL, redis_reachable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# The polls' client: a bare httpx.get builds a client, and with it an SSL context that loads the CA
+# bundle, at every call (about 50 ms of CPU each, five times a second while a test waits).
+HTTP = httpx.Client(timeout=10)
 
 
 def postgres_admin():
@@ -52,19 +58,21 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 60.0):
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read()
         try:
-            httpx.get(url + "/health", timeout=1.0)
+            HTTP.get(url + "/health", timeout=1.0)
             return
         except httpx.TransportError:
             time.sleep(0.2)
     raise AssertionError(f"daphne at {url} did not come up in {timeout_s} s")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_env(tmp_path, request):
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_env(tmp_path_factory, request):
     """The environment of server processes sharing one migrated database: the default SQLite
-    file, or a fresh PostgreSQL database (dropped afterwards)."""
+    file (a copy of one migrated once, live_server.migrated_sqlite), or a fresh PostgreSQL
+    database that `manage.py migrate` brings up (dropped afterwards). The module's tests share it."""
+    sqlite_path = tmp_path_factory.mktemp("db") / "db.sqlite3"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "metrale_site.settings",
-           "METRALE_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "PYTHONUNBUFFERED": "1"}
+           "METRALE_SQLITE_PATH": str(sqlite_path), "PYTHONUNBUFFERED": "1"}
     env.pop("DATABASE_URL", None)
     db_name = None
     if request.param == "postgresql":
@@ -76,7 +84,10 @@ def database_env(tmp_path, request):
         admin.close()
         env["DATABASE_URL"] = f"postgresql://postgres@127.0.0.1:5432/{db_name}"
     try:
-        manage(env, "migrate", "--noinput")
+        if db_name:
+            manage(env, "migrate", "--noinput")
+        else:
+            migrated_sqlite(sqlite_path, env)
         yield env
     finally:
         if db_name:
@@ -139,16 +150,16 @@ def test_the_second_process_sees_the_first_ones_debits(two_servers):
     (first, second), key = two_servers
     auth = {"Authorization": f"Bearer {key}"}
 
-    assert httpx.get(first + "/v1/models").status_code == 401
-    remaining = [httpx.get(url + "/v1/models", headers=auth).headers["x-ratelimit-remaining-requests"]
+    assert HTTP.get(first + "/v1/models").status_code == 401
+    remaining = [HTTP.get(url + "/v1/models", headers=auth).headers["x-ratelimit-remaining-requests"]
                  for url in (first, first, second)]
     assert remaining == ["2", "1", "0"]  # the second process counted the first one's two
 
-    denied = httpx.get(second + "/v1/models", headers=auth)
+    denied = HTTP.get(second + "/v1/models", headers=auth)
     assert denied.status_code == 429
     assert denied.json()["error"]["param"] == "requests"
     assert int(denied.headers["retry-after"]) >= 1
-    assert httpx.get(first + "/v1/models", headers=auth).status_code == 429
+    assert HTTP.get(first + "/v1/models", headers=auth).status_code == 429
 
     from openai import OpenAI, RateLimitError
 
@@ -159,23 +170,27 @@ def test_the_second_process_sees_the_first_ones_debits(two_servers):
 
 
 def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(database_env,
-                                                                             smollm2_dir):
+                                                                             smollm2_blocks_dir):
     from responses_api.store import RESTART_MESSAGE
     from tests.stream_checks import check_responses_stream, sse_data
 
     env = {**database_env, "METRALE_HEARTBEAT_INTERVAL": "0.5", "METRALE_HEARTBEAT_GRACE": "3"}
-    first, first_process = start_daphne(env, METRALE_MODEL=str(smollm2_dir),
-                                        METRALE_KV_CACHE_BYTES=str(128 << 20))
+    # The pulled model's GGUF blocks load as they are (the float32 folder's linears are quantized to
+    # int8 at every load). The long response only has to be still decoding when the first process is
+    # killed: one engine thread, not a team on every core, keeps it doing so (and loads the model
+    # without a second thread spinning between the load's parallel regions, libgomp's wait).
+    first, first_process = start_daphne(env, METRALE_MODEL=str(smollm2_blocks_dir),
+                                        METRALE_KV_CACHE_BYTES=str(128 << 20), METRALE_NUM_THREADS="1")
     second = second_process = None
     try:
         wait_until_up(first, first_process, timeout_s=180)
         deadline = time.monotonic() + 180
-        while httpx.get(first + "/health").status_code != 200:
+        while HTTP.get(first + "/health").status_code != 200:
             assert time.monotonic() < deadline, "the model did not load"
             time.sleep(0.2)
 
         def create(max_output_tokens):
-            return httpx.post(first + "/v1/responses", timeout=30, json={
+            return HTTP.post(first + "/v1/responses", timeout=30, json={
                 "model": "smollm2-135m-instruct", "input": "Count from one to a thousand.", "background": True,
                 "max_output_tokens": max_output_tokens, "ignore_eos": True}).json()["id"]
 
@@ -184,11 +199,11 @@ def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(da
         # (and sweeps) every half second all the same.
         second, second_process = start_daphne(env, METRALE_MODEL=str(ROOT / "no-such-model"))
         wait_until_up(second, second_process)
-        while httpx.get(second + "/health").json().get("status") != "failed":
+        while HTTP.get(second + "/health").json().get("status") != "failed":
             time.sleep(0.2)
 
         def status(rid):
-            return httpx.get(f"{second}/v1/responses/{rid}", timeout=10).json()["status"]
+            return HTTP.get(f"{second}/v1/responses/{rid}").json()["status"]
 
         deadline = time.monotonic() + 120
         while status(finishing) == "in_progress":
@@ -196,7 +211,7 @@ def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(da
             time.sleep(0.2)
         assert status(finishing) == "incomplete"  # it ran to max_output_tokens in the first
         assert status(running) == "in_progress"
-        final = check_responses_stream(sse_data(httpx.get(
+        final = check_responses_stream(sse_data(HTTP.get(
             f"{second}/v1/responses/{finishing}", params={"stream": "true"}, timeout=30).text))
         assert final["incomplete_details"] == {"reason": "max_output_tokens"}
 
@@ -206,9 +221,9 @@ def test_a_second_process_leaves_the_first_ones_responses_alone_until_it_dies(da
         while status(running) == "in_progress":
             assert time.monotonic() < deadline, "the second process did not take over"
             time.sleep(0.2)
-        body = httpx.get(f"{second}/v1/responses/{running}", timeout=10).json()
+        body = HTTP.get(f"{second}/v1/responses/{running}").json()
         assert body["status"] == "failed" and body["error"]["message"] == RESTART_MESSAGE
-        final = check_responses_stream(sse_data(httpx.get(
+        final = check_responses_stream(sse_data(HTTP.get(
             f"{second}/v1/responses/{running}", params={"stream": "true"}, timeout=30).text))
         assert final == body and body["output"][0]["content"][0]["text"]
     finally:

@@ -14,10 +14,12 @@ from .tiny_models import make_tiny_model
 
 
 def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=torch.float32, kv_dtype=None,
-             weights="model", prefill="same", device="cpu"):
+             weights="model", prefill="same", device="cpu", logit_rows=None):
     """Logits float32 [len(prompt) + len(decode_tokens), V]: prefill in chunks, then one decode step per token.
 
-    weights, prefill: EngineConfig.weights and prefill_weights."""
+    weights, prefill: EngineConfig.weights and prefill_weights. logit_rows: positions (of prompt + decode_tokens)
+    whose logits alone are computed; then (hidden float32 [len(prompt) + len(decode_tokens), hidden_size] after
+    the final norm, every row; logits float32 [len(logit_rows), V] in logit_rows' order) is returned."""
     cfg = ModelConfig.from_folder(folder)
     dev = torch.device(device)
     model = load_model(folder, cfg, dtype, dev, weights=weights, prefill=prefill)
@@ -26,28 +28,57 @@ def run_ours(folder, prompt, decode_tokens, *, chunk=512, block_size=16, dtype=t
     runner = ModelRunner(model, cfg, 64, block_size, dev, kv_dtype or dtype)
     seq = Sequence("r", list(prompt), SamplingParams(temperature=0, max_tokens=len(decode_tokens) + 1))
     sched.add(seq)
-    rows = []
+    wanted = None if logit_rows is None else {p: i for i, p in enumerate(logit_rows)}
+    rows, hidden_rows, picked = [], [], {}
+
+    def forward(batch):
+        if wanted is None:
+            rows.append(runner.forward_logits(batch))
+            return
+        # ModelRunner.forward_logits with the LM head on the wanted rows only (one sequence: its rows in order)
+        input_ids, positions, meta, _ = runner.prepare(batch)
+        hidden = runner.model(input_ids, positions, runner.kv_caches, meta, runner.fused)
+        hidden_rows.append(hidden.float())
+        keep = [r for r, p in enumerate(positions.tolist()) if p in wanted]
+        if keep:
+            logits = model.compute_logits(hidden[keep], model.compact_rows(batch.num_decodes, len(keep)))
+            picked.update(zip((wanted[int(positions[r])] for r in keep), logits))
+
     while seq.num_computed_tokens < len(prompt):
         batch = sched.schedule()
-        rows.append(runner.forward_logits(batch))
+        forward(batch)
         for s, n in batch.items:
             s.num_computed_tokens += n
     for tok in decode_tokens:
         seq.token_ids.append(tok)
         batch = sched.schedule()
         assert batch.num_decodes == 1
-        rows.append(runner.forward_logits(batch))
+        forward(batch)
         seq.num_computed_tokens += 1
-    return torch.cat(rows)
+    if wanted is None:
+        return torch.cat(rows)
+    return torch.cat(hidden_rows), torch.stack([picked[i] for i in range(len(logit_rows))])
 
 
-def reference_logits(folder, tokens, dtype=torch.float32, device="cpu"):
-    """transformers' logits float32 [len(tokens), V] for the same weights (on `device`, in `dtype`)."""
+def reference_logits(folder, tokens, dtype=torch.float32, device="cpu", logit_rows=None):
+    """transformers' logits float32 [len(tokens), V] for the same weights (on `device`, in `dtype`).
+
+    logit_rows: positions whose logits alone are computed (transformers' logits_to_keep); then (hidden float32
+    [len(tokens), hidden_size], its final norm's output, every row; logits float32 [len(logit_rows), V])."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    ids = torch.tensor([tokens], device=device)
     with torch.no_grad():
-        return model(torch.tensor([tokens], device=device)).logits[0].float()
+        if logit_rows is None:
+            return model(ids).logits[0].float()
+        hidden = []
+        hook = model.model.norm.register_forward_hook(lambda _m, _args, out: hidden.append(out[0].float()))
+        try:
+            logits = model(ids, logits_to_keep=torch.tensor(logit_rows, device=device)).logits[0].float()
+        finally:
+            hook.remove()
+        return hidden[0], logits
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

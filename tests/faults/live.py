@@ -57,10 +57,16 @@ def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.1):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+# The polls' client: a bare httpx.get builds a client, and with it an SSL context that loads the CA
+# bundle, at every call (about 50 ms of CPU each; the waits below poll ten times a second). No
+# connection is kept alive, so each poll connects afresh, as a bare httpx.get does.
+_polls = httpx.Client(timeout=2, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def answering(url: str):
     """The /health response, or None while nothing answers on `url`."""
     try:
-        return httpx.get(url + "/health", timeout=2)
+        return _polls.get(url + "/health")
     except httpx.TransportError:
         return None
 

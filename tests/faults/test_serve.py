@@ -34,11 +34,15 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_a_server_process_whose_engine_died_is_started_again(smollm2_dir, tmp_path):
+def test_a_server_process_whose_engine_died_is_started_again(smollm2_blocks_dir, tmp_path):
     # tests/e2e/fault_settings.py: the engine thread dies at the first request it admits.
-    server = LiveServer({"METRALE_MODEL": str(smollm2_dir), "METRALE_KV_CACHE_BYTES": str(64 << 20),
-                         "DJANGO_SETTINGS_MODULE": "tests.e2e.fault_settings"}, tmp_path,
-                        via_serve=True)
+    # Each of the two server processes loads the model, and nothing more is asked of its engine: the
+    # pulled model's GGUF blocks load as they are (the float32 folder's linears are quantized to int8 at
+    # every load), and one engine thread loads them without a second one spinning between the load's
+    # parallel regions (libgomp's wait); a few seconds of CPU less a load each.
+    server = LiveServer({"METRALE_MODEL": str(smollm2_blocks_dir), "METRALE_KV_CACHE_BYTES": str(64 << 20),
+                         "METRALE_NUM_THREADS": "1", "DJANGO_SETTINGS_MODULE": "tests.e2e.fault_settings"},
+                        tmp_path, via_serve=True)
     try:
         server.wait_ready()
         (first,) = children(server.proc.pid)
