@@ -12,10 +12,11 @@ usage: {prompt_tokens, total_tokens}}`.
 from __future__ import annotations
 
 import base64
-import json
 from array import array
 from dataclasses import dataclass
 
+import numpy as np
+import orjson
 from rest_framework import serializers
 
 from .errors import bad_request
@@ -140,11 +141,13 @@ def prepare(req: dict, model) -> EmbeddingCall:
     return EmbeddingCall(req["model"], inputs, req.get("encoding_format") or "float", total)
 
 
-def response_body(call: EmbeddingCall, model_name: str, vectors: list[bytes]) -> dict:
-    """OpenAI's embedding list from each input's vector (float32 little-endian bytes)."""
+def response_body(call: EmbeddingCall, model_name: str, vectors: list[bytes], floats=None) -> dict:
+    """OpenAI's embedding list from each input's vector (float32 little-endian bytes): base64 strings, or
+    `floats(raw)` of each (vector_floats: Python floats, when None)."""
+    floats = floats or vector_floats
     data = []
     for i, raw in enumerate(vectors):
-        embedding = base64.b64encode(raw).decode("ascii") if call.encoding_format == "base64" else vector_floats(raw)
+        embedding = base64.b64encode(raw).decode("ascii") if call.encoding_format == "base64" else floats(raw)
         data.append({"object": "embedding", "index": i, "embedding": embedding})
     return {"object": "list", "data": data, "model": model_name,
             "usage": {"prompt_tokens": call.prompt_tokens, "total_tokens": call.prompt_tokens}}
@@ -162,8 +165,16 @@ def vector_floats(raw: bytes) -> list[float]:
 
 
 def response_json(call: EmbeddingCall, model_name: str, vectors: list[bytes]) -> bytes:
-    """response_body as JSON bytes (CPU work: 2,048 vectors of floats are not encoded on the event loop)."""
-    return json.dumps(response_body(call, model_name, vectors), separators=(",", ":")).encode()
+    """response_body as JSON bytes (CPU work: 2,048 vectors of floats are not encoded on the event loop).
+
+    A float vector's elements are written as the shortest decimal that reads back as the same float32
+    (orjson's numpy float32 form: "0.0063856714", as OpenAI's own answers print them; a JSON reader's
+    double cast to float32 is the vector's value bit for bit), about half the characters of each
+    float32's exact double, encoded some 25 times faster than json.dumps of Python floats (a 384-float
+    vector 17 us against 450 on the 2-vCPU EPYC). A NaN or infinite element (no JSON number holds one:
+    only a broken model makes it) is written null, as orjson writes one."""
+    body = response_body(call, model_name, vectors, lambda raw: np.frombuffer(raw, dtype="<f4"))
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _big_endian() -> bool:

@@ -40,7 +40,9 @@ def test_one_string_base64_and_token_ids_give_the_same_vector(embed_rt, minilm_m
     floats = embed({"input": text}).json()["data"][0]["embedding"]
     b64 = embed({"input": text, "encoding_format": "base64"}).json()["data"][0]["embedding"]
     raw = base64.b64decode(b64)
-    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == floats and len(floats) == 384
+    # Each float is written as the shortest decimal of its float32: read back and cast, the same bits.
+    assert struct.pack(f"<{len(floats)}f", *floats) == raw and len(floats) == 384
+    assert max(len(repr(x)) for x in floats) <= 16, "a float32 needs at most 9 significant digits"
     ids = minilm_model.tokenize([text])[0]
     by_ids = embed({"input": ids}).json()
     assert by_ids["data"][0]["embedding"] == pytest.approx(floats, abs=1e-6)
