@@ -11,6 +11,15 @@ With a KVEventRecorder (kv_events.py), every block that enters the cache, every 
 evicted and a reset of the cache (`reset_prefix_cache`) are reported to it, as vLLM's KV cache events
 describe them.
 
+Partial blocks (the tail cache, the token-granular reuse of SGLang's radix cache and llama.cpp's
+slots, at a block copy's cost): when a sequence finishes, its last block's computed tokens that do not
+fill it stay reusable too, keyed by (the chained hash of the block before, the salt). A prompt whose
+first uncached block starts with some of those tokens, or with some of a cached full block's (the one
+holding its last token), gets a fresh block with that block's K/V copied in (a pending copy, below)
+and computes only the rest: a repeated prompt or the next turn of a conversation computes its last
+token or its new text, not up to a block more. A tail is one more unreferenced block in the least
+recently used order; kv_events never hears of it (vLLM's events describe full blocks only).
+
 Copy-on-write (beam search's forks): `fork` gives a child its parent's whole block table
 (refcounts + 1). A block is written only by a sequence that holds it alone: `allocate`
 first replaces every shared block in the range a sequence is about to write by a fresh one
@@ -33,7 +42,8 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
-    token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()  # a cached full block's tokens, or a tail's computed ones
+    tail_key: tuple | None = None  # a tail's (parent block hash, salt): BlockManager.tails
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...], salt: str) -> int:
@@ -53,12 +63,17 @@ class BlockManager:
     # sliding-window layer group's blocks that fell out of the window: hybrid_block_manager.py).
     NO_BLOCK = -1
 
+    # The most tails kept under one key (the oldest dropped first): a prompt's match scans them all.
+    MAX_TAILS_PER_KEY = 16
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  table: str = "block_table", hashed: str = "num_hashed_blocks",
-                 kv_events: KVEventRecorder | None = None):
+                 kv_events: KVEventRecorder | None = None, tail_cache: bool = True):
         """table, hashed: the Sequence attributes holding this pool's block table and the count of its
         leading blocks registered in the prefix cache (a second pool keeps its own pair). kv_events: told of
-        every block cached and every cached block evicted (None: nobody listens)."""
+        every block cached and every cached block evicted (None: nobody listens). tail_cache: keep finished
+        sequences' partial last blocks for reuse (the module's rule; only with prefix caching; a pool whose
+        hits must agree with another's, hybrid_block_manager's, keeps none)."""
         self.kv_events = kv_events
         self.table = table
         self.hashed = hashed
@@ -71,6 +86,8 @@ class BlockManager:
         # Unreferenced blocks, least recently used first (evicted from the front).
         self.free_list: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        self.tail_cache = tail_cache and enable_prefix_caching
+        self.tails: dict[tuple, dict[int, None]] = {}  # (parent hash, salt) -> tail block ids, oldest first
         self.num_cache_hits = 0  # tokens
         # (source block, destination block) K/V copies of copy-on-write, for the next forward (take_copies).
         self.pending_copies: list[tuple[int, int]] = []
@@ -103,6 +120,7 @@ class BlockManager:
     def _take_free(self) -> int:
         block_id, _ = self.free_list.popitem(last=False)
         block = self.blocks[block_id]
+        self._drop_tail(block)
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
@@ -176,7 +194,7 @@ class BlockManager:
         block.ref_count -= 1
         if block.ref_count == 0:
             self.free_list[bid] = None
-            if block.block_hash is None:
+            if block.block_hash is None and block.tail_key is None:
                 self.free_list.move_to_end(bid, last=False)
 
     def full_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
@@ -231,10 +249,92 @@ class BlockManager:
             self.take_cached(bid)
             table.append(bid)
         reused = len(table) * self.block_size
-        seq.num_computed_tokens = reused
         setattr(seq, self.hashed, len(table))
+        if self.tail_cache:
+            reused += self._copy_tail(seq)
+        seq.num_computed_tokens = reused
         self.num_cache_hits += reused
         return reused
+
+    def _tail_key(self, seq: Sequence, index: int) -> tuple:
+        """The tail key of `seq`'s block `index`: the chained hash of the block before (its tokens known), the salt."""
+        return (self.full_blocks(seq)[index - 1][0] if index else None, seq.cache_salt)
+
+    def _copy_tail(self, seq: Sequence) -> int:
+        """After match_prefix's full blocks: the longest start of `seq`'s next block that a tail or the cached
+        full block holding its last prompt token has computed, short of that last token, copied into a
+        fresh block appended to its table (a pending copy). Returns the tokens it covers (0: none)."""
+        bs, table = self.block_size, self.table_of(seq)
+        index = len(table)
+        start = index * bs
+        wanted = tuple(seq.token_ids[start:min(start + bs, len(seq.token_ids) - 1)])
+        if not wanted:
+            return 0
+        candidates = list(self.tails.get(self._tail_key(seq, index), ()))
+        full = self.full_blocks(seq)
+        if index < len(full):
+            bid = self._is_cached(*full[index])
+            if bid is not None:
+                candidates.append(bid)
+        best, source = 0, None
+        for bid in candidates:
+            toks = self.blocks[bid].token_ids
+            n = 0
+            for a, b in zip(toks, wanted):
+                if a != b:
+                    break
+                n += 1
+            if n > best:
+                best, source = n, bid
+        if source is None:
+            return 0
+        self.take_cached(source)  # held, so that the destination cannot be the source itself
+        if not self.free_list:
+            self._release(source)
+            return 0
+        destination = self._take_free()
+        self._release(source)  # unreferenced again, now the most recently used
+        table.append(destination)
+        self.pending_copies.append((source, destination))
+        return best
+
+    def _keep_tail(self, seq: Sequence) -> None:
+        """Before a finished `seq`'s blocks are released: its last block's computed tokens that do not fill it
+        become a tail (the module's rule), unless a kept tail under the same key already covers them (one that
+        they extend is dropped instead). A block other sequences share (a beam's) is not kept."""
+        bs, table = self.block_size, self.table_of(seq)
+        computed = seq.num_computed_tokens
+        index, count = divmod(computed, bs)
+        if not count or index >= len(table) or table[index] == self.NO_BLOCK:
+            return
+        block = self.blocks[table[index]]
+        if block.ref_count != 1 or block.block_hash is not None or block.tail_key is not None:
+            return
+        key = self._tail_key(seq, index)
+        toks = tuple(seq.token_ids[index * bs:computed])
+        kept = self.tails.setdefault(key, {})
+        for bid in list(kept):
+            other = self.blocks[bid].token_ids
+            if other[:len(toks)] == toks:
+                return
+            if toks[:len(other)] == other:
+                self._drop_tail(self.blocks[bid])
+        kept = self.tails.setdefault(key, {})
+        while len(kept) >= self.MAX_TAILS_PER_KEY:
+            self._drop_tail(self.blocks[next(iter(kept))])
+        block.tail_key, block.token_ids = key, toks
+        self.tails.setdefault(key, {})[block.block_id] = None
+
+    def _drop_tail(self, block: Block) -> None:
+        """Forget `block` as a tail (its tokens no longer reusable); a no-op for any other block."""
+        if block.tail_key is None:
+            return
+        kept = self.tails.get(block.tail_key)
+        if kept is not None:
+            kept.pop(block.block_id, None)
+            if not kept:
+                del self.tails[block.tail_key]
+        block.tail_key, block.token_ids = None, ()
 
     def take_cached(self, bid: int) -> None:
         """Add a reference to cached block `bid` (out of the free list if it was unreferenced)."""
@@ -293,6 +393,7 @@ class BlockManager:
         dropped: list[int] = []
         for bid in self.free_list:
             block = self.blocks[bid]
+            self._drop_tail(block)
             if block.block_hash is None:
                 continue
             if self.cached.get(block.block_hash) == bid:
@@ -308,10 +409,19 @@ class BlockManager:
                     self.kv_events.removed(h)
         return len(dropped)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, keep_tail: bool = False) -> None:
         """Drop `seq`'s references; unreferenced cached blocks stay reusable (most recent last),
-        uncached ones go to the front to be reused first."""
-        for bid in reversed(self.table_of(seq)):
+        uncached ones go to the front to be reused first. keep_tail: `seq` finished with its K/V whole
+        (every computed token's written): its partial last block becomes a tail (the module's rule).
+        Copies still pending into its blocks are dropped (it never ran with them)."""
+        if keep_tail and self.tail_cache:
+            self._keep_tail(seq)
+        table = self.table_of(seq)
+        if self.pending_copies:
+            mine = set(table)
+            self.pending_copies = [(src, dst) for src, dst in self.pending_copies
+                                   if dst not in mine or self.blocks[dst].ref_count > 1]
+        for bid in reversed(table):
             self._release(bid)
         setattr(seq, self.table, [])
         seq.num_computed_tokens = 0

@@ -32,6 +32,7 @@ class HybridBlockManager:
         self.full = full
         self.window = window
         self.window_tokens = window_tokens
+        full.tail_cache = window.tail_cache = False  # a tail hit in one pool could not be matched in the other
 
     # The full pool's figures stand for the manager's.
     @property
@@ -92,7 +93,8 @@ class HybridBlockManager:
         self.full.truncate(seq, num_tokens)
         self.window.truncate(seq, num_tokens)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, keep_tail: bool = False) -> None:
+        """Release both tables (the pools keep no tails: a tail hit in one could not be matched in the other)."""
         self.window.free(seq)
         self.full.free(seq)
 

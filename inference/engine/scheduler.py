@@ -116,11 +116,14 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.grammar = None  # the grammar matcher's memory goes with the request
         seq.penalty_counts = None
-        if seq in self.running:
+        running = seq in self.running
+        if running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        # A running sequence's computed tokens have their K/V written (a failed one's may not): its partial
+        # last block stays reusable (BlockManager's tail cache).
+        self.block_manager.free(seq, keep_tail=running and reason != "error")
 
     def fail(self, seq: Sequence, exc: BaseException) -> Failed:
         """End `seq` with "error" because of `exc` (logged; its blocks are freed); returns its Failed event."""
