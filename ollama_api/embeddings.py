@@ -11,10 +11,9 @@ An empty input or prompt loads the model and answers no vectors (the views).
 """
 from __future__ import annotations
 
-import json
-import math
+import numpy as np
 
-from inference.serving.embeddings import vector_floats
+from inference.serving.embeddings import float32_array, vectors_json
 
 
 def openai_request(model: str, texts: list[str], truncate: bool, dimensions: int | None = None) -> dict:
@@ -23,20 +22,18 @@ def openai_request(model: str, texts: list[str], truncate: bool, dimensions: int
             "truncate_prompt_tokens": -1 if truncate else None}
 
 
-def normalized(values: list[float]) -> list[float]:
-    """`values` scaled to length 1 (L2), as they are when their length is 0."""
-    norm = math.sqrt(math.fsum(v * v for v in values))
-    return [v / norm for v in values] if norm > 0 else values
+def normalized(vector: np.ndarray) -> np.ndarray:
+    """A float32 vector [D] scaled to length 1 (L2, summed in float64), as it is when its length is 0."""
+    wide = vector.astype(np.float64)
+    norm = float(np.sqrt(np.dot(wide, wide)))
+    return (wide / norm).astype(np.float32) if norm > 0 else vector
 
 
 def embed_json(model: str, vectors: list[bytes], metrics: dict) -> bytes:
     """/api/embed's body: {model, embeddings (each L2-normalized), **metrics} as JSON bytes (CPU work)."""
-    body = {"model": model, "embeddings": [normalized(vector_floats(v)) for v in vectors], **metrics}
-    return json.dumps(body, separators=(",", ":")).encode()
+    return vectors_json({"model": model, "embeddings": [normalized(float32_array(v)) for v in vectors], **metrics})
 
 
 def embeddings_json(vector: bytes | None) -> bytes:
     """/api/embeddings' body: {embedding} ([] for no prompt) as JSON bytes."""
-    embedding = vector_floats(vector) if vector is not None else []
-    return json.dumps({"embedding": embedding}, separators=(",", ":")).encode()
-
+    return vectors_json({"embedding": float32_array(vector) if vector is not None else []})

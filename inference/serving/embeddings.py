@@ -173,7 +173,17 @@ def response_json(call: EmbeddingCall, model_name: str, vectors: list[bytes]) ->
     float32's exact double, encoded some 25 times faster than json.dumps of Python floats (a 384-float
     vector 17 us against 450 on the 2-vCPU EPYC). A NaN or infinite element (no JSON number holds one:
     only a broken model makes it) is written null, as orjson writes one."""
-    body = response_body(call, model_name, vectors, lambda raw: np.frombuffer(raw, dtype="<f4"))
+    return vectors_json(response_body(call, model_name, vectors, float32_array))
+
+
+def float32_array(raw: bytes) -> np.ndarray:
+    """A vector's float32 little-endian bytes (EmbeddingRunner's output) as a read-only float32 array [D]."""
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def vectors_json(body: dict) -> bytes:
+    """`body` as JSON bytes, its float32 arrays (float32_array) written as each element's shortest float32
+    decimal (response_json's rule; Ollama's Go server writes its float32 vectors the same way)."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
