@@ -40,3 +40,22 @@ class KVPool:
             views.append(flat[at:at + size].view(dtype).view(s))
             at += size
         self.caches = [(views[2 * i], views[2 * i + 1]) for i in range(len(shapes))]
+        if all(shape == shapes[0] for shape in shapes):
+            # Every layer's K and V as one tensor [2 * layers, num_blocks, ...]: a block of all of them is one
+            # strided slice (copy_blocks).
+            self._stacked = flat.view(dtype).view(2 * len(shapes), *shapes[0])
+
+    _stacked = None
+
+    def copy_blocks(self, destinations: torch.Tensor, sources: torch.Tensor) -> bool:
+        """Copy whole blocks, every layer's K and V: block destinations[j] <- sources[j] (int64 [n] each, no
+        destination among the sources), in one gather and scatter over the pool. Returns False, copying
+        nothing, where the layers' tensors are not one mapping of one shape (CUDA, a window pool): the
+        caller copies layer by layer."""
+        if self._stacked is None:
+            return False
+        if len(destinations) == 1:
+            self._stacked[:, int(destinations[0])].copy_(self._stacked[:, int(sources[0])])
+        else:
+            self._stacked[:, destinations] = self._stacked[:, sources]
+        return True

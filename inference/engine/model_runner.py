@@ -228,13 +228,16 @@ class ModelRunner:
         as if applied in order (a destination named twice gets its last source; a destination is never a
         source: it is a fresh block of copy-on-write, BlockManager.allocate). With a window pool
         (window_blocks), `copies` are the full layers' and `window_copies` the window layers'. One
-        gather per layer and tensor; run before the forward that writes the destinations."""
+        gather over the whole pool where its layers are one mapping of one shape (KVPool.copy_blocks), else
+        one per layer and tensor; run before the forward that writes the destinations."""
         def pairs(group):
             last = {dst: src for src, dst in group}
             return (torch.tensor(list(last), dtype=torch.long, device=self.device),
                     torch.tensor(list(last.values()), dtype=torch.long, device=self.device))
 
         full = pairs(copies)
+        if self.window_blocks is None and len(full[0]) and self.kv_pool.copy_blocks(*full):
+            return
         window = pairs(window_copies) if self.window_blocks is not None else full
         for i, (k, v) in enumerate(self.kv_caches):
             dst, src = window if self.window_blocks is not None and self.cfg.is_sliding(i) else full

@@ -32,3 +32,22 @@ def test_pages_are_committed_as_blocks_are_written():
     k[:128].fill_(1.0)  # 2 MiB of one layer's K
     written = _rss_anon_kib()
     assert 2 * 1024 - 64 <= written - allocated < 16 * 1024
+
+
+def test_copy_blocks_copies_every_layers_k_and_v_of_each_block_and_nothing_else():
+    pool = KVPool(3, (6, 4, 2, 8), torch.int8, torch.device("cpu"))
+    for t in (t for pair in pool.caches for t in pair):
+        t.copy_(torch.randint(-100, 100, t.shape, dtype=torch.int8))
+    before = [(k.clone(), v.clone()) for k, v in pool.caches]
+    assert pool.copy_blocks(torch.tensor([4]), torch.tensor([1]))
+    assert pool.copy_blocks(torch.tensor([0, 5]), torch.tensor([2, 3]))
+    moved = {4: 1, 0: 2, 5: 3}
+    for (k, v), (k0, v0) in zip(pool.caches, before):
+        for block in range(6):
+            source = moved.get(block, block)
+            assert torch.equal(k[block], k0[source]) and torch.equal(v[block], v0[source])
+
+
+def test_a_pool_of_layers_of_two_shapes_leaves_copies_to_the_caller():
+    pool = KVPool(2, (6, 4, 2, 8), torch.bfloat16, torch.device("cpu"), shapes=[(6, 4, 2, 8), (3, 4, 2, 8)])
+    assert not pool.copy_blocks(torch.tensor([1]), torch.tensor([0]))
