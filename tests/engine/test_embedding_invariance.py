@@ -1,8 +1,8 @@
 """An embedding is bitwise the same whatever else shares its pass and whatever the pass's size: all-MiniLM-L6-v2
 in the served form (bfloat16 where the CPU multiplies it natively) over texts of mixed lengths, each alone, all 64
 in one pass and in passes of 2 to 32 with random companions; and the encoder's batch-invariant linear
-(kernels.encoder_linear) in both forms over row counts 1-64, the float32 form's bits the same on every
-instruction-set path."""
+(kernels.encoder_linear) in both forms over row counts 1-64, the float32 form's bits (with its bias and GELU
+too) the same on every instruction-set path."""
 from __future__ import annotations
 
 import random
@@ -81,17 +81,21 @@ def test_the_encoder_linear_gives_each_row_the_same_bits_whatever_the_rows_besid
     reason="this CPU has neither AVX-512 nor AVX2: the portable path is the only one"))])
 def test_every_instruction_set_path_of_the_float32_encoder_linear_gives_the_same_bits(extra):
     """Each path blocks rows and columns its own way (AVX-512 4 x 64, AVX2 6 x 16, portable one element at a
-    time); each output element is still one fmaf chain in K's order, so the bits are the same."""
+    time); each output element is still one fmaf chain in K's order, its bias one addition and its GELU
+    gelu_erf1's steps (gelu_erf8 on the vector paths), so the bits are the same with and without them."""
     import ctypes
 
     lib = ctypes.CDLL(str(build(extra)))
     torch.manual_seed(1)
     n, k = 80, 72
-    packed = kernels.encoder_pack(torch.randn(n, k))
+    packed, bias = kernels.encoder_pack(torch.randn(n, k)), torch.randn(n)
     for t in (1, 5, 6, 7, 13, 24):
-        x = torch.randn(t, k)
-        out = torch.empty(t, n)
-        lib.metrale_encoder_linear_f32(ctypes.c_void_p(x.data_ptr()), ctypes.c_long(k),
-                                       ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                                       ctypes.c_long(n), ctypes.c_long(t), ctypes.c_long(n), ctypes.c_long(k), 2)
-        assert torch.equal(out, kernels.encoder_linear(x, packed, n)), (extra, t)
+        x = torch.randn(t, k) * 2
+        for b, gelu in ((None, False), (bias, False), (bias, True)):
+            out = torch.empty(t, n)
+            lib.metrale_encoder_linear_f32(ctypes.c_void_p(x.data_ptr()), ctypes.c_long(k),
+                                           ctypes.c_void_p(packed.data_ptr()),
+                                           ctypes.c_void_p(None if b is None else b.data_ptr()), ctypes.c_int(gelu),
+                                           ctypes.c_void_p(out.data_ptr()), ctypes.c_long(n), ctypes.c_long(t),
+                                           ctypes.c_long(n), ctypes.c_long(k), 2)
+            assert torch.equal(out, kernels.encoder_linear(x, packed, n, b, gelu)), (extra, t, b is None, gelu)

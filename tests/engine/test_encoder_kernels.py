@@ -1,6 +1,7 @@
 """The encoder's compiled steps (kernels/encoder.c): attention over packed sequences against SDPA on each
-sequence alone (float32, and bfloat16 on the tile unit), the GELU and LayerNorm steps against torch's, and
-the BERT encoder's compiled bfloat16 path against its torch steps."""
+sequence alone (float32, and bfloat16 on the tile unit), the GELU and LayerNorm steps against torch's (the
+float32 linear's bias and GELU epilogue and the float32 add + LayerNorm too, that linear's rows bitwise the
+same whatever shares the call), and the BERT encoder's compiled paths against its torch steps."""
 import math
 
 import pytest
@@ -113,18 +114,126 @@ def test_bias_gelu_and_add_norm_equal_torch():
 
 
 @needs_kernels
-def test_the_compiled_bfloat16_steps_equal_the_torch_steps_and_reuse_their_buffers():
-    """The bfloat16 encoder with its compiled steps against the same bfloat16 weights through torch's steps;
+def test_the_float32_linear_adds_its_bias_and_applies_the_erf_gelu_as_torch_does():
+    g = torch.Generator().manual_seed(5)
+    n, k = 96, 384
+    w, bias = torch.randn(n, k, generator=g) / 20, torch.randn(n, generator=g)
+    packed = kernels.encoder_pack(w)
+    x = torch.randn(300, k, generator=g) * 2
+    plain = kernels.encoder_linear(x, packed, n)
+    torch.testing.assert_close(plain.double(), x.double() @ w.double().t(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(kernels.encoder_linear(x, packed, n, bias), plain + bias)  # one float32 addition
+    gelu = kernels.encoder_linear(x, packed, n, bias, gelu=True)
+    assert (gelu - F.gelu(plain + bias)).abs().max().item() <= 1e-6
+    # the GELU alone over -12..12 (an identity weight): erf within 1.5e-7, so within 1e-6 of torch's anywhere
+    v = torch.linspace(-12, 12, 16 * 4096).view(-1, 16)
+    out = torch.empty_like(v)
+    assert kernels.encoder_linear(v, kernels.encoder_pack(torch.eye(16)), 16, gelu=True, out=out) is out
+    assert (out - F.gelu(v)).abs().max().item() <= 1e-6
+    with pytest.raises(ValueError):
+        kernels.encoder_linear(x, packed, n, bias[:16])
+    with pytest.raises(ValueError):
+        kernels.encoder_linear(x, packed, n, bias.double())
+
+
+@needs_kernels
+def test_a_packed_float32_encoder_linear_adds_its_bias_in_the_kernel_and_a_plain_one_refuses_to():
+    from inference.engine.layers.linear import EncoderLinear
+
+    g = torch.Generator().manual_seed(8)
+    w, bias, x = torch.randn(48, 40, generator=g), torch.randn(48, generator=g), torch.randn(9, 40, generator=g)
+    plain, packed = EncoderLinear(w, bias), EncoderLinear(w, bias)
+    assert packed.pack() and packed.dtype == torch.float32
+    torch.testing.assert_close(packed(x), plain(x), atol=1e-5, rtol=1e-5)
+    assert torch.equal(packed(x), packed.product(x) + bias)
+    fused = packed.product(x, bias=True, gelu=True)
+    torch.testing.assert_close(fused, F.gelu(packed.product(x) + bias), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError):
+        plain.product(x, bias=True)
+    with pytest.raises(ValueError):
+        EncoderLinear(w).product(x, bias=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [384, 100])
+def test_the_float32_add_norm_equals_torch_layer_norm(n):
+    """out = layer_norm(y + bias + residual): n 100 takes the 8-lane loops and a 4-value tail; out may be y or the
+    residual."""
+    g = torch.Generator().manual_seed(n)
+    y, residual = torch.randn(37, n, generator=g) * 3, torch.randn(37, n, generator=g)
+    bias, norm = torch.randn(n, generator=g), (torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g))
+    ref = F.layer_norm(y + bias + residual, (n,), *norm, 1e-12)
+    out = torch.empty(37, n)
+    kernels.encoder_add_norm(y, bias, residual, norm, 1e-12, out)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    same = y.clone()
+    kernels.encoder_add_norm(same, bias, residual, norm, 1e-12, same)
+    assert torch.equal(same, out)
+    same = residual.clone()
+    kernels.encoder_add_norm(y, bias, same, norm, 1e-12, same)
+    assert torch.equal(same, out)
+    kernels.encoder_add_norm(y, None, residual, norm, 1e-5, out)
+    torch.testing.assert_close(out, F.layer_norm(y + residual, (n,), *norm, 1e-5), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError):
+        kernels.encoder_add_norm(y, bias, residual, norm, 1e-12, out, torch.empty(37, n, dtype=torch.bfloat16))
+
+
+@needs_kernels
+@pytest.mark.parametrize("extra", narrower_builds() or [pytest.param((), marks=pytest.mark.skip(
+    reason="this CPU has neither AVX-512 nor AVX2: the portable path is the only one and is tested above"))])
+def test_every_instruction_set_path_of_the_float32_add_norm_equals_torch(extra):
+    import ctypes
+
+    lib = ctypes.CDLL(str(build(extra)))
+    p, f = ctypes.c_void_p, ctypes.c_float
+    lib.metrale_encoder_add_norm_f32.argtypes = [p, p, p, p, p, f, p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    g = torch.Generator().manual_seed(6)
+    y, residual = torch.randn(9, 100, generator=g) * 3, torch.randn(9, 100, generator=g)
+    bias, norm = torch.randn(100, generator=g), (torch.rand(100, generator=g) + 0.5, torch.randn(100, generator=g))
+    out = torch.empty(9, 100)
+    lib.metrale_encoder_add_norm_f32(y.data_ptr(), bias.data_ptr(), residual.data_ptr(), norm[0].data_ptr(),
+                                     norm[1].data_ptr(), 1e-12, out.data_ptr(), 9, 100, 2)
+    torch.testing.assert_close(out, F.layer_norm(y + bias + residual, (100,), *norm, 1e-12), atol=1e-5, rtol=0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("gelu", [False, True])
+def test_the_fused_float32_linear_gives_each_row_the_same_bits_whatever_the_rows_and_threads(gelu):
+    """Rows 1 to 64 in one call, on 1 and 2 threads: every row's bits are those it gets alone on one thread (the
+    AVX2 path's 6-row blocks and the AVX-512 path's 4 x 4 groups both end short somewhere in that range)."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 112, 96
+    packed, bias = kernels.encoder_pack(torch.randn(n, k, generator=g) / 10), torch.randn(n, generator=g)
+    x = torch.randn(64, k, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([kernels.encoder_linear(x[i:i + 1], packed, n, bias, gelu) for i in range(64)])
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for t in range(1, 65):
+                assert torch.equal(kernels.encoder_linear(x[:t], packed, n, bias, gelu), alone[:t]), (count, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["bfloat16", "float32"])
+def test_the_compiled_steps_equal_the_torch_steps_and_reuse_their_buffers(weights):
+    """The encoder with its compiled steps against the same weights through torch's steps (bfloat16: the linears'
+    bfloat16 products, rounded where the steps differ; float32: the same products, the erf GELU within 1.5e-7);
     a second pass (the kept buffers) and a pass running while another is half done give the same rows."""
     cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
-    enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), "bfloat16")
+    enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
     assert enc.compiled_steps()
     torch.manual_seed(1)
     batch = PackedBatch.pack([torch.randint(0, 99, (n,)).tolist() for n in (1, 7, 33, 64, 2)])
     compiled = enc.forward(batch, 16)
-    torch_steps = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), "bfloat16")
+    torch_steps = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
     torch_steps.compiled_steps = lambda: False
     ref = torch_steps.forward(batch, 16)
+    if weights == "float32":
+        torch.testing.assert_close(compiled, ref, atol=2e-5, rtol=0)
     assert F.cosine_similarity(compiled, ref).min().item() > 0.999
     assert torch.equal(enc.forward(batch, 16), compiled)
     first = enc.units(batch, lambda: 16)

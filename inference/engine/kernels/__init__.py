@@ -79,6 +79,8 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_add_norm.restype = None
         lib.metrale_encoder_add_bias.argtypes = [_P, _P, _P, _L, _L, _I]
         lib.metrale_encoder_add_bias.restype = None
+        lib.metrale_encoder_add_norm_f32.argtypes = [_P, _P, _P, _P, _P, ctypes.c_float, _P, _L, _L, _I]
+        lib.metrale_encoder_add_norm_f32.restype = None
         lib.metrale_encoder_attention_bf16.argtypes = [_P, _L, _P, _P, _P, _L, _I, _I, ctypes.c_float, _P, _L, _I]
         lib.metrale_encoder_attention_bf16.restype = _I
         lib.metrale_encoder_amx_attention.argtypes = [_I]
@@ -87,7 +89,7 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_pack_f32.restype = None
         lib.metrale_encoder_pack_bf16.argtypes = [_P, _L, _L, _P]
         lib.metrale_encoder_pack_bf16.restype = None
-        lib.metrale_encoder_linear_f32.argtypes = [_P, _L, _P, _P, _L, _L, _L, _L, _I]
+        lib.metrale_encoder_linear_f32.argtypes = [_P, _L, _P, _P, _I, _P, _L, _L, _L, _L, _I]
         lib.metrale_encoder_linear_f32.restype = None
         lib.metrale_encoder_linear_bf16.argtypes = [_P, _L, _P, _P, _I, _P, _L, _L, _L, _L, _I]
         lib.metrale_encoder_linear_bf16.restype = None
@@ -448,26 +450,29 @@ def encoder_pack(weight: torch.Tensor) -> torch.Tensor:
 
 def encoder_linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
                    gelu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x · Wᵀ with W packed by encoder_pack ([n, K]), batch-invariant: each output element is one chain of
-    products in K's order, so a row's result never depends on the other rows of the call, their number or
-    the threads (encoder.c). x: [T, K] of the weight's dtype (rows may be strided); out: [T, n] of that
-    dtype (made when None; rows may be strided). bfloat16: float32 sums, + bias (float32 [n]) and the erf
-    GELU when asked, rounded to bfloat16; float32 takes neither. Raises RuntimeError without the kernels,
-    ValueError for a bias or GELU on float32."""
+    """x · Wᵀ (+ bias) (then the erf GELU when gelu) with W packed by encoder_pack ([n, K]), batch-invariant:
+    each output element is one chain of products in K's order, and the bias and GELU are that element's own
+    steps, so a row's result never depends on the other rows of the call, their number or the threads
+    (encoder.c).
+
+    x: [T, K] of the weight's dtype, float32 or bfloat16 (rows may be strided); bias: float32 [n] or None;
+    out: [T, n] of x's dtype (made when None; rows may be strided), returned. float32: float32 sums, the bias
+    added and the GELU applied as each is stored (the same bits on the AVX-512, AVX2 and portable paths).
+    bfloat16: float32 sums, + bias and GELU in float32, rounded to bfloat16. The GELU is the erf form (erf
+    within 1.5e-7). Raises RuntimeError without the kernels, ValueError for a bias that is not a contiguous
+    float32 [n]."""
     lib = _required()
     t, k = x.shape
     assert x.dtype == packed.dtype and x.stride(1) == 1 and packed.numel() == n * k
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"the encoder linear's bias must be a contiguous float32 [{n}], got {bias.dtype} "
+                         f"{tuple(bias.shape)}")
     if out is None:
         out = torch.empty((t, n), dtype=x.dtype)
     assert out.dtype == x.dtype and out.stride(1) == 1 and tuple(out.shape) == (t, n)
-    if x.dtype == torch.float32:
-        if bias is not None or gelu:
-            raise ValueError("the float32 encoder linear adds no bias and applies no GELU")
-        lib.metrale_encoder_linear_f32(x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), out.stride(0),
-                                       t, n, k, torch.get_num_threads())
-    else:
-        lib.metrale_encoder_linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), _ptr_or_none(bias), int(gelu),
-                                        out.data_ptr(), out.stride(0), t, n, k, torch.get_num_threads())
+    run = lib.metrale_encoder_linear_f32 if x.dtype == torch.float32 else lib.metrale_encoder_linear_bf16
+    run(x.data_ptr(), x.stride(0), packed.data_ptr(), _ptr_or_none(bias), int(gelu), out.data_ptr(), out.stride(0),
+        t, n, k, torch.get_num_threads())
     return out
 
 
@@ -491,15 +496,31 @@ def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> 
                                  torch.get_num_threads())
 
 
-def encoder_add_norm(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor],
-                     eps: float, out: torch.Tensor, out16: torch.Tensor | None) -> None:
-    """out = layer_norm(float(y) + bias + residual) (float32), and out16 = bfloat16(out) when given.
+def encoder_add_norm(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                     norm: tuple[torch.Tensor, torch.Tensor], eps: float, out: torch.Tensor,
+                     out16: torch.Tensor | None = None) -> None:
+    """out = layer_norm(float(y) + bias + residual) (float32: torch's layer_norm, biased variance, eps inside the
+    root, up to the order of the sums), and out16 = bfloat16(out) when given. Row by row: a row's result
+    depends on that row alone.
 
-    y: bfloat16 [R, N]; bias, norm's weight and bias: float32 [N]; residual, out: float32 [R, N] (out may be
-    residual); out16: bfloat16 [R, N] or None; all contiguous. Raises RuntimeError without the kernels."""
+    y: a linear's product [R, N], bfloat16 or float32 (then (y + bias) + residual in float32); bias: float32
+    [N] (None: no bias, float32 y only); norm's weight and bias: float32 [N]; residual, out: float32 [R, N]
+    (out may be residual, or y when y is float32); out16: bfloat16 [R, N] or None (bfloat16 y only); all
+    contiguous. Raises RuntimeError without the kernels, ValueError for a float32 y with out16 or a bfloat16
+    y without a bias."""
     lib = _required()
     for t in (y, residual, out) + (() if out16 is None else (out16,)):
         assert t.is_contiguous()
+    assert residual.dtype == out.dtype == torch.float32 and y.shape == residual.shape == out.shape
+    if y.dtype == torch.float32:
+        if out16 is not None:
+            raise ValueError("the float32 add_norm writes no bfloat16 copy")
+        lib.metrale_encoder_add_norm_f32(y.data_ptr(), _ptr_or_none(bias), residual.data_ptr(), norm[0].data_ptr(),
+                                         norm[1].data_ptr(), eps, out.data_ptr(), y.shape[0], y.shape[1],
+                                         torch.get_num_threads())
+        return
+    if bias is None:
+        raise ValueError("the bfloat16 add_norm needs the linear's bias")
     lib.metrale_encoder_add_norm(y.data_ptr(), bias.data_ptr(), residual.data_ptr(), norm[0].data_ptr(),
                                  norm[1].data_ptr(), eps, out.data_ptr(), _ptr_or_none(out16), y.shape[0], y.shape[1],
                                  torch.get_num_threads())

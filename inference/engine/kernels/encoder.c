@@ -11,7 +11,11 @@
  * precision). A sequence's output depends on that sequence alone.
  *
  * The row-wise steps: bias + erf GELU into bfloat16 (the next linear's input), bias + residual +
- * LayerNorm into float32 and bfloat16, bias into float32.
+ * LayerNorm into float32 and bfloat16, bias into float32; the float32 form's bias + residual + LayerNorm
+ * (metrale_encoder_add_norm_f32), its bias and GELU being the float32 linear's epilogue.
+ *
+ * The linears (metrale_encoder_linear_f32 / _bf16, at the end): batch-invariant, each output element one
+ * chain of sums in K's order, the bias and the erf GELU applied as a sum is stored when asked.
  */
 #include <math.h>
 #include <stdint.h>
@@ -476,6 +480,29 @@ static inline __m512 gelu_erf16(__m512 x) {
 }
 #endif
 
+#if defined(METRALE_AVX2)
+/* gelu_erf16's form on 8 lanes, taking gelu_erf1's operations lane by lane (a true division for t, erf1's
+ * separate products and sums, exp8 for exp1: kernels.h gives them the same values), so every lane is
+ * bitwise gelu_erf1 of its input: the float32 linear's GELU has the same bits on the AVX-512, AVX2 and
+ * portable paths. */
+static inline __m256 gelu_erf8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.7071067811865476f));
+    const __m256 a = _mm256_andnot_ps(sign, z);
+    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.f),
+                                   _mm256_add_ps(_mm256_set1_ps(1.f), _mm256_mul_ps(_mm256_set1_ps(0.3275911f), a)));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, t), _mm256_set1_ps(-1.453152027f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, t), _mm256_set1_ps(1.421413741f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, t), _mm256_set1_ps(-0.284496736f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, t), _mm256_set1_ps(0.254829592f));
+    const __m256 e = exp8(_mm256_xor_ps(_mm256_mul_ps(a, a), sign));
+    __m256 y = _mm256_sub_ps(_mm256_set1_ps(1.f), _mm256_mul_ps(_mm256_mul_ps(p, t), e));
+    y = _mm256_xor_ps(y, _mm256_and_ps(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ), sign));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.f), y));
+}
+#endif
+
 
 void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *out, long rows, long n, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(guided)
@@ -550,6 +577,67 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
     }
 }
 
+/* metrale_encoder_add_norm's float32 form: out = LayerNorm((y + bias) + residual) * gamma + beta per row of n,
+ * y the linear's float32 product [rows, n], bias float32 [n] or NULL (then y + residual), residual and out
+ * float32 [rows, n]; out may be y or residual (each element is read before it is written). Mean and variance
+ * in float32, eight lanes a sum on AVX2 (their lanes then added in order, the last n % 8 after), the biased
+ * variance, eps inside the root: torch's layer_norm up to the order of the sums. Each row reads its own
+ * elements alone, so its bits do not depend on the rows beside it or on the threads. */
+void metrale_encoder_add_norm_f32(const float *y, const float *bias, const float *residual, const float *gamma,
+                                  const float *beta, float eps, float *out, long rows, long n, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const float *yr = y + r * n, *res = residual + r * n;
+        float *o = out + r * n;
+        float mean = 0.f, var = 0.f;
+        long i = 0;
+#if defined(METRALE_AVX2)
+        const long n8 = n & ~7L;
+        float lanes[8];
+        __m256 acc = _mm256_setzero_ps();
+        for (; i < n8; i += 8) {
+            __m256 x = _mm256_loadu_ps(yr + i);
+            if (bias) x = _mm256_add_ps(x, _mm256_loadu_ps(bias + i));
+            x = _mm256_add_ps(x, _mm256_loadu_ps(res + i));
+            _mm256_storeu_ps(o + i, x);
+            acc = _mm256_add_ps(acc, x);
+        }
+        _mm256_storeu_ps(lanes, acc);
+        for (int j = 0; j < 8; j++) mean += lanes[j];
+#endif
+        for (; i < n; i++) {
+            o[i] = (bias ? yr[i] + bias[i] : yr[i]) + res[i];
+            mean += o[i];
+        }
+        mean /= (float)n;
+        i = 0;
+#if defined(METRALE_AVX2)
+        const __m256 mv = _mm256_set1_ps(mean);
+        acc = _mm256_setzero_ps();
+        for (; i < n8; i += 8) {
+            const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(o + i), mv);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(c, c));
+        }
+        _mm256_storeu_ps(lanes, acc);
+        for (int j = 0; j < 8; j++) var += lanes[j];
+#endif
+        for (; i < n; i++) {
+            const float c = o[i] - mean;
+            var += c * c;
+        }
+        const float inv = 1.f / sqrtf(var / (float)n + eps);
+        i = 0;
+#if defined(METRALE_AVX2)
+        const __m256 iv = _mm256_set1_ps(inv);
+        for (; i < n8; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(o + i), mv), iv),
+                                                                _mm256_loadu_ps(gamma + i)),
+                                                  _mm256_loadu_ps(beta + i)));
+#endif
+        for (; i < n; i++) o[i] = (o[i] - mean) * inv * gamma[i] + beta[i];
+    }
+}
+
 /* out = float(y) + bias per row of n: a linear's bfloat16 product and its float32 bias, in float32. */
 void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(guided)
@@ -586,7 +674,9 @@ int metrale_encoder_amx_attention(int head_dim) {
  * in the same order in float32 (the same values where no sum is subnormal: VDPBF16PS flushes those). The
  * bfloat16 form's result is rounded to bfloat16 (the next step's input), after the bias and the erf GELU
  * when asked (gelu_erf16 / gelu_erf1: those agree within 1e-7, and a column group always takes the same
- * one). */
+ * one). The float32 form adds the bias and applies the erf GELU when asked as it stores each sum, with
+ * gelu_erf8 (AVX-512 and AVX2) or gelu_erf1 (portable), whose bits are the same: its results are the same
+ * bits on every path, with or without them. */
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
 /* AVX2 has 16 vector registers: 6 rows by one group (two 8-lane halves) keeps 12 accumulators, the
  * group's two weight vectors and the broadcast row value in them (4 by 4 groups spilled 32 accumulators). */
@@ -613,10 +703,12 @@ void metrale_encoder_pack_bf16(const uint16_t *w, long n, long k, uint16_t *pack
             }
 }
 
-/* Rows [r0, r0 + rb) by column groups [g0, g0 + cb) of the float32 form. */
+/* Rows [r0, r0 + rb) by column groups [g0, g0 + cb) of the float32 form: each sum, + bias[column] when
+ * bias is not NULL (one float32 addition), then GELU when gelu (gelu_erf8 on both vector paths, gelu_erf1 in
+ * portable C: the same bits), stored. */
 static inline __attribute__((always_inline)) void lin_f32_task(const float *x, long ldx, const float *wp,
-                                                               float *out, long ldo, long k, long r0, int rb,
-                                                               long g0, int cb) {
+                                                               const float *bias, int gelu, float *out, long ldo,
+                                                               long k, long r0, int rb, long g0, int cb) {
 #if defined(METRALE_AVX512)
     __m512 acc[LIN_RB][LIN_CB];
     for (int r = 0; r < LIN_RB; r++)
@@ -630,7 +722,18 @@ static inline __attribute__((always_inline)) void lin_f32_task(const float *x, l
         }
     }
     for (int r = 0; r < rb; r++)
-        for (int c = 0; c < cb; c++) _mm512_storeu_ps(out + (r0 + r) * ldo + (g0 + c) * 16, acc[r][c]);
+        for (int c = 0; c < cb; c++) {
+            __m512 v = acc[r][c];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (g0 + c) * 16));
+            float *o = out + (r0 + r) * ldo + (g0 + c) * 16;
+            if (gelu) { /* the two halves through gelu_erf8, as on the AVX2 path */
+                const __m256 lo = _mm512_castps512_ps256(v), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+                _mm256_storeu_ps(o, gelu_erf8(lo));
+                _mm256_storeu_ps(o + 8, gelu_erf8(hi));
+            } else {
+                _mm512_storeu_ps(o, v);
+            }
+        }
 #elif defined(METRALE_AVX2)
     __m256 acc[LIN_RB][2 * LIN_CB];
     for (int r = 0; r < LIN_RB; r++)
@@ -644,14 +747,21 @@ static inline __attribute__((always_inline)) void lin_f32_task(const float *x, l
         }
     }
     for (int r = 0; r < rb; r++)
-        for (int c = 0; c < 2 * cb; c++) _mm256_storeu_ps(out + (r0 + r) * ldo + (g0 + c / 2) * 16 + (c & 1) * 8, acc[r][c]);
+        for (int c = 0; c < 2 * cb; c++) {
+            const long col = (g0 + c / 2) * 16 + (c & 1) * 8;
+            __m256 v = acc[r][c];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col));
+            if (gelu) v = gelu_erf8(v);
+            _mm256_storeu_ps(out + (r0 + r) * ldo + col, v);
+        }
 #else
     for (int r = 0; r < rb; r++)
         for (int c = 0; c < cb; c++)
             for (int j = 0; j < 16; j++) {
                 float s = 0.f;
                 for (long i = 0; i < k; i++) s = fmaf(x[(r0 + r) * ldx + i], wp[((g0 + c) * k + i) * 16 + j], s);
-                out[(r0 + r) * ldo + (g0 + c) * 16 + j] = s;
+                if (bias) s += bias[(g0 + c) * 16 + j];
+                out[(r0 + r) * ldo + (g0 + c) * 16 + j] = gelu ? gelu_erf1(s) : s;
             }
 #endif
 }
@@ -721,10 +831,11 @@ static inline __attribute__((always_inline)) void lin_bf16_task(const uint16_t *
         }
 
 /* float32: x [rows][k] (ldx apart), packed weight (metrale_encoder_pack_f32 of [n][k]), out [rows][n] (ldo
- * apart) = x · W^T; n a multiple of 16. */
-void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, float *out, long ldo, long rows, long n,
-                                long k, int nthreads) {
-#define LIN_F32(RB, CB) lin_f32_task(x, ldx, wp, out, ldo, k, r0, RB, g0, CB)
+ * apart) = x · W^T (+ bias) (then GELU when gelu); bias float32 [n] or NULL; n a multiple of 16. The bias and
+ * the erf GELU are applied to each sum as it is stored (lin_f32_task), the same steps on every path. */
+void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, const float *bias, int gelu, float *out,
+                                long ldo, long rows, long n, long k, int nthreads) {
+#define LIN_F32(RB, CB) lin_f32_task(x, ldx, wp, bias, gelu, out, ldo, k, r0, RB, g0, CB)
     LIN_TASKS(LIN_F32)
 #undef LIN_F32
 }

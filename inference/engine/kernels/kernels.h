@@ -212,13 +212,15 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
                               const float *beta, float eps, float *out, uint16_t *out16, long rows, long n,
                               int nthreads);
 void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads);
+void metrale_encoder_add_norm_f32(const float *y, const float *bias, const float *residual, const float *gamma,
+                                  const float *beta, float eps, float *out, long rows, long n, int nthreads);
 int metrale_encoder_amx_attention(int head_dim);
 /* The encoder's batch-invariant linears: weights packed in groups of 16 output channels, each output element
  * one chain of sums in K's order whatever the row count or the thread split. */
 void metrale_encoder_pack_f32(const float *w, long n, long k, float *packed);
 void metrale_encoder_pack_bf16(const uint16_t *w, long n, long k, uint16_t *packed);
-void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, float *out, long ldo, long rows, long n,
-                                long k, int nthreads);
+void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, const float *bias, int gelu, float *out,
+                                long ldo, long rows, long n, long k, int nthreads);
 void metrale_encoder_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
                                  uint16_t *out, long ldo, long rows, long n, long k, int nthreads);
 

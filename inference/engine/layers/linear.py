@@ -170,7 +170,8 @@ class EncoderLinear:
     result is bitwise the same whatever other rows share the call and however many there are. torch's
     F.linear and oneDNN choose their kernel, and their split of K over threads, by the row count (a
     text's embedding moved by up to 4e-4 between a pass of 1 text and one of 8): they serve only where
-    the kernels are not built.
+    the kernels are not built. Packed, either form can add the bias and apply the erf GELU to each sum as
+    the kernel stores it (`product(bias=True, gelu=True)`: the BERT encoder's compiled steps).
     """
 
     __slots__ = ("weight", "bias", "packed", "_shape")
@@ -219,10 +220,14 @@ class EncoderLinear:
 
     def product(self, x: torch.Tensor, out: torch.Tensor | None = None, *, bias: bool = False,
                 gelu: bool = False) -> torch.Tensor:
-        """x · Wᵀ in the weight's dtype: x [T, K] of that dtype (bfloat16: the sums in float32, the result
-        rounded to bfloat16), into `out` [T, N] when given. A packed bfloat16 weight can add the float32
-        bias (bias=True) and apply the erf GELU (gelu=True) before the rounding; otherwise those raise
-        ValueError."""
+        """x · Wᵀ in the weight's dtype: x [T, K] of that dtype (float32, or bfloat16: the sums in float32, the
+        result rounded to bfloat16), into `out` [T, N] of that dtype when given (rows may be strided), returned.
+        A packed weight can add the float32 bias (bias=True) and then apply the erf GELU (gelu=True) to each
+        sum as it is stored (bfloat16: before the rounding), each row's bits still its own
+        (kernels.encoder_linear). Raises ValueError for bias or gelu on a plain (unpacked) weight, or bias=True
+        on a linear without one."""
+        if bias and self.bias is None:
+            raise ValueError("this linear has no bias to add")
         if self.packed is not None:
             return kernels.encoder_linear(x, self.packed, self._shape[0], self.bias if bias else None, gelu, out)
         if bias or gelu:
@@ -232,8 +237,12 @@ class EncoderLinear:
         return torch.matmul(x, self.weight.t(), out=out)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x · Wᵀ + b: x float32 [T, K] -> float32 [T, N]. A packed float32 weight adds the bias in the kernel's
+        store; bfloat16 adds it in float32 to the rounded product."""
         if self.packed is None and self.weight.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
+        if self.packed is not None and self.packed.dtype == torch.float32:
+            return self.product(x, bias=self.bias is not None)
         y = self.product(x.to(self.dtype)).float()
         return y if self.bias is None else y + self.bias
 

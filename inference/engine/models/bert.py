@@ -211,9 +211,10 @@ class BertEncoder:
         position outside the embedding tables.
 
         With the compiled kernels, attention is kernels.encoder_attention over the packed rows (no
-        padding), and in the bfloat16 form with the erf GELU the steps between the linears are
-        compiled too (bias + GELU to bfloat16, bias + residual + LayerNorm to float32 and bfloat16:
-        encoder.c), each linear's bfloat16 input made once."""
+        padding), and with the erf GELU (compiled_steps()) the steps between the linears are compiled
+        too (encoder.c): in the bfloat16 form bias + GELU to bfloat16 and bias + residual + LayerNorm to
+        float32 and bfloat16, each linear's bfloat16 input made once; in the float32 form the bias and
+        GELU in the linears' stores and bias + residual + LayerNorm in one step, into kept buffers."""
         cfg = self.cfg
         if batch.position_ids.numel() and int(batch.position_ids.max()) >= cfg.max_position_embeddings:
             raise IndexError(f"a sequence is longer than max_position_embeddings ({cfg.max_position_embeddings})")
@@ -222,6 +223,7 @@ class BertEncoder:
         yield
         t = h.shape[0]
         compiled = self.compiled_steps()
+        bf16 = compiled and self.weights == "bfloat16"
         # The pass's buffers, kept from pass to pass (a pass takes them while it runs; one that finds them
         # taken makes its own): fresh ones would cost a page fault every 4 KiB on first touch (a 64-text
         # pass's q/k/v rows are 38 MB). h (float32, this pass's own) and its bfloat16 copy h16 are
@@ -231,9 +233,9 @@ class BertEncoder:
         try:
             # On the tile unit the attention reads the q/k/v product (bfloat16) and its bias, and writes its
             # context in bfloat16, the next linear's input.
-            tiles = compiled and kernels.encoder_amx_attention(cfg.head_dim)
-            h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if compiled else None
-            if compiled:
+            tiles = bf16 and kernels.encoder_amx_attention(cfg.head_dim)
+            h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if bf16 else None
+            if bf16:
                 h16.copy_(h)
             qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
             ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
@@ -241,8 +243,10 @@ class BertEncoder:
                 for rows in _chunks(t, chunk_rows):
                     if tiles:
                         layer.qkv.product(h16[rows], out=qkv[rows])
-                    elif compiled:
+                    elif bf16:
                         kernels.encoder_add_bias(layer.qkv.product(h16[rows]), layer.qkv.bias, qkv[rows])
+                    elif compiled:
+                        layer.qkv.product(h[rows], out=qkv[rows], bias=True)
                     else:
                         qkv[rows] = layer.qkv(h[rows])
                     yield
@@ -262,8 +266,10 @@ class BertEncoder:
                     first = last
                     yield
                 for rows in _chunks(t, chunk_rows):
-                    if compiled:
+                    if bf16:
                         self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows])
+                    elif compiled:
+                        self._feed_forward_fused(layer, ctx[rows], h[rows], work)
                     else:
                         h[rows] = self._feed_forward(layer, ctx[rows], h[rows])
                     yield
@@ -272,9 +278,11 @@ class BertEncoder:
             self._workspace = work
 
     def compiled_steps(self) -> bool:
-        """Whether the steps between the linears run compiled: the bfloat16 form, the erf GELU, every linear
-        with a bias, and the kernels built."""
-        return (self.weights == "bfloat16" and self.cfg.hidden_act == "gelu" and kernels.available()
+        """Whether the steps between the linears run compiled: the erf GELU, every linear with a bias, the
+        kernels built, and the bfloat16 form or the float32 form with every linear packed (its bias and GELU
+        are the packed linear's epilogue)."""
+        return (self.cfg.hidden_act == "gelu" and kernels.available()
+                and (self.weights == "bfloat16" or (self.weights == "float32" and self._packed))
                 and all(lin.bias is not None for layer in self.layers for lin in layer.linears()))
 
     def _attend(self, qkv: torch.Tensor, ctx: torch.Tensor, batch: PackedBatch, first: int, last: int) -> None:
@@ -321,6 +329,19 @@ class BertEncoder:
             g = layer.up.product(a16)
             kernels.encoder_bias_gelu(g, layer.up.bias, g)
         kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, h, h16)
+
+    def _feed_forward_fused(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor,
+                            work: dict[str, torch.Tensor]) -> None:
+        """_feed_forward's steps in the float32 form on packed linears, h (float32 [R, hidden], the residual)
+        rewritten in place: a = LN(W_o·ctx + b_o + h) in work's "a" buffer, g = GELU(W_up·a + b_up) in its "g"
+        buffer, then W_down·g into h (dead once a holds its sum) and h = LN(that + b_down + a) over it.
+        ctx: float32 [R, hidden]."""
+        eps, rows = self.cfg.layer_norm_eps, h.shape[0]
+        a = _buffer(work, "a", rows, self.cfg.hidden_size, torch.float32)
+        g = _buffer(work, "g", rows, self.cfg.intermediate_size, torch.float32)
+        kernels.encoder_add_norm(layer.attn_out.product(ctx, out=a), layer.attn_out.bias, h, layer.attn_norm, eps, a)
+        layer.up.product(a, out=g, bias=True, gelu=True)
+        kernels.encoder_add_norm(layer.down.product(g, out=h), layer.down.bias, a, layer.out_norm, eps, h)
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
