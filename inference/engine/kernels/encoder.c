@@ -518,6 +518,16 @@ void metrale_encoder_bias_gelu(const uint16_t *y, const float *bias, uint16_t *o
     }
 }
 
+/* 1 / sqrt(variance + eps) of a row o[0, n) about `mean` (torch's layer_norm: the biased variance), `var` the
+ * squared deviations of o[0, i) already summed (a vector path's), the rest added here in order. */
+static inline float inv_std(const float *o, long i, long n, float mean, float var, float eps) {
+    for (; i < n; i++) {
+        const float c = o[i] - mean;
+        var += c * c;
+    }
+    return 1.f / sqrtf(var / (float)n + eps);
+}
+
 /* out = LayerNorm(float(y) + bias + residual) * gamma + beta per row of n (mean and variance in float32,
  * the biased variance, eps inside the root: torch's layer_norm), and out16 = bfloat16(out) when not NULL.
  * y: the linear's bfloat16 output [rows, n]; residual, out: float32 (may be the same array). */
@@ -555,11 +565,7 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
         }
         var = _mm512_reduce_add_ps(acc);
 #endif
-        for (; i < n; i++) {
-            const float c = o[i] - mean;
-            var += c * c;
-        }
-        const float inv = 1.f / sqrtf(var / (float)n + eps);
+        const float inv = inv_std(o, i, n, mean, var, eps);
         i = 0;
 #if defined(METRALE_AVX512)
         const __m512 iv = _mm512_set1_ps(inv);
@@ -621,11 +627,7 @@ void metrale_encoder_add_norm_f32(const float *y, const float *bias, const float
         _mm256_storeu_ps(lanes, acc);
         for (int j = 0; j < 8; j++) var += lanes[j];
 #endif
-        for (; i < n; i++) {
-            const float c = o[i] - mean;
-            var += c * c;
-        }
-        const float inv = 1.f / sqrtf(var / (float)n + eps);
+        const float inv = inv_std(o, i, n, mean, var, eps);
         i = 0;
 #if defined(METRALE_AVX2)
         const __m256 iv = _mm256_set1_ps(inv);
