@@ -48,10 +48,11 @@ class KVPool:
     _stacked = None
 
     def copy_blocks(self, destinations: torch.Tensor, sources: torch.Tensor) -> bool:
-        """Copy whole blocks, every layer's K and V: block destinations[j] <- sources[j] (int64 [n] each, no
-        destination among the sources), in one gather and scatter over the pool. Returns False, copying
-        nothing, where the layers' tensors are not one mapping of one shape (CUDA, a window pool): the
-        caller copies layer by layer."""
+        """Copy whole blocks, every layer's K and V: block destinations[j] <- sources[j] (int64 [n] each,
+        destinations distinct), in one gather and scatter over the pool: every source is read before any
+        destination is written (a block may be a source and, later in the list, a destination). Returns
+        False, copying nothing, where the layers' tensors are not one mapping of one shape (CUDA, a window
+        pool): the caller copies layer by layer."""
         if self._stacked is None:
             return False
         if len(destinations) == 1:

@@ -675,8 +675,8 @@ int metrale_encoder_amx_attention(int head_dim) {
  * and portable paths give the same bits; the bfloat16 form without AVX-512 BF16 adds each pair's products
  * in the same order in float32 (the same values where no sum is subnormal: VDPBF16PS flushes those). The
  * bfloat16 form's result is rounded to bfloat16 (the next step's input), after the bias and the erf GELU
- * when asked (gelu_erf16 / gelu_erf1: those agree within 1e-7, and a column group always takes the same
- * one). The float32 form adds the bias and applies the erf GELU when asked as it stores each sum, with
+ * when asked (gelu_erf16 / gelu_erf1: those agree within about 4e-7, exp16_short's error, and a column
+ * group always takes the same one). The float32 form adds the bias and applies the erf GELU when asked as it stores each sum, with
  * gelu_erf8 (AVX-512 and AVX2) or gelu_erf1 (portable), whose bits are the same: its results are the same
  * bits on every path, with or without them. */
 #if defined(METRALE_AVX2) && !defined(METRALE_AVX512)
