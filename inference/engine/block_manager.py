@@ -312,18 +312,17 @@ class BlockManager:
             return
         key = self._tail_key(seq, index)
         toks = tuple(seq.token_ids[index * bs:computed])
-        kept = self.tails.setdefault(key, {})
-        for bid in list(kept):
+        for bid in list(self.tails.get(key, ())):
             other = self.blocks[bid].token_ids
             if other[:len(toks)] == toks:
                 return
             if toks[:len(other)] == other:
                 self._drop_tail(self.blocks[bid])
         kept = self.tails.setdefault(key, {})
-        while len(kept) >= self.MAX_TAILS_PER_KEY:
+        while len(kept) >= self.MAX_TAILS_PER_KEY:  # never empties it: the key stays
             self._drop_tail(self.blocks[next(iter(kept))])
         block.tail_key, block.token_ids = key, toks
-        self.tails.setdefault(key, {})[block.block_id] = None
+        kept[block.block_id] = None
 
     def _drop_tail(self, block: Block) -> None:
         """Forget `block` as a tail (its tokens no longer reusable); a no-op for any other block."""

@@ -29,6 +29,7 @@ class KVPool:
         sizes = [math.prod(s) * item for s in shapes for _ in (0, 1)]  # K then V of each layer
         self.nbytes = sum(sizes)
         self._mapping = None
+        self._stacked = None  # every layer's K and V as one tensor, where they are one mapping of one shape
         if device.type != "cpu" or self.nbytes == 0:
             self.caches = [(torch.zeros(s, dtype=dtype, device=device),
                             torch.zeros(s, dtype=dtype, device=device)) for s in shapes]
@@ -44,8 +45,6 @@ class KVPool:
             # Every layer's K and V as one tensor [2 * layers, num_blocks, ...]: a block of all of them is one
             # strided slice (copy_blocks).
             self._stacked = flat.view(dtype).view(2 * len(shapes), *shapes[0])
-
-    _stacked = None
 
     def copy_blocks(self, destinations: torch.Tensor, sources: torch.Tensor) -> bool:
         """Copy whole blocks, every layer's K and V: block destinations[j] <- sources[j] (int64 [n] each,
