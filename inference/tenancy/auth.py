@@ -80,11 +80,11 @@ async def authenticate(request) -> Principal:
 
 async def _named_tenant(name: str) -> Principal:
     """The Principal of the built-in tenant `name` (made when first needed), remembered (recent.py)."""
-    principal = recent.recall(("tenant", name))
-    if principal is None:
+    async def load() -> Principal:
         tenant, _ = await Tenant.objects.aget_or_create(name=name)
-        principal = recent.remember(("tenant", name), Principal(tenant, None, tenant.prefix_cache_salt))
-    return principal
+        return recent.remember(("tenant", name), Principal(tenant, None, tenant.prefix_cache_salt))
+
+    return recent.recall(("tenant", name)) or await recent.shared_load(("tenant", name), load)
 
 
 async def usable_key(token: str) -> ApiKey:
@@ -94,8 +94,8 @@ async def usable_key(token: str) -> ApiKey:
     digest = apikeys.hash_key(token)
     key = recent.recall(("key", digest))
     if key is None and apikeys.looks_like_key(token):
-        key = await (ApiKey.objects.select_related("tenant")
-                     .filter(prefix=apikeys.key_prefix(token)).afirst())
+        key = await recent.shared_load(("key", digest), ApiKey.objects.select_related("tenant")
+                                       .filter(prefix=apikeys.key_prefix(token)).afirst)
     if not apikeys.digest_matches(digest, key.key_hash if key else None):
         raise _unauthorized("Incorrect API key provided.", "invalid_api_key")
     recent.remember(("key", digest), key)

@@ -129,11 +129,12 @@ async def current_headers(principal, provider: str = "openai") -> dict[str, str]
 async def _scope_and_limits(principal) -> tuple[str, Limits]:
     """The request's scope and limits (RateLimitContext.afor), remembered for recent.TTL_S."""
     key_id = principal.api_key.pk if principal.api_key is not None else None
-    found = recent.recall(("limits", principal.tenant.pk, key_id))
-    if found is None:
-        found = recent.remember(("limits", principal.tenant.pk, key_id),
-                                await RateLimitContext.objects.afor(principal.tenant.pk, key_id))
-    return found
+    key = ("limits", principal.tenant.pk, key_id)
+
+    async def load() -> tuple[str, Limits]:
+        return recent.remember(key, await RateLimitContext.objects.afor(principal.tenant.pk, key_id))
+
+    return recent.recall(key) or await recent.shared_load(key, load)
 
 
 def _check_request_size(limits: Limits, reserve_tokens: int) -> None:

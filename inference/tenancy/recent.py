@@ -10,17 +10,24 @@ it saves or deletes a Tenant, ApiKey or RateLimitContext (the admin's edits, man
 signals below). A change made by another process (another replica, a raw UPDATE) is seen within
 TTL_S. What is checked against the clock (a key's expiry, its tenant's activity as read) is checked
 on every request from the remembered row.
+
+When an entry lapses under load, the requests that miss it together share one lookup (shared_load):
+at 32 clients every lapse had each of them query on a new thread with a new database connection of
+its own.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 TTL_S = 1.0
 
 _lock = threading.Lock()
 _entries: dict[tuple, tuple[float, Any]] = {}
+_loads: dict[tuple, asyncio.Future] = {}  # (event loop, key) -> the lookup under way (event loop threads only)
 
 
 def recall(key: tuple) -> Any:
@@ -43,6 +50,39 @@ def remember(key: tuple, value: Any) -> Any:
             _entries.clear()
         _entries[key] = (time.monotonic() + TTL_S, value)
     return value
+
+
+async def shared_load(key: tuple, load: Callable[[], Awaitable[Any]]) -> Any:
+    """load()'s result, one lookup for every caller that asks for `key` on this event loop while it runs:
+    the first runs load(), the others wait for its result or its exception. A caller cancelled while
+    waiting leaves the lookup running; a first caller cancelled mid-lookup leaves the waiting ones to
+    look up again. load() remembers what it found (remember) as the caller's rule is."""
+    loop = asyncio.get_running_loop()
+    while True:
+        pending = _loads.get((loop, key))
+        if pending is None:
+            break
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled() and not asyncio.current_task().cancelling():
+                continue  # the first caller was cancelled, not this one: look up afresh
+            raise
+    future = _loads[(loop, key)] = loop.create_future()
+    try:
+        value = await load()
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: with no caller waiting, asyncio must not report it unhandled
+        raise
+    else:
+        future.set_result(value)
+        return value
+    finally:
+        _loads.pop((loop, key), None)
 
 
 def forget_all(**_signal_kwargs) -> None:

@@ -59,3 +59,63 @@ def test_entries_expire_and_the_table_stays_bounded(monkeypatch):
     for i in range(10_005):
         recent.remember(("n", i), i)
     assert len(recent._entries) <= 10_001
+
+
+def test_callers_missing_one_entry_together_share_one_lookup():
+    import asyncio
+
+    calls = []
+
+    async def load():
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return recent.remember(("shared",), "row")
+
+    async def main():
+        return await asyncio.gather(*(recent.shared_load(("shared",), load) for _ in range(20)))
+
+    assert asyncio.run(main()) == ["row"] * 20
+    assert len(calls) == 1 and recent.recall(("shared",)) == "row" and not recent._loads
+
+
+def test_a_failed_shared_lookup_fails_every_waiting_caller_and_the_next_one_looks_up_again():
+    import asyncio
+
+    calls = []
+
+    async def failing():
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        raise ConnectionError("database gone")
+
+    async def main():
+        first = await asyncio.gather(*(recent.shared_load(("failing",), failing) for _ in range(5)),
+                                     return_exceptions=True)
+        again = await asyncio.gather(recent.shared_load(("failing",), failing), return_exceptions=True)
+        return first, again
+
+    first, again = asyncio.run(main())
+    assert all(isinstance(e, ConnectionError) for e in first + again) and len(calls) == 2
+
+
+def test_a_cancelled_first_caller_leaves_the_waiting_ones_to_look_up_again():
+    import asyncio
+
+    calls = []
+
+    async def load():
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        return "row"
+
+    async def main():
+        first = asyncio.create_task(recent.shared_load(("cancelled",), load))
+        await asyncio.sleep(0)
+        waiter = asyncio.create_task(recent.shared_load(("cancelled",), load))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        result = await waiter
+        return first, result
+
+    first, result = asyncio.run(main())
+    assert first.cancelled() and result == "row" and len(calls) == 2 and not recent._loads

@@ -114,7 +114,7 @@ def test_bias_gelu_and_add_norm_equal_torch():
 
 
 @needs_kernels
-def test_the_float32_linear_adds_its_bias_and_applies_the_erf_gelu_as_torch_does():
+def test_the_float32_linear_adds_its_bias_and_applies_the_exact_erf_gelu():
     g = torch.Generator().manual_seed(5)
     n, k = 96, 384
     w, bias = torch.randn(n, k, generator=g) / 20, torch.randn(n, generator=g)
@@ -124,12 +124,14 @@ def test_the_float32_linear_adds_its_bias_and_applies_the_erf_gelu_as_torch_does
     torch.testing.assert_close(plain.double(), x.double() @ w.double().t(), atol=1e-5, rtol=1e-5)
     assert torch.equal(kernels.encoder_linear(x, packed, n, bias), plain + bias)  # one float32 addition
     gelu = kernels.encoder_linear(x, packed, n, bias, gelu=True)
-    assert (gelu - F.gelu(plain + bias)).abs().max().item() <= 1e-6
-    # the GELU alone over -12..12 (an identity weight): erf within 1.5e-7, so within 1e-6 of torch's anywhere
+    # Against the exact GELU (float64) of the same float32 sums: torch's own float32 GELU is itself up to
+    # 1.03e-6 off it on the AVX-512 EPYC (its vectorized erf), ours 4.6e-7.
+    assert (gelu.double() - F.gelu((plain + bias).double())).abs().max().item() <= 1e-6
+    # the GELU alone over -12..12 (an identity weight): erf within 1.5e-7, so within 1e-6 of the exact GELU anywhere
     v = torch.linspace(-12, 12, 16 * 4096).view(-1, 16)
     out = torch.empty_like(v)
     assert kernels.encoder_linear(v, kernels.encoder_pack(torch.eye(16)), 16, gelu=True, out=out) is out
-    assert (out - F.gelu(v)).abs().max().item() <= 1e-6
+    assert (out.double() - F.gelu(v.double())).abs().max().item() <= 1e-6
     with pytest.raises(ValueError):
         kernels.encoder_linear(x, packed, n, bias[:16])
     with pytest.raises(ValueError):

@@ -819,10 +819,15 @@ static inline __attribute__((always_inline)) void lin_bf16_task(const uint16_t *
 #endif
 }
 
-/* Tasks: column blocks of LIN_CB groups (outer: a thread keeps its weights' panel) by row blocks of LIN_RB. */
+/* Tasks: column blocks of LIN_CB groups (outer: a thread keeps its weights' panel) by row blocks of LIN_RB,
+ * handed out in runs of about 1/LIN_RUNS of a thread's share as threads come for them: a thread that
+ * another (the event loop's, a neighbour's) holds off its core leaves the rest of its share to the team
+ * rather than the whole region waiting for it. Which thread computes a task never changes its bits. */
+#define LIN_RUNS 32
 #define LIN_TASKS(call)                                                                                  \
     const long groups = n / 16, cblocks = (groups + LIN_CB - 1) / LIN_CB, rblocks = (rows + LIN_RB - 1) / LIN_RB; \
-    _Pragma("omp parallel for num_threads(nthreads) schedule(static) collapse(2)")                       \
+    const long run = cblocks * rblocks / ((long)nthreads * LIN_RUNS) + 1;                                \
+    _Pragma("omp parallel for num_threads(nthreads) schedule(dynamic, run) collapse(2)")                 \
     for (long cbk = 0; cbk < cblocks; cbk++)                                                            \
         for (long rbk = 0; rbk < rblocks; rbk++) {                                                       \
             const long r0 = rbk * LIN_RB, g0 = cbk * LIN_CB;                                             \
