@@ -253,7 +253,8 @@ class ThreadTeam:
             self.resting = False
         self.observe(now)
         self.given_up = min(self.given_up, self.cap.cpus - 1)
-        active = sum(1 for t in list(self._peers) if t is self or now - t.last_step_at <= ACTIVE_S)
+        peers = self._peers  # iterating a WeakSet costs more than the rest of adjust(): not for a team alone
+        active = 1 if len(peers) <= 1 else sum(1 for t in list(peers) if t is self or now - t.last_step_at <= ACTIVE_S)
         size = max(1, (self.cap.cpus - self.given_up) // max(1, active))
         if self.size and size != self.size:
             self.changes += 1

@@ -216,9 +216,12 @@ class BertEncoder:
         float32 and bfloat16, each linear's bfloat16 input made once; in the float32 form the bias and
         GELU in the linears' stores and bias + residual + LayerNorm in one step, into kept buffers."""
         cfg = self.cfg
-        if batch.position_ids.numel() and int(batch.position_ids.max()) >= cfg.max_position_embeddings:
+        if batch.seq_lens and max(batch.seq_lens) > cfg.max_position_embeddings:  # positions 0 .. length - 1
             raise IndexError(f"a sequence is longer than max_position_embeddings ({cfg.max_position_embeddings})")
-        h = self.word[batch.input_ids] + self.position[batch.position_ids] + self.token_type[batch.token_type_ids]
+        # The three tables' rows gathered (index_select: the rows as they are, without advanced indexing's
+        # general machinery), summed in that order.
+        h = (self.word.index_select(0, batch.input_ids) + self.position.index_select(0, batch.position_ids)
+             + self.token_type.index_select(0, batch.token_type_ids))
         h = F.layer_norm(h, (cfg.hidden_size,), *self.emb_norm, cfg.layer_norm_eps)
         yield
         t = h.shape[0]
