@@ -12,10 +12,12 @@ from inference.urls import fallback_urlpatterns
 from inference.http.views import unknown_route
 
 urlpatterns = [
+    # The OpenAI routes first: every request resolves through the patterns before its own, and no other
+    # app's route is one of theirs.
+    path("", include("inference.urls")),
     path("", include("ollama_api.urls")),  # its root probe answers clients; browsers get the console's front door
     path("", include("console.urls")),
     path("admin/", admin.site.urls),
-    path("", include("inference.urls")),
     path("", include("responses_api.urls")),
     path("", include("batches.urls")),
     path("", include("anthropic_api.urls")),
