@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .config import ConfigError
 
@@ -65,8 +64,10 @@ class PoolingSpec:
         float32 [T, D] of B sequences of lengths seq_lens (every token counts: sentence-transformers'
         attention mask without padding)."""
         lens = torch.tensor(seq_lens, dtype=torch.int64)
-        starts = torch.cumsum(lens, 0) - lens
-        seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
+        starts = torch.cumsum(lens, 0) - lens if set(self.modes) & {"cls", "lasttoken", "weightedmean"} else None
+        # Each row's sequence (one sequence: all zeros, without repeat_interleave's cost on a short pass).
+        seq = (torch.zeros(hidden.shape[0], dtype=torch.int64) if len(seq_lens) == 1
+               else torch.repeat_interleave(torch.arange(len(seq_lens)), lens))
         d = hidden.shape[1]
         parts = []
         for mode in self.modes:
@@ -86,7 +87,10 @@ class PoolingSpec:
                 denom = lens.float() if mode == "mean" else lens.float().sqrt()
                 parts.append(sums / denom[:, None])
         out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return F.normalize(out, p=2, dim=1) if self.normalize else out
+        if not self.normalize:
+            return out
+        # F.normalize's steps (its norm is torch.linalg.vector_norm's) without its Python dispatch.
+        return out / torch.linalg.vector_norm(out, 2, 1, True).clamp_min_(1e-12).expand_as(out)
 
 
 def _modes(cfg: dict) -> tuple[str, ...]:

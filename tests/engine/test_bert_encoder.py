@@ -105,6 +105,17 @@ def test_pooling_equals_sentence_transformers_pooling(mode, tmp_path):
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("lens", [[12], [1], [3, 7, 20]])
+def test_normalized_pooling_is_f_normalize_of_the_pooled_rows_bit_for_bit(lens):
+    import torch.nn.functional as F
+
+    torch.manual_seed(3)
+    hidden = torch.randn(sum(lens), 384) * 3
+    for modes in (("mean",), ("cls", "mean")):
+        pooled = PoolingSpec(modes, False, 512).pool(hidden, lens)
+        assert torch.equal(PoolingSpec(modes, True, 512).pool(hidden, lens), F.normalize(pooled, p=2, dim=1))
+
+
 @pytest.fixture(scope="module")
 def minilm_reference():
     from sentence_transformers import SentenceTransformer

@@ -103,7 +103,10 @@ class PackedBatch:
         return cls(ids, types, positions, lens, starts, order)
 
     def restore(self, rows: torch.Tensor) -> torch.Tensor:
-        """Per-sequence rows [B, ...] in packed order -> the same rows in input order."""
+        """Per-sequence rows [B, ...] in packed order -> the same rows in input order (`rows` itself for
+        one sequence)."""
+        if len(self.order) == 1:
+            return rows
         out = torch.empty_like(rows)
         out[torch.tensor(self.order, dtype=torch.int64)] = rows
         return out
