@@ -254,3 +254,38 @@ def _tiny_weights(cfg) -> dict:
 
     torch.manual_seed(0)
     return BertModel(HFBertConfig(**cfg), add_pooling_layer=False).eval().state_dict()
+
+
+@needs_kernels
+@pytest.mark.parametrize("form", ["float32", "bfloat16 from float32", "bfloat16 from bfloat16"])
+def test_the_feed_forward_in_one_call_is_its_steps_one_by_one_bit_for_bit(form):
+    g = torch.Generator().manual_seed(11)
+    rows, hidden, inter, eps = 13, 64, 256, 1e-12
+    dtype = torch.float32 if form == "float32" else torch.bfloat16
+    ws = [torch.randn(n, k, generator=g) / 8 for n, k in ((hidden, hidden), (inter, hidden), (hidden, inter))]
+    weights = tuple(kernels.encoder_pack(w.to(dtype)) for w in ws)
+    biases = tuple(torch.randn(n, generator=g) for n in (hidden, inter, hidden))
+    norms = tuple((torch.rand(hidden, generator=g) + 0.5, torch.randn(hidden, generator=g)) for _ in range(2))
+    ctx = torch.randn(rows, 2 * hidden, generator=g)[:, :hidden]  # strided rows, as a q/k/v slice may be
+    if form == "bfloat16 from bfloat16":
+        ctx = ctx.bfloat16()
+    residual = torch.randn(rows, hidden, generator=g)
+    # the steps one by one
+    x = ctx if dtype == torch.float32 or ctx.dtype == dtype else ctx.to(dtype)
+    a = torch.empty(rows, hidden)
+    a16 = torch.empty(rows, hidden, dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
+    kernels.encoder_add_norm(kernels.encoder_linear(x, weights[0], hidden), biases[0], residual, norms[0], eps, a, a16)
+    up = kernels.encoder_linear(a16 if a16 is not None else a, weights[1], inter, biases[1], gelu=True)
+    want = torch.empty(rows, hidden)
+    want16 = torch.empty(rows, hidden, dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
+    kernels.encoder_add_norm(kernels.encoder_linear(up, weights[2], hidden), biases[2], a, norms[1], eps, want, want16)
+    # in one call
+    h = residual.clone()
+    buffers = dict(a=torch.empty(rows, hidden), g=torch.empty(rows, inter, dtype=dtype))
+    if dtype == torch.bfloat16:
+        buffers |= dict(h16=torch.empty(rows, hidden, dtype=dtype), a16=torch.empty(rows, hidden, dtype=dtype),
+                        y=torch.empty(rows, hidden, dtype=dtype))
+    kernels.encoder_ffn(ctx, weights, biases, norms, eps, h, **buffers)
+    assert torch.equal(h, want) and torch.isfinite(h).all()
+    if dtype == torch.bfloat16:
+        assert torch.equal(buffers["h16"], want16)

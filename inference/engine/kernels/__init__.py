@@ -93,6 +93,10 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_linear_f32.restype = None
         lib.metrale_encoder_linear_bf16.argtypes = [_P, _L, _P, _P, _I, _P, _L, _L, _L, _L, _I]
         lib.metrale_encoder_linear_bf16.restype = None
+        lib.metrale_encoder_ffn_bf16.argtypes = [_P, _I, _L, _L, _L, _L] + [_P] * 10 + [ctypes.c_float] + [_P] * 6 + [_I]
+        lib.metrale_encoder_ffn_bf16.restype = None
+        lib.metrale_encoder_ffn_f32.argtypes = [_P, _L, _L, _L, _L] + [_P] * 10 + [ctypes.c_float] + [_P] * 3 + [_I]
+        lib.metrale_encoder_ffn_f32.restype = None
         lib.metrale_amx_ready.argtypes = []
         lib.metrale_amx_ready.restype = _I
         lib.metrale_kq_stride.argtypes = [_I]
@@ -485,6 +489,46 @@ def encoder_bias_gelu(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) ->
     assert y.dtype == out.dtype == torch.bfloat16 and bias.dtype == torch.float32 and y.is_contiguous() and out.is_contiguous()
     lib.metrale_encoder_bias_gelu(y.data_ptr(), bias.data_ptr(), out.data_ptr(), y.shape[0], y.shape[1],
                                   torch.get_num_threads())
+
+
+def encoder_ffn(ctx: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                norms: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], eps: float,
+                h: torch.Tensor, a: torch.Tensor, g: torch.Tensor, h16: torch.Tensor | None = None,
+                a16: torch.Tensor | None = None, y: torch.Tensor | None = None) -> None:
+    """A post-LayerNorm BERT layer's feed-forward half over R rows in one call (encoder.c's
+    metrale_encoder_ffn_*): a = LayerNorm(W_o·ctx + b_o + h), then h = LayerNorm(W_down·GELU(W_up·a + b_up)
+    + b_down + a), h rewritten in place; the same kernels in the same order as encoder_linear and
+    encoder_add_norm called one by one (the same bits), without a return to Python between them.
+
+    weights: the attention output's, up and down projections' packed weights (encoder_pack) of one dtype;
+    biases: their float32 biases [H], [I], [H]; norms: the two LayerNorms' (weight, bias), float32 [H];
+    h: float32 [R, H] (the residual in, the layer's output out). bfloat16 weights: ctx float32 (rounded to
+    bfloat16 first, as torch's .to rounds) or bfloat16 [R, H] (rows may be strided); h16 (the output's
+    bfloat16 copy), a16 and y bfloat16 [R, H], a float32 [R, H], g bfloat16 [R, I]. float32 weights: ctx,
+    a float32 [R, H], g float32 [R, I]; h16, a16 and y unused. Every buffer but ctx contiguous. Raises
+    RuntimeError without the kernels."""
+    lib = _required()
+    wo, wu, wd = weights
+    rows, hidden = h.shape
+    inter = biases[1].shape[0]
+    assert ctx.stride(1) == 1 and tuple(ctx.shape) == (rows, hidden) and h.dtype == a.dtype == torch.float32
+    for t in (h, a, g) + tuple(t for t in (h16, a16, y) if t is not None):
+        assert t.is_contiguous()
+    assert tuple(g.shape) == (rows, inter) and tuple(a.shape) == (rows, hidden)
+    (g1, b1), (g2, b2) = norms
+    common = (wo.data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), wu.data_ptr(), biases[1].data_ptr(),
+              wd.data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
+    if wo.dtype == torch.bfloat16:
+        assert g.dtype == torch.bfloat16 and ctx.dtype in (torch.float32, torch.bfloat16)
+        assert all(t is not None and t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, hidden) for t in (h16, a16, y))
+        lib.metrale_encoder_ffn_bf16(ctx.data_ptr(), int(ctx.dtype == torch.bfloat16), ctx.stride(0), rows, hidden,
+                                     inter, *common, h.data_ptr(), h16.data_ptr(), a.data_ptr(), a16.data_ptr(),
+                                     y.data_ptr(), g.data_ptr(), torch.get_num_threads())
+    else:
+        assert ctx.dtype == g.dtype == torch.float32
+        lib.metrale_encoder_ffn_f32(ctx.data_ptr(), ctx.stride(0), rows, hidden, inter, *common, h.data_ptr(),
+                                    a.data_ptr(), g.data_ptr(), torch.get_num_threads())
 
 
 def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:

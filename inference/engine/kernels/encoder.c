@@ -1016,3 +1016,44 @@ void metrale_encoder_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp
     LIN_TASKS(LIN_BF16)
 #undef LIN_BF16
 }
+
+/* The feed-forward half of a post-LayerNorm BERT layer over `rows` rows in one call, the steps models/bert.py
+ * would make one kernel call each, with the same kernels in the same order (so the same bits):
+ *   a = LayerNorm(W_o ctx + b_o + h), g = GELU(W_up a + b_up), h = LayerNorm(W_down g + b_down + a).
+ * bfloat16 form: ctx float32 (rounded to bfloat16 first, by float_to_bf16: torch's rounding) or bfloat16 when
+ * ctx_bf16, [rows][hidden] ldctx apart; a16 (a's bfloat16 copy, the up projection's input; first the rounded
+ * ctx) and h16 (h's, the next layer's input); y [rows][hidden] and g [rows][inter] bfloat16 scratch.
+ * float32 form: ctx float32, a and g float32; h is the down projection's output before its LayerNorm (dead
+ * once a holds the first sum). Weights packed (metrale_encoder_pack_*), each bias and norm float32. */
+void metrale_encoder_ffn_bf16(const void *ctx, int ctx_bf16, long ldctx, long rows, long hidden, long inter,
+                              const uint16_t *wo, const float *bo, const float *gamma1, const float *beta1,
+                              const uint16_t *wu, const float *bu, const uint16_t *wd, const float *bd,
+                              const float *gamma2, const float *beta2, float eps, float *h, uint16_t *h16, float *a,
+                              uint16_t *a16, uint16_t *y, uint16_t *g, int nthreads) {
+    const uint16_t *x = (const uint16_t *)ctx;
+    long ldx = ldctx;
+    if (!ctx_bf16) {
+        const float *c = (const float *)ctx;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (long r = 0; r < rows; r++)
+            for (long j = 0; j < hidden; j++) a16[r * hidden + j] = float_to_bf16(c[r * ldctx + j]);
+        x = a16;
+        ldx = hidden;
+    }
+    metrale_encoder_linear_bf16(x, ldx, wo, NULL, 0, y, hidden, rows, hidden, hidden, nthreads);
+    metrale_encoder_add_norm(y, bo, h, gamma1, beta1, eps, a, a16, rows, hidden, nthreads);
+    metrale_encoder_linear_bf16(a16, hidden, wu, bu, 1, g, inter, rows, inter, hidden, nthreads);
+    metrale_encoder_linear_bf16(g, inter, wd, NULL, 0, y, hidden, rows, hidden, inter, nthreads);
+    metrale_encoder_add_norm(y, bd, a, gamma2, beta2, eps, h, h16, rows, hidden, nthreads);
+}
+
+void metrale_encoder_ffn_f32(const float *ctx, long ldctx, long rows, long hidden, long inter, const float *wo,
+                             const float *bo, const float *gamma1, const float *beta1, const float *wu,
+                             const float *bu, const float *wd, const float *bd, const float *gamma2,
+                             const float *beta2, float eps, float *h, float *a, float *g, int nthreads) {
+    metrale_encoder_linear_f32(ctx, ldctx, wo, NULL, 0, a, hidden, rows, hidden, hidden, nthreads);
+    metrale_encoder_add_norm_f32(a, bo, h, gamma1, beta1, eps, a, rows, hidden, nthreads);
+    metrale_encoder_linear_f32(a, hidden, wu, bu, 1, g, inter, rows, inter, hidden, nthreads);
+    metrale_encoder_linear_f32(g, inter, wd, NULL, 0, h, hidden, rows, hidden, inter, nthreads);
+    metrale_encoder_add_norm_f32(h, bd, a, gamma2, beta2, eps, h, rows, hidden, nthreads);
+}

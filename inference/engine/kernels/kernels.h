@@ -223,6 +223,16 @@ void metrale_encoder_linear_f32(const float *x, long ldx, const float *wp, const
                                 long ldo, long rows, long n, long k, int nthreads);
 void metrale_encoder_linear_bf16(const uint16_t *x, long ldx, const uint16_t *wp, const float *bias, int gelu,
                                  uint16_t *out, long ldo, long rows, long n, long k, int nthreads);
+/* A BERT layer's feed-forward half (attention output, LayerNorm, up + GELU, down, LayerNorm) in one call. */
+void metrale_encoder_ffn_bf16(const void *ctx, int ctx_bf16, long ldctx, long rows, long hidden, long inter,
+                              const uint16_t *wo, const float *bo, const float *gamma1, const float *beta1,
+                              const uint16_t *wu, const float *bu, const uint16_t *wd, const float *bd,
+                              const float *gamma2, const float *beta2, float eps, float *h, uint16_t *h16, float *a,
+                              uint16_t *a16, uint16_t *y, uint16_t *g, int nthreads);
+void metrale_encoder_ffn_f32(const float *ctx, long ldctx, long rows, long hidden, long inter, const float *wo,
+                             const float *bo, const float *gamma1, const float *beta1, const float *wu,
+                             const float *bu, const float *wd, const float *bd, const float *gamma2,
+                             const float *beta2, float eps, float *h, float *a, float *g, int nthreads);
 
 /* The layout of a struct Python passes by value or pointer (layout.c): for `type` (metrale_weight, metrale_layer,
  * metrale_view, metrale_step, metrale_lora_part, metrale_lora_layer) and `field` NULL, its size and alignment;

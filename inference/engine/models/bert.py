@@ -273,7 +273,7 @@ class BertEncoder:
                     yield
                 for rows in _chunks(t, chunk_rows):
                     if bf16:
-                        self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows])
+                        self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows], work)
                     elif compiled:
                         self._feed_forward_fused(layer, ctx[rows], h[rows], work)
                     else:
@@ -320,11 +320,22 @@ class BertEncoder:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
 
-    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor) -> None:
+    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor,
+                               work: dict[str, torch.Tensor]) -> None:
         """_feed_forward's steps with h (float32 [R, hidden], the residual) and h16 (its bfloat16 copy, the next
-        layer's input) rewritten in place: the linears' bfloat16 products, the rest in encoder.c. ctx: float32,
-        or bfloat16 as it is."""
+        layer's input) rewritten in place: the linears' bfloat16 products, the rest in encoder.c (packed
+        weights: all of it one call, kernels.encoder_ffn, its buffers work's). ctx: float32, or bfloat16 as
+        it is."""
         eps = self.cfg.layer_norm_eps
+        if self._packed:
+            rows, hidden = h.shape
+            kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                                (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                                eps, h, _buffer(work, "a", rows, hidden, torch.float32),
+                                _buffer(work, "g16", rows, self.cfg.intermediate_size, torch.bfloat16), h16,
+                                _buffer(work, "a16", rows, hidden, torch.bfloat16),
+                                _buffer(work, "y16", rows, hidden, torch.bfloat16))
+            return
         a = torch.empty_like(h)
         a16 = torch.empty_like(h16)
         kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, h,
@@ -342,12 +353,11 @@ class BertEncoder:
         rewritten in place: a = LN(W_o·ctx + b_o + h) in work's "a" buffer, g = GELU(W_up·a + b_up) in its "g"
         buffer, then W_down·g into h (dead once a holds its sum) and h = LN(that + b_down + a) over it.
         ctx: float32 [R, hidden]."""
-        eps, rows = self.cfg.layer_norm_eps, h.shape[0]
-        a = _buffer(work, "a", rows, self.cfg.hidden_size, torch.float32)
-        g = _buffer(work, "g", rows, self.cfg.intermediate_size, torch.float32)
-        kernels.encoder_add_norm(layer.attn_out.product(ctx, out=a), layer.attn_out.bias, h, layer.attn_norm, eps, a)
-        layer.up.product(a, out=g, bias=True, gelu=True)
-        kernels.encoder_add_norm(layer.down.product(g, out=h), layer.down.bias, a, layer.out_norm, eps, h)
+        rows = h.shape[0]
+        kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                            (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                            self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, self.cfg.hidden_size, torch.float32),
+                            _buffer(work, "g", rows, self.cfg.intermediate_size, torch.float32))
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
