@@ -272,10 +272,10 @@ class BertEncoder:
                     first = last
                     yield
                 for rows in _chunks(t, chunk_rows):
-                    if bf16:
-                        self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows], work)
-                    elif compiled:
-                        self._feed_forward_fused(layer, ctx[rows], h[rows], work)
+                    if compiled and self._packed:
+                        self._feed_forward_in_one_call(layer, ctx[rows], h[rows], h16[rows] if bf16 else None, work)
+                    elif bf16:
+                        self._feed_forward_compiled(layer, ctx[rows], h[rows], h16[rows])
                     else:
                         h[rows] = self._feed_forward(layer, ctx[rows], h[rows])
                     yield
@@ -320,44 +320,35 @@ class BertEncoder:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
 
-    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor,
-                               work: dict[str, torch.Tensor]) -> None:
-        """_feed_forward's steps with h (float32 [R, hidden], the residual) and h16 (its bfloat16 copy, the next
-        layer's input) rewritten in place: the linears' bfloat16 products, the rest in encoder.c (packed
-        weights: all of it one call, kernels.encoder_ffn, its buffers work's). ctx: float32, or bfloat16 as
-        it is."""
+    def _feed_forward_in_one_call(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor | None,
+                                  work: dict[str, torch.Tensor]) -> None:
+        """_feed_forward's steps on packed linears in one kernel call (kernels.encoder_ffn), h (float32 [R, hidden],
+        the residual) rewritten in place, its intermediates in work's buffers. The bfloat16 form: ctx float32
+        or bfloat16 as it is, h16 (h's bfloat16 copy, the next layer's input) rewritten too; the float32 form:
+        ctx float32, h16 None."""
+        rows, hidden, inter = h.shape[0], self.cfg.hidden_size, self.cfg.intermediate_size
+        if h16 is None:
+            buffers = {"g": _buffer(work, "g", rows, inter, torch.float32)}
+        else:
+            buffers = {"g": _buffer(work, "g16", rows, inter, torch.bfloat16), "h16": h16,
+                       "a16": _buffer(work, "a16", rows, hidden, torch.bfloat16),
+                       "y": _buffer(work, "y16", rows, hidden, torch.bfloat16)}
+        kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                            (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                            self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, hidden, torch.float32), **buffers)
+
+    def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor) -> None:
+        """_feed_forward's steps in the bfloat16 form on linears the kernels could not pack, h (float32 [R, hidden],
+        the residual) and h16 (its bfloat16 copy, the next layer's input) rewritten in place: the linears'
+        bfloat16 products, the rest in encoder.c. ctx: float32, or bfloat16 as it is."""
         eps = self.cfg.layer_norm_eps
-        if self._packed:
-            rows, hidden = h.shape
-            kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
-                                (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
-                                eps, h, _buffer(work, "a", rows, hidden, torch.float32),
-                                _buffer(work, "g16", rows, self.cfg.intermediate_size, torch.bfloat16), h16,
-                                _buffer(work, "a16", rows, hidden, torch.bfloat16),
-                                _buffer(work, "y16", rows, hidden, torch.bfloat16))
-            return
         a = torch.empty_like(h)
         a16 = torch.empty_like(h16)
         kernels.encoder_add_norm(layer.attn_out.product(ctx.to(torch.bfloat16)), layer.attn_out.bias, h,
                                  layer.attn_norm, eps, a, a16)
-        if self._packed:  # the kernel adds the bias and applies the erf GELU before rounding to bfloat16
-            g = layer.up.product(a16, bias=True, gelu=True)
-        else:
-            g = layer.up.product(a16)
-            kernels.encoder_bias_gelu(g, layer.up.bias, g)
+        g = layer.up.product(a16)
+        kernels.encoder_bias_gelu(g, layer.up.bias, g)
         kernels.encoder_add_norm(layer.down.product(g), layer.down.bias, a, layer.out_norm, eps, h, h16)
-
-    def _feed_forward_fused(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor,
-                            work: dict[str, torch.Tensor]) -> None:
-        """_feed_forward's steps in the float32 form on packed linears, h (float32 [R, hidden], the residual)
-        rewritten in place: a = LN(W_o·ctx + b_o + h) in work's "a" buffer, g = GELU(W_up·a + b_up) in its "g"
-        buffer, then W_down·g into h (dead once a holds its sum) and h = LN(that + b_down + a) over it.
-        ctx: float32 [R, hidden]."""
-        rows = h.shape[0]
-        kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
-                            (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
-                            self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, self.cfg.hidden_size, torch.float32),
-                            _buffer(work, "g", rows, self.cfg.intermediate_size, torch.float32))
 
     def _feed_forward(self, layer: BertLayer, ctx: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Post-LayerNorm BERT: LN(x + W_o·ctx), then LN(a + W_down·act(W_up·a)); row-wise."""
