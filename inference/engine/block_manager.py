@@ -258,7 +258,7 @@ class BlockManager:
 
     def _tail_key(self, seq: Sequence, index: int) -> tuple:
         """The tail key of `seq`'s block `index`: the chained hash of the block before (its tokens known), the salt."""
-        return (self.full_blocks(seq)[index - 1][0] if index else None, seq.cache_salt)
+        return (self.block_hash_at(seq, index - 1) if index else None, seq.cache_salt)
 
     def _copy_tail(self, seq: Sequence) -> int:
         """After match_prefix's full blocks: the longest start of `seq`'s next block that a tail or the cached
