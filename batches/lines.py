@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.engine.request import BATCH_PRIORITY
+from inference.serving.embeddings import vectors_json
 from inference.serving.errors import ApiError
 from inference.serving.prepare import cpu_work
 from inference.http.surfaces import SURFACES
@@ -107,8 +108,9 @@ def output_line(custom_id: str, status_code: int | None = None, request_id: str 
     request got, or (for a request never run, e.g. batch_expired) `error` {code, message} and a
     null response."""
     response = None if error is not None else {"status_code": status_code, "request_id": request_id, "body": body}
-    return json.dumps({"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id, "response": response,
-                       "error": error}, ensure_ascii=False, separators=(",", ":"))
+    # Written as the endpoint writes its answer (an embedding's float32 numbers: serving/embeddings.vectors_json).
+    return vectors_json({"id": f"batch_req_{secrets.token_hex(16)}", "custom_id": custom_id, "response": response,
+                         "error": error}).decode()
 
 
 async def run_line(endpoint: str, line: Line, registry, *, tenant, cache_salt: str):

@@ -12,7 +12,6 @@ usage: {prompt_tokens, total_tokens}}`.
 from __future__ import annotations
 
 import base64
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,27 +140,17 @@ def prepare(req: dict, model) -> EmbeddingCall:
     return EmbeddingCall(req["model"], inputs, req.get("encoding_format") or "float", total)
 
 
-def response_body(call: EmbeddingCall, model_name: str, vectors: list[bytes], floats=None) -> dict:
+def response_body(call: EmbeddingCall, model_name: str, vectors: list[bytes]) -> dict:
     """OpenAI's embedding list from each input's vector (float32 little-endian bytes): base64 strings, or
-    `floats(raw)` of each (vector_floats: Python floats, when None)."""
-    floats = floats or vector_floats
+    float32 arrays (float32_array) that vectors_json writes as numbers. The endpoint's answer and a batch
+    line's body (batches/lines.output_line) are this, written by vectors_json."""
     data = []
     for i, raw in enumerate(vectors):
-        embedding = base64.b64encode(raw).decode("ascii") if call.encoding_format == "base64" else floats(raw)
+        embedding = (base64.b64encode(raw).decode("ascii") if call.encoding_format == "base64"
+                     else float32_array(raw))
         data.append({"object": "embedding", "index": i, "embedding": embedding})
     return {"object": "list", "data": data, "model": model_name,
             "usage": {"prompt_tokens": call.prompt_tokens, "total_tokens": call.prompt_tokens}}
-
-
-def vector_floats(raw: bytes) -> list[float]:
-    """A vector's float32 little-endian bytes (EmbeddingRunner's output) as Python floats."""
-    values = array("f")
-    values.frombytes(raw)
-    if values.itemsize != 4:  # pragma: no cover - array('f') is C float, 4 bytes on every platform we run
-        raise RuntimeError("float is not 4 bytes")
-    if _big_endian():
-        values.byteswap()
-    return values.tolist()
 
 
 def response_json(call: EmbeddingCall, model_name: str, vectors: list[bytes]) -> bytes:
@@ -173,7 +162,7 @@ def response_json(call: EmbeddingCall, model_name: str, vectors: list[bytes]) ->
     float32's exact double, encoded some 25 times faster than json.dumps of Python floats (a 384-float
     vector 17 us against 450 on the 2-vCPU EPYC). A NaN or infinite element (no JSON number holds one:
     only a broken model makes it) is written null, as orjson writes one."""
-    return vectors_json(response_body(call, model_name, vectors, float32_array))
+    return vectors_json(response_body(call, model_name, vectors))
 
 
 def float32_array(raw: bytes) -> np.ndarray:
@@ -182,12 +171,7 @@ def float32_array(raw: bytes) -> np.ndarray:
 
 
 def vectors_json(body: dict) -> bytes:
-    """`body` as JSON bytes, its float32 arrays (float32_array) written as each element's shortest float32
-    decimal (response_json's rule; Ollama's Go server writes its float32 vectors the same way)."""
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def _big_endian() -> bool:
-    import sys
-
-    return sys.byteorder == "big"
+    """`body` as compact UTF-8 JSON bytes, its float32 arrays (float32_array) written as each element's
+    shortest float32 decimal (response_json's rule; Ollama's Go server writes its float32 vectors the same
+    way), a non-string key as its string (as json.dumps writes one), a NaN or infinity as null."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)

@@ -23,6 +23,7 @@ def test_a_batch_of_embeddings_lines_answers_each_as_the_endpoint_and_is_the_ten
     assert out["a"]["status_code"] == 200 and out["a"]["body"]["model"] == NAME
     for ours, ref in zip(out["a"]["body"]["data"], direct["data"], strict=True):  # float32 rounding apart
         assert ours["index"] == ref["index"] and ours["embedding"] == pytest.approx(ref["embedding"], abs=1e-6)
+        assert ours["embedding"] == ref["embedding"]  # written the same way: the same numbers
     assert out["a"]["body"]["usage"] == direct["usage"]
     assert isinstance(out["b"]["body"]["data"][0]["embedding"], str)
     errors = {line["custom_id"]: line["response"] for line in lines_of(acme, done["error_file_id"])}
