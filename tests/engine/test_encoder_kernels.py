@@ -1,5 +1,5 @@
 """The encoder's compiled steps (kernels/encoder.c): attention over packed sequences against SDPA on each
-sequence alone (float32, and bfloat16 on the tile unit), the GELU and LayerNorm steps against torch's (the
+sequence alone (float32, and bfloat16 on AMX's tile unit or AVX-512 BF16), the GELU and LayerNorm steps against torch's (the
 float32 linear's bias and GELU epilogue and the float32 add + LayerNorm too, that linear's rows bitwise the
 same whatever shares the call), and the BERT encoder's compiled paths against its torch steps."""
 import math
@@ -16,9 +16,10 @@ from .isa_builds import narrower_builds
 from .test_bert_encoder import tiny_config
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
-needs_amx = pytest.mark.skipif(not (kernels.available() and kernels.encoder_amx_attention(32)),
-                               reason="this CPU has no AMX tile unit with bfloat16 (amx_bf16): the float32 attention "
-                                      "is the one it runs, tested above")
+needs_bf16_attention = pytest.mark.skipif(
+    not (kernels.available() and kernels.encoder_bf16_attention(32)),
+    reason="this CPU has neither AMX's tile unit with bfloat16 nor AVX-512 BF16: the float32 attention is the one it "
+           "runs, tested above")
 
 
 def packed(lens, hidden, generator):
@@ -66,11 +67,13 @@ def test_every_instruction_set_path_of_the_attention_equals_sdpa(extra):
         torch.testing.assert_close(out, sdpa_each(qkv, starts, lens, n_heads), atol=1e-5, rtol=1e-4)  # float32, summed in another order
 
 
-@needs_amx
-@pytest.mark.parametrize("head_dim", [32, 64])
-def test_bfloat16_attention_on_the_tile_unit_is_as_close_as_bfloat16_sdpa(head_dim):
+@needs_bf16_attention
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_bfloat16_attention_is_as_close_as_bfloat16_sdpa(head_dim):
     """Q, K, V and P in bfloat16 with float32 sums: as far from float32 SDPA as SDPA on bfloat16 inputs, from
     a bfloat16 product with no bias and from one plus its bias alike."""
+    if kernels.encoder_bf16_attention(head_dim) is None:
+        pytest.skip(f"the tile unit takes head_dim 32 or 64, not {head_dim}")
     g = torch.Generator().manual_seed(head_dim)
     n_heads = 384 // head_dim
     qkv, starts, lens = packed([1, 5, 16, 17, 32, 33, 129, 256], 384, g)

@@ -83,8 +83,8 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_add_norm_f32.restype = None
         lib.metrale_encoder_attention_bf16.argtypes = [_P, _L, _P, _P, _P, _L, _I, _I, ctypes.c_float, _P, _L, _I]
         lib.metrale_encoder_attention_bf16.restype = _I
-        lib.metrale_encoder_amx_attention.argtypes = [_I]
-        lib.metrale_encoder_amx_attention.restype = _I
+        lib.metrale_encoder_bf16_attention.argtypes = [_I]
+        lib.metrale_encoder_bf16_attention.restype = _I
         lib.metrale_encoder_pack_f32.argtypes = [_P, _L, _L, _P]
         lib.metrale_encoder_pack_f32.restype = None
         lib.metrale_encoder_pack_bf16.argtypes = [_P, _L, _L, _P]
@@ -400,7 +400,7 @@ def encoder_attention(qkv: torch.Tensor, starts: torch.Tensor, lens: torch.Tenso
     qkv: float32 [T, 3 * hidden] (each row q | k | v, head h at h * head_dim of each), contiguous rows;
     starts, lens: int64 [S], each sequence's first row and row count (lens >= 1); out: float32 [T,
     hidden] (rows may be strided), written for every row of every sequence: softmax(scale q·Kᵀ)·V
-    per head, in float32 (encoder_attention_bf16 is the tile unit's bfloat16 form). Raises RuntimeError
+    per head, in float32 (encoder_attention_bf16 is its bfloat16 form). Raises RuntimeError
     without the kernels.
     """
     lib = _required()
@@ -412,19 +412,21 @@ def encoder_attention(qkv: torch.Tensor, starts: torch.Tensor, lens: torch.Tenso
                                   torch.get_num_threads())
 
 
-def encoder_amx_attention(head_dim: int) -> bool:
-    """Whether encoder_attention_bf16 runs here: the kernels built with AMX and AVX-512 BF16, the tile unit
-    granted, head_dim 32 or 64."""
+def encoder_bf16_attention(head_dim: int) -> str | None:
+    """Which unit runs encoder_attention_bf16 here for heads of head_dim values: "amx" (Intel AMX's tile unit
+    granted, head_dim 32 or 64), "avx512_bf16" (AVX-512 BF16's dot products, head_dim a multiple of 16) or
+    None (neither: the float32 encoder_attention is the one to run)."""
     lib = library()
-    return lib is not None and bool(lib.metrale_encoder_amx_attention(head_dim))
+    return {2: "amx", 1: "avx512_bf16"}.get(lib.metrale_encoder_bf16_attention(head_dim)) if lib is not None else None
 
 
 def encoder_attention_bf16(qkv: torch.Tensor, bias: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
                            n_heads: int, scale: float, out: torch.Tensor) -> None:
-    """encoder_attention's bfloat16 form on the tile unit (encoder_amx_attention must be true) straight from a
+    """encoder_attention's bfloat16 form (encoder_bf16_attention(head_dim) must name a unit) straight from a
     linear's product: qkv bfloat16 [T, 3 * hidden] (rows contiguous), bias float32 [3 * hidden] added to
-    it, out bfloat16 [T, hidden] (rows may be strided). Q, K, V and P rounded to bfloat16, sums in float32.
-    Raises RuntimeError without the kernels, where the tile unit is unavailable, or out of memory."""
+    it, out bfloat16 [T, hidden] (rows may be strided). Q (times scale), K, V and P rounded to bfloat16, sums
+    in float32 (flash attention's precision; encoder.c's attend_amx and attend_dp). A sequence's rows depend
+    on that sequence alone. Raises RuntimeError without the kernels, where no unit runs it, or out of memory."""
     lib = _required()
     hidden = qkv.shape[1] // 3
     assert qkv.dtype == out.dtype == torch.bfloat16 and qkv.stride(1) == 1 and out.stride(1) == 1
@@ -433,7 +435,7 @@ def encoder_attention_bf16(qkv: torch.Tensor, bias: torch.Tensor, starts: torch.
                                               lens.data_ptr(), lens.shape[0], n_heads, hidden // n_heads, scale,
                                               out.data_ptr(), out.stride(0), torch.get_num_threads())
     if done != 1:
-        raise RuntimeError("the encoder's AMX attention is unavailable here" if done == 0 else
+        raise RuntimeError("the encoder's bfloat16 attention does not run here" if done == 0 else
                            "the encoder's attention could not allocate its scratch memory")
 
 

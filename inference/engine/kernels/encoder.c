@@ -57,6 +57,11 @@ static inline __m512 exp16_short(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* 16 values of a q, k or v row of the bfloat16 product at p, plus their bias, in float32. */
+static inline __m512 row16(const uint16_t *p, const float *bias) {
+    return _mm512_add_ps(bf16x16_f32(p), _mm512_loadu_ps(bias));
+}
+
 #endif
 
 #define QB 8 /* queries a pass over the keys: 8 independent sums cover the FMA latency */
@@ -246,11 +251,6 @@ static void attend_lanes(const float *q, const float *k, const float *v, long ld
  * [16][Lp32] bfloat16, zero past L. Padding keys and queries are zeros (their scores masked, their
  * outputs not stored). */
 
-/* 16 values of a q, k or v row of the bfloat16 product at p, plus their bias, in float32. */
-static inline __m512 row16(const uint16_t *p, const float *bias) {
-    return _mm512_add_ps(bf16x16_f32(p), _mm512_loadu_ps(bias));
-}
-
 /* q, k, v: the head's first q, k and v values of the sequence's first row in the bfloat16 product, ld
  * elements a row; bq, bk, bv their biases; out (ldo apart) bfloat16. The thread has loaded
  * metrale_amx_begin_bf16's tile configuration. */
@@ -370,6 +370,137 @@ static long amx_task_bytes(long longest, int hd) {
 }
 #endif
 
+#if defined(METRALE_AVX512) && defined(__AVX512BF16__)
+#define ENCODER_DP 1
+/* attend_amx's precision on AVX-512 BF16's dot products (VDPBF16PS: 16 float32 lanes, each adding a pair
+ * of bfloat16 products), for head_dim a multiple of 16, where the tile unit is not: Q (times scale), K and V
+ * rounded to bfloat16, S = Q K^T summed in float32, P = exp(S - max) in float32 (exp16_short), its sum
+ * kept in float32, P rounded to bfloat16 for P V, summed in float32, O / sum rounded to bfloat16.
+ * attend_lanes' shape: sixteen queries a vector, so the softmax needs no reduction across lanes, and every
+ * product takes its other operand by broadcast of one 32-bit pair.
+ *
+ * Layouts: kb [L][hd] bfloat16 (a key's pairs of dims in order); vt [L2][hd] pairs (V[2p][d], V[2p + 1][d])
+ * (L2 = L rounded up to even, halved; an odd last key pairs with zeros); per block of 16 queries qt [hd/2][16]
+ * pairs (Q[r][2p], Q[r][2p + 1]), st [L][16] float32 scores, pt [L2][16] pairs (P[2p][r], P[2p + 1][r]).
+ * A short last block repeats its last query (computed, not stored). */
+/* The 32-bit pair of bfloat16 values at p in all 16 lanes. */
+static inline __m512bh pair16(const uint16_t *p) {
+    int32_t x;
+    memcpy(&x, p, sizeof x);
+    return (__m512bh)_mm512_set1_epi32(x);
+}
+
+static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *bq, const float *bk,
+                      const float *bv, long ld, long L, int hd, float scale, uint16_t *out, long ldo,
+                      uint8_t *scratch) {
+    const long L2 = (L + 1) / 2;
+    const int hp = hd / 2;
+    uint32_t *vt = (uint32_t *)scratch;           /* [L2][hd] */
+    uint32_t *pt = vt + L2 * hd;                  /* [L2][16] */
+    float *st = (float *)(pt + L2 * 16);          /* [L][16] */
+    uint32_t *qt = (uint32_t *)(st + L * 16);     /* [hp][16] */
+    float *ot = (float *)(qt + hp * 16);          /* [16][16] */
+    uint16_t *kb = (uint16_t *)(ot + 256);        /* [L][hd] */
+    uint16_t *qb = kb + L * hd;                   /* [16][hd] */
+    for (long j = 0; j < L; j++)
+        for (int d = 0; d < hd; d += 16)
+            _mm256_storeu_si256((__m256i *)(kb + j * hd + d), (__m256i)_mm512_cvtneps_pbh(row16(k + j * ld + d, bk + d)));
+    for (long p = 0; p < L2; p++)
+        for (int d = 0; d < hd; d += 16) {
+            const __m512 a = row16(v + 2 * p * ld + d, bv + d);
+            const __m512 b = 2 * p + 1 < L ? row16(v + (2 * p + 1) * ld + d, bv + d) : _mm512_setzero_ps();
+            const __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+            const __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+            _mm512_storeu_si512((void *)(vt + p * hd + d), _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
+        }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (long i0 = 0; i0 < L; i0 += 16) {
+        const int nq = (int)(L - i0 < 16 ? L - i0 : 16);
+        for (int r = 0; r < 16; r++) {
+            const long i = i0 + (r < nq ? r : nq - 1);
+            for (int d = 0; d < hd; d += 16)
+                _mm256_storeu_si256((__m256i *)(qb + r * hd + d),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(row16(q + i * ld + d, bq + d), sc)));
+        }
+        for (int p = 0; p < hp; p++)
+            for (int r = 0; r < 16; r++) memcpy(qt + p * 16 + r, qb + r * hd + 2 * p, sizeof(uint32_t));
+        /* scores S^T[j] = sum_p qt[p] . K[j]'s pair p, eight keys at a time; their maximum */
+#define KP(n) pair16(kr + (n) * hd)
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        long j = 0;
+        for (; j + 8 <= L; j += 8) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int p = 0; p < hp; p++) {
+                const __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + p * 16);
+                const uint16_t *kr = kb + j * hd + 2 * p;
+                a0 = _mm512_dpbf16_ps(a0, qv, KP(0));
+                a1 = _mm512_dpbf16_ps(a1, qv, KP(1));
+                a2 = _mm512_dpbf16_ps(a2, qv, KP(2));
+                a3 = _mm512_dpbf16_ps(a3, qv, KP(3));
+                a4 = _mm512_dpbf16_ps(a4, qv, KP(4));
+                a5 = _mm512_dpbf16_ps(a5, qv, KP(5));
+                a6 = _mm512_dpbf16_ps(a6, qv, KP(6));
+                a7 = _mm512_dpbf16_ps(a7, qv, KP(7));
+            }
+            _mm512_storeu_ps(st + (j + 0) * 16, a0);
+            _mm512_storeu_ps(st + (j + 1) * 16, a1);
+            _mm512_storeu_ps(st + (j + 2) * 16, a2);
+            _mm512_storeu_ps(st + (j + 3) * 16, a3);
+            _mm512_storeu_ps(st + (j + 4) * 16, a4);
+            _mm512_storeu_ps(st + (j + 5) * 16, a5);
+            _mm512_storeu_ps(st + (j + 6) * 16, a6);
+            _mm512_storeu_ps(st + (j + 7) * 16, a7);
+            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)),
+                                                 _mm512_max_ps(_mm512_max_ps(a4, a5), _mm512_max_ps(a6, a7))));
+        }
+        for (; j < L; j++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int p = 0; p < hp; p++) {
+                const uint16_t *kr = kb + j * hd + 2 * p;
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qt + p * 16), KP(0));
+            }
+            _mm512_storeu_ps(st + j * 16, a);
+            mx = _mm512_max_ps(mx, a);
+        }
+#undef KP
+        /* P = exp(S - max), its float32 sum per query, P in pairs of keys as bfloat16 */
+        __m512 sum = _mm512_setzero_ps();
+        for (long p = 0; p < L2; p++) {
+            const __m512 e0 = exp16_short(_mm512_sub_ps(_mm512_loadu_ps(st + 2 * p * 16), mx));
+            const __m512 e1 = 2 * p + 1 < L ? exp16_short(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * p + 1) * 16), mx))
+                                            : _mm512_setzero_ps();
+            sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+            const __m512i p0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e0));
+            const __m512i p1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e1));
+            _mm512_storeu_si512((void *)(pt + p * 16), _mm512_or_si512(p0, _mm512_slli_epi32(p1, 16)));
+        }
+        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
+        /* O^T[d] = sum_p pt[p] . V's pair p at d, sixteen values of d a pass; then O / sum, rows written back */
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            __m512 o[16];
+            for (int dd = 0; dd < 16; dd++) o[dd] = _mm512_setzero_ps();
+            for (long p = 0; p < L2; p++) {
+                const __m512bh pv = (__m512bh)_mm512_loadu_si512(pt + p * 16);
+                const uint32_t *vr = vt + p * hd + d0;
+                for (int dd = 0; dd < 16; dd++) o[dd] = _mm512_dpbf16_ps(o[dd], pv, (__m512bh)_mm512_set1_epi32((int)vr[dd]));
+            }
+            for (int dd = 0; dd < 16; dd++) _mm512_storeu_ps(ot + dd * 16, _mm512_mul_ps(o[dd], inv));
+            for (int r = 0; r < nq; r++) {
+                float row[16] __attribute__((aligned(64)));
+                for (int dd = 0; dd < 16; dd++) row[dd] = ot[dd * 16 + r];
+                f32x16_bf16(_mm512_load_ps(row), out + (i0 + r) * ldo + d0);
+            }
+        }
+    }
+}
+
+/* Bytes of attend_dp's scratch for sequences of at most `longest` keys. */
+static long dp_task_bytes(long longest, int hd) {
+    const long L2 = (longest + 1) / 2;
+    return 4 * L2 * hd + 64 * L2 + 64 * longest + 32L * hd + 1024 + 2 * longest * hd + 32L * hd + 64;
+}
+#endif
+
 void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts, const int64_t *lens, long n_seqs,
                                int n_heads, int head_dim, float scale, float *out, long ldo, int nthreads) {
     long longest = 0;
@@ -406,14 +537,39 @@ void metrale_encoder_attention(const float *qkv, long ld, const int64_t *starts,
     }
 }
 
+/* Which unit runs metrale_encoder_attention_bf16 for this head_dim: 2 the tile unit (attend_amx: head_dim 32 or
+ * 64 where metrale_amx_ready), 1 AVX-512 BF16's dot products (attend_dp: head_dim a multiple of 16), 0 none. */
+int metrale_encoder_bf16_attention(int head_dim) {
+#if defined(ENCODER_AMX)
+    if ((head_dim == 32 || head_dim == 64) && metrale_amx_ready()) return 2;
+#endif
+#if defined(ENCODER_DP)
+    if (head_dim > 0 && head_dim % 16 == 0) return 1;
+#endif
+    (void)head_dim;
+    return 0;
+}
+
 int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bias, const int64_t *starts,
                                    const int64_t *lens, long n_seqs, int n_heads, int head_dim, float scale,
                                    uint16_t *out, long ldo, int nthreads) {
-#if defined(ENCODER_AMX)
-    if (!((head_dim == 32 || head_dim == 64) && metrale_amx_ready())) return 0;
+    const int unit = metrale_encoder_bf16_attention(head_dim);
+    if (!unit) {
+        (void)qkv, (void)ld, (void)bias, (void)starts, (void)lens, (void)n_seqs, (void)n_heads;
+        (void)scale, (void)out, (void)ldo, (void)nthreads;
+        return 0;
+    }
+#if defined(ENCODER_AMX) || defined(ENCODER_DP)
     long longest = 0;
     for (long i = 0; i < n_seqs; i++) longest = lens[i] > longest ? lens[i] : longest;
-    const long per_task = amx_task_bytes(longest, head_dim), hidden = (long)n_heads * head_dim, tasks = n_seqs * n_heads;
+    long per_task = 0;
+#if defined(ENCODER_AMX)
+    if (unit == 2) per_task = amx_task_bytes(longest, head_dim);
+#endif
+#if defined(ENCODER_DP)
+    if (unit == 1) per_task = dp_task_bytes(longest, head_dim);
+#endif
+    const long hidden = (long)n_heads * head_dim, tasks = n_seqs * n_heads;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -422,24 +578,37 @@ int metrale_encoder_attention_bf16(const uint16_t *qkv, long ld, const float *bi
 #pragma omp atomic write
             failed = 1;
         }
-        metrale_amx_begin_bf16();
+#if defined(ENCODER_AMX)
+        if (unit == 2) metrale_amx_begin_bf16();
+#endif
+        /* longest sequences first (the packed order is shortest first): the last tasks are short */
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < tasks; t++) {
             if (!scratch) continue;
             const long seq = n_seqs - 1 - t / n_heads;
             const long h = t % n_heads;
             const uint16_t *base = qkv + starts[seq] * ld + h * head_dim;
-            attend_amx(base, base + hidden, base + 2 * hidden, bias + h * head_dim, bias + hidden + h * head_dim,
-                       bias + 2 * hidden + h * head_dim, ld, lens[seq], head_dim, scale,
-                       out + starts[seq] * ldo + h * head_dim, ldo, (float *)scratch);
+            const float *bq = bias + h * head_dim, *bk = bq + hidden, *bv = bk + hidden;
+            uint16_t *o = out + starts[seq] * ldo + h * head_dim;
+#if defined(ENCODER_AMX)
+            if (unit == 2) {
+                attend_amx(base, base + hidden, base + 2 * hidden, bq, bk, bv, ld, lens[seq], head_dim, scale, o, ldo,
+                           (float *)scratch);
+                continue;
+            }
+#endif
+#if defined(ENCODER_DP)
+            attend_dp(base, base + hidden, base + 2 * hidden, bq, bk, bv, ld, lens[seq], head_dim, scale, o, ldo,
+                      scratch);
+#endif
         }
-        metrale_amx_end();
+#if defined(ENCODER_AMX)
+        if (unit == 2) metrale_amx_end();
+#endif
         free(scratch);
     }
     return failed ? -1 : 1;
 #else
-    (void)qkv, (void)ld, (void)bias, (void)starts, (void)lens, (void)n_seqs, (void)n_heads, (void)head_dim;
-    (void)scale, (void)out, (void)ldo, (void)nthreads;
     return 0;
 #endif
 }
@@ -651,15 +820,6 @@ void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, 
 #endif
         for (; i < n; i++) out[r * n + i] = bf16_to_float(y[r * n + i]) + bias[i];
     }
-}
-
-int metrale_encoder_amx_attention(int head_dim) {
-#if defined(ENCODER_AMX)
-    return (head_dim == 32 || head_dim == 64) && metrale_amx_ready();
-#else
-    (void)head_dim;
-    return 0;
-#endif
 }
 
 /* The encoder's linears, batch-invariant: out[T][N] = x[T][K] · W^T, each output element one chain of

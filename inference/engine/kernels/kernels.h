@@ -214,7 +214,7 @@ void metrale_encoder_add_norm(const uint16_t *y, const float *bias, const float 
 void metrale_encoder_add_bias(const uint16_t *y, const float *bias, float *out, long rows, long n, int nthreads);
 void metrale_encoder_add_norm_f32(const float *y, const float *bias, const float *residual, const float *gamma,
                                   const float *beta, float eps, float *out, long rows, long n, int nthreads);
-int metrale_encoder_amx_attention(int head_dim);
+int metrale_encoder_bf16_attention(int head_dim);
 /* The encoder's batch-invariant linears: weights packed in groups of 16 output channels, each output element
  * one chain of sums in K's order whatever the row count or the thread split. */
 void metrale_encoder_pack_f32(const float *w, long n, long k, float *packed);

@@ -237,17 +237,17 @@ class BertEncoder:
         # rewrites them row by row.
         work, self._workspace = self._workspace or {}, None
         try:
-            # On the tile unit the attention reads the q/k/v product (bfloat16) and its bias, and writes its
-            # context in bfloat16, the next linear's input.
-            tiles = bf16 and kernels.encoder_amx_attention(cfg.head_dim)
+            # Where a unit runs the bfloat16 attention (AMX's tiles, AVX-512 BF16), it reads the q/k/v product
+            # (bfloat16) and its bias, and writes its context in bfloat16, the next linear's input.
+            bf16_attention = bf16 and kernels.encoder_bf16_attention(cfg.head_dim) is not None
             h16 = _buffer(work, "h16", t, cfg.hidden_size, torch.bfloat16) if bf16 else None
             if bf16:
                 h16.copy_(h)
-            qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
-            ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if tiles else torch.float32)
+            qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
+            ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
             for layer in self.layers:
                 for rows in _chunks(t, chunk_rows):
-                    if tiles:
+                    if bf16_attention:
                         layer.qkv.product(h16[rows], out=qkv[rows])
                     elif bf16:
                         kernels.encoder_add_bias(layer.qkv.product(h16[rows]), layer.qkv.bias, qkv[rows])
@@ -263,7 +263,7 @@ class BertEncoder:
                     last = first + 1
                     while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
                         last += 1
-                    if tiles:
+                    if bf16_attention:
                         kernels.encoder_attention_bf16(qkv, layer.qkv.bias, torch.tensor(batch.starts[first:last]),
                                                        torch.tensor(batch.seq_lens[first:last]), cfg.num_attention_heads,
                                                        1.0 / math.sqrt(cfg.head_dim), ctx)
