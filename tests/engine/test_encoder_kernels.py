@@ -292,3 +292,36 @@ def test_the_feed_forward_in_one_call_is_its_steps_one_by_one_bit_for_bit(form):
     assert torch.equal(h, want) and torch.isfinite(h).all()
     if dtype == torch.bfloat16:
         assert torch.equal(buffers["h16"], want16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+def test_a_whole_layer_in_one_call_is_its_steps_unit_by_unit_bit_for_bit(weights):
+    """Where every sequence fits a unit, a layer runs as one kernel call a group of whole sequences
+    (kernels.encoder_layer); its rows are the same bits as the same layer's steps one unit each (a unit smaller
+    than the longest sequence), for one group and several."""
+    cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
+    torch.manual_seed(2)
+    lens = (1, 7, 33, 64, 2, 40)
+    batch = PackedBatch.pack([torch.randint(0, 99, (n,)).tolist() for n in lens])
+
+    def run(chunk_rows):
+        units, count = enc.units(batch, lambda: chunk_rows), 0
+        while True:
+            try:
+                next(units)
+                count += 1
+            except StopIteration as done:
+                return done.value, count
+
+    steps, step_units = run(16)  # the longest sequence (64 rows) is past a unit: a step a unit
+    layers = cfg["num_hidden_layers"]
+    assert step_units > 1 + 3 * layers
+    one_call = weights == "float32" or kernels.encoder_bf16_attention(cfg["hidden_size"] // 2) is not None
+    # 147 rows in length order 1 2 7 33 40 64: one group; [1 2 7 33 40] [64]; [1 2 7 33] [40] [64]
+    for chunk_rows, groups in ((1 << 20, 1), (90, 2), (64, 3)):
+        whole, count = run(chunk_rows)
+        assert torch.equal(whole, steps), chunk_rows
+        if one_call:
+            assert count == 1 + layers * groups, (chunk_rows, count)

@@ -97,6 +97,10 @@ def _load() -> ctypes.CDLL | None:
         lib.metrale_encoder_ffn_bf16.restype = None
         lib.metrale_encoder_ffn_f32.argtypes = [_P, _L, _L, _L, _L] + [_P] * 10 + [ctypes.c_float] + [_P] * 3 + [_I]
         lib.metrale_encoder_ffn_f32.restype = None
+        lib.metrale_encoder_layer_bf16.argtypes = [_P, _P, _P, _P, _L, _I, ctypes.c_float, _P, _P, _L, _L, _L] + [_P] * 10 + [ctypes.c_float] + [_P] * 6 + [_I]
+        lib.metrale_encoder_layer_bf16.restype = _I
+        lib.metrale_encoder_layer_f32.argtypes = [_P, _P, _P, _P, _L, _I, ctypes.c_float, _P, _P, _L, _L, _L] + [_P] * 10 + [ctypes.c_float] + [_P] * 3 + [_I]
+        lib.metrale_encoder_layer_f32.restype = _I
         lib.metrale_amx_ready.argtypes = []
         lib.metrale_amx_ready.restype = _I
         lib.metrale_kq_stride.argtypes = [_I]
@@ -531,6 +535,52 @@ def encoder_ffn(ctx: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, to
         assert ctx.dtype == g.dtype == torch.float32
         lib.metrale_encoder_ffn_f32(ctx.data_ptr(), ctx.stride(0), rows, hidden, inter, *common, h.data_ptr(),
                                     a.data_ptr(), g.data_ptr(), torch.get_num_threads())
+
+
+def encoder_layer(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                  n_heads: int, scale: float, qkv: torch.Tensor, ctx: torch.Tensor,
+                  weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  norms: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], eps: float,
+                  h: torch.Tensor, a: torch.Tensor, g: torch.Tensor, h16: torch.Tensor | None = None,
+                  a16: torch.Tensor | None = None, y: torch.Tensor | None = None) -> None:
+    """A whole post-LayerNorm BERT layer over R rows that are whole sequences, in one call (encoder.c's
+    metrale_encoder_layer_*): q/k/v = W_qkv·x (+ b_qkv), the attention of each sequence alone, then
+    encoder_ffn's steps; the same kernels in the same order as encoder_linear, encoder_attention(_bf16) and
+    encoder_ffn called one by one (the same bits), without a return to Python between them.
+
+    qkv_weight: the fused q/k/v projection's packed weight (encoder_pack, [3H, H]) and qkv_bias its float32
+    bias [3H]; starts, lens: int64 [S], each sequence's first row (0 the first of these rows) and row count,
+    covering the R rows; qkv [R, 3H] and ctx [R, H] contiguous buffers of the weights' dtype; the rest as
+    encoder_ffn's, ctx the attention's output. bfloat16 weights: the input is h16 (the bias joins q/k/v inside
+    the attention: encoder_attention_bf16, which must run here); float32: h. h (and h16) hold the layer's
+    output after. Raises RuntimeError without the kernels, where the bfloat16 attention does not run, or out
+    of memory (h and h16 then unchanged)."""
+    lib = _required()
+    rows, hidden = h.shape
+    inter = biases[1].shape[0]
+    assert qkv.is_contiguous() and ctx.is_contiguous() and tuple(qkv.shape) == (rows, 3 * hidden)
+    assert tuple(ctx.shape) == (rows, hidden) and qkv.dtype == ctx.dtype == qkv_weight.dtype == weights[0].dtype
+    for t in (h, a, g) + tuple(t for t in (h16, a16, y) if t is not None):
+        assert t.is_contiguous()
+    assert tuple(g.shape) == (rows, inter) and tuple(a.shape) == (rows, hidden) and h.dtype == a.dtype == torch.float32
+    starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
+    (g1, b1), (g2, b2) = norms
+    head = (qkv_weight.data_ptr(), qkv_bias.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0], n_heads,
+            scale, qkv.data_ptr(), ctx.data_ptr(), rows, hidden, inter, weights[0].data_ptr(), biases[0].data_ptr(),
+            g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(), weights[2].data_ptr(),
+            biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps, h.data_ptr())
+    if qkv_weight.dtype == torch.bfloat16:
+        assert g.dtype == torch.bfloat16
+        assert all(t is not None and t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, hidden) for t in (h16, a16, y))
+        done = lib.metrale_encoder_layer_bf16(*head, h16.data_ptr(), a.data_ptr(), a16.data_ptr(), y.data_ptr(),
+                                              g.data_ptr(), torch.get_num_threads())
+    else:
+        assert g.dtype == torch.float32
+        done = lib.metrale_encoder_layer_f32(*head, a.data_ptr(), g.data_ptr(), torch.get_num_threads())
+    if done != 1:
+        raise RuntimeError("the encoder's bfloat16 attention does not run here" if done == 0 else
+                           "the encoder's attention could not allocate its scratch memory")
 
 
 def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:

@@ -1217,3 +1217,40 @@ void metrale_encoder_ffn_f32(const float *ctx, long ldctx, long rows, long hidde
     metrale_encoder_linear_f32(g, inter, wd, NULL, 0, h, hidden, rows, hidden, inter, nthreads);
     metrale_encoder_add_norm_f32(h, bd, a, gamma2, beta2, eps, h, rows, hidden, nthreads);
 }
+
+/* A whole post-LayerNorm BERT layer over `rows` rows that are whole sequences (starts relative to the first
+ * row, lens), in one call: the steps models/bert.py would make one call each, with the same kernels in the
+ * same order (so the same bits, and each sequence's rows still its own):
+ *   qkv = W_qkv h (+ b_qkv), ctx = attention(qkv) per sequence and head, then metrale_encoder_ffn_*.
+ * bfloat16 form (metrale_encoder_bf16_attention must name a unit): h16 the layer's bfloat16 input, qkv
+ * [rows][3 hidden] its bfloat16 product without the bias (the attention adds it), ctx [rows][hidden]
+ * bfloat16; float32 form: h the input, qkv and ctx float32, the bias added as the product is stored.
+ * Returns 1, or what metrale_encoder_attention_bf16 returned when it did not run (0: no unit, -1: out of
+ * memory; h and h16 are then unchanged). */
+int metrale_encoder_layer_bf16(const uint16_t *wqkv, const float *bqkv, const int64_t *starts, const int64_t *lens,
+                               long n_seqs, int n_heads, float scale, uint16_t *qkv, uint16_t *ctx, long rows,
+                               long hidden, long inter, const uint16_t *wo, const float *bo, const float *gamma1,
+                               const float *beta1, const uint16_t *wu, const float *bu, const uint16_t *wd,
+                               const float *bd, const float *gamma2, const float *beta2, float eps, float *h,
+                               uint16_t *h16, float *a, uint16_t *a16, uint16_t *y, uint16_t *g, int nthreads) {
+    metrale_encoder_linear_bf16(h16, hidden, wqkv, NULL, 0, qkv, 3 * hidden, rows, 3 * hidden, hidden, nthreads);
+    const int done = metrale_encoder_attention_bf16(qkv, 3 * hidden, bqkv, starts, lens, n_seqs, n_heads,
+                                                    (int)(hidden / n_heads), scale, ctx, hidden, nthreads);
+    if (done != 1) return done;
+    metrale_encoder_ffn_bf16(ctx, 1, hidden, rows, hidden, inter, wo, bo, gamma1, beta1, wu, bu, wd, bd, gamma2, beta2,
+                             eps, h, h16, a, a16, y, g, nthreads);
+    return 1;
+}
+
+int metrale_encoder_layer_f32(const float *wqkv, const float *bqkv, const int64_t *starts, const int64_t *lens,
+                              long n_seqs, int n_heads, float scale, float *qkv, float *ctx, long rows, long hidden,
+                              long inter, const float *wo, const float *bo, const float *gamma1, const float *beta1,
+                              const float *wu, const float *bu, const float *wd, const float *bd, const float *gamma2,
+                              const float *beta2, float eps, float *h, float *a, float *g, int nthreads) {
+    metrale_encoder_linear_f32(h, hidden, wqkv, bqkv, 0, qkv, 3 * hidden, rows, 3 * hidden, hidden, nthreads);
+    metrale_encoder_attention(qkv, 3 * hidden, starts, lens, n_seqs, n_heads, (int)(hidden / n_heads), scale, ctx,
+                              hidden, nthreads);
+    metrale_encoder_ffn_f32(ctx, hidden, rows, hidden, inter, wo, bo, gamma1, beta1, wu, bu, wd, bd, gamma2, beta2, eps,
+                            h, a, g, nthreads);
+    return 1;
+}

@@ -233,6 +233,18 @@ void metrale_encoder_ffn_f32(const float *ctx, long ldctx, long rows, long hidde
                              const float *bo, const float *gamma1, const float *beta1, const float *wu,
                              const float *bu, const float *wd, const float *bd, const float *gamma2,
                              const float *beta2, float eps, float *h, float *a, float *g, int nthreads);
+/* A whole BERT layer (q/k/v, attention per sequence, the feed-forward half) over whole sequences in one call. */
+int metrale_encoder_layer_bf16(const uint16_t *wqkv, const float *bqkv, const int64_t *starts, const int64_t *lens,
+                               long n_seqs, int n_heads, float scale, uint16_t *qkv, uint16_t *ctx, long rows,
+                               long hidden, long inter, const uint16_t *wo, const float *bo, const float *gamma1,
+                               const float *beta1, const uint16_t *wu, const float *bu, const uint16_t *wd,
+                               const float *bd, const float *gamma2, const float *beta2, float eps, float *h,
+                               uint16_t *h16, float *a, uint16_t *a16, uint16_t *y, uint16_t *g, int nthreads);
+int metrale_encoder_layer_f32(const float *wqkv, const float *bqkv, const int64_t *starts, const int64_t *lens,
+                              long n_seqs, int n_heads, float scale, float *qkv, float *ctx, long rows, long hidden,
+                              long inter, const float *wo, const float *bo, const float *gamma1, const float *beta1,
+                              const float *wu, const float *bu, const float *wd, const float *bd, const float *gamma2,
+                              const float *beta2, float eps, float *h, float *a, float *g, int nthreads);
 
 /* The layout of a struct Python passes by value or pointer (layout.c): for `type` (metrale_weight, metrale_layer,
  * metrale_view, metrale_step, metrale_lora_part, metrale_lora_layer) and `field` NULL, its size and alignment;

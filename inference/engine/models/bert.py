@@ -5,8 +5,10 @@ BertIntermediate, BertOutput); weight names are the checkpoint's (`encoder.layer
 with or without a `bert.` prefix). A batch is every sequence's tokens concatenated ([T] ids, no
 padding); attention is bidirectional within a sequence only (the compiled kernel reads each sequence's
 rows where they lie; without it, neighbours in length order share one SDPA call padded to the longest;
-none attends across a boundary). The forward is a generator of bounded units of work
-(a linear over at most `chunk_rows` rows, or one group's attention), so a caller can stop between
+none attends across a boundary). The forward is a generator of bounded units of work (a whole
+layer over a group of whole sequences of at most `chunk_rows` rows where the compiled kernels run it
+in one call and every sequence fits; else a linear over at most `chunk_rows` rows, or one group's
+attention), so a caller can stop between
 any two of them and resume (embedding_runner.EmbeddingRunner interleaves them with decode steps).
 """
 from __future__ import annotations
@@ -245,7 +247,25 @@ class BertEncoder:
                 h16.copy_(h)
             qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
             ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
+            # A whole layer in one kernel call over a group of whole sequences (their rows depend on nothing
+            # else), for a layer whose every sequence fits a unit: one return to Python a group, not one a step.
+            layer_calls = compiled and self._packed and (bf16_attention or not bf16)
+            starts_t = torch.tensor(batch.starts, dtype=torch.int64)
+            lens_t = torch.tensor(batch.seq_lens, dtype=torch.int64)
             for layer in self.layers:
+                if layer_calls and batch.seq_lens[-1] <= chunk_rows():
+                    first = 0
+                    while first < len(batch.seq_lens):
+                        last, limit = first + 1, chunk_rows()
+                        r0, r1 = batch.starts[first], batch.starts[first] + batch.seq_lens[first]
+                        while last < len(batch.seq_lens) and r1 + batch.seq_lens[last] - r0 <= limit:
+                            r1 += batch.seq_lens[last]
+                            last += 1
+                        self._layer_in_one_call(layer, starts_t[first:last] - r0, lens_t[first:last], slice(r0, r1),
+                                                h, h16, qkv, ctx, work)
+                        first = last
+                        yield
+                    continue
                 for rows in _chunks(t, chunk_rows):
                     if bf16_attention:
                         layer.qkv.product(h16[rows], out=qkv[rows])
@@ -319,6 +339,25 @@ class BertEncoder:
         else:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
+
+    def _layer_in_one_call(self, layer: BertLayer, starts: torch.Tensor, lens: torch.Tensor, rows: slice,
+                           h: torch.Tensor, h16: torch.Tensor | None, qkv: torch.Tensor, ctx: torch.Tensor,
+                           work: dict[str, torch.Tensor]) -> None:
+        """The whole layer over `rows` (whole sequences: starts relative to their first row, lens) in one kernel
+        call (kernels.encoder_layer), h (float32 [T, hidden]) and h16 (its bfloat16 copy, or None in the float32
+        form) rewritten there in place; qkv and ctx: the pass's buffers, of the form's dtype."""
+        n, hidden, inter = rows.stop - rows.start, self.cfg.hidden_size, self.cfg.intermediate_size
+        if h16 is None:
+            buffers = {"g": _buffer(work, "g", n, inter, torch.float32)}
+        else:
+            buffers = {"g": _buffer(work, "g16", n, inter, torch.bfloat16), "h16": h16[rows],
+                       "a16": _buffer(work, "a16", n, hidden, torch.bfloat16),
+                       "y": _buffer(work, "y16", n, hidden, torch.bfloat16)}
+        kernels.encoder_layer(layer.qkv.packed, layer.qkv.bias, starts, lens, self.cfg.num_attention_heads,
+                              1.0 / math.sqrt(self.cfg.head_dim), qkv[rows], ctx[rows],
+                              (layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                              (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                              self.cfg.layer_norm_eps, h[rows], _buffer(work, "a", n, hidden, torch.float32), **buffers)
 
     def _feed_forward_in_one_call(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor | None,
                                   work: dict[str, torch.Tensor]) -> None:
