@@ -62,6 +62,22 @@ static inline __m512 row16(const uint16_t *p, const float *bias) {
     return _mm512_add_ps(bf16x16_f32(p), _mm512_loadu_ps(bias));
 }
 
+/* Eight keys' scores of 16 queries (a0 .. a7: keys j .. j + 7) stored at st, 16 floats a key; the running
+ * maximum mx per query, updated. */
+static inline __m512 store8_max(float *st, __m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5,
+                                __m512 a6, __m512 a7, __m512 mx) {
+    _mm512_storeu_ps(st, a0);
+    _mm512_storeu_ps(st + 16, a1);
+    _mm512_storeu_ps(st + 32, a2);
+    _mm512_storeu_ps(st + 48, a3);
+    _mm512_storeu_ps(st + 64, a4);
+    _mm512_storeu_ps(st + 80, a5);
+    _mm512_storeu_ps(st + 96, a6);
+    _mm512_storeu_ps(st + 112, a7);
+    return _mm512_max_ps(mx, _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)),
+                                           _mm512_max_ps(_mm512_max_ps(a4, a5), _mm512_max_ps(a6, a7))));
+}
+
 #endif
 
 #define QB 8 /* queries a pass over the keys: 8 independent sums cover the FMA latency */
@@ -193,16 +209,7 @@ static void attend_lanes(const float *q, const float *k, const float *v, long ld
                 a6 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[6 * hd + d]), a6);
                 a7 = _mm512_fmadd_ps(qd, _mm512_set1_ps(kb[7 * hd + d]), a7);
             }
-            _mm512_storeu_ps(st + (j + 0) * 16, a0);
-            _mm512_storeu_ps(st + (j + 1) * 16, a1);
-            _mm512_storeu_ps(st + (j + 2) * 16, a2);
-            _mm512_storeu_ps(st + (j + 3) * 16, a3);
-            _mm512_storeu_ps(st + (j + 4) * 16, a4);
-            _mm512_storeu_ps(st + (j + 5) * 16, a5);
-            _mm512_storeu_ps(st + (j + 6) * 16, a6);
-            _mm512_storeu_ps(st + (j + 7) * 16, a7);
-            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)),
-                                                 _mm512_max_ps(_mm512_max_ps(a4, a5), _mm512_max_ps(a6, a7))));
+            mx = store8_max(st + j * 16, a0, a1, a2, a3, a4, a5, a6, a7, mx);
         }
         for (; j < L; j++) {
             __m512 a = _mm512_setzero_ps();
@@ -442,16 +449,7 @@ static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
                 a6 = _mm512_dpbf16_ps(a6, qv, KP(6));
                 a7 = _mm512_dpbf16_ps(a7, qv, KP(7));
             }
-            _mm512_storeu_ps(st + (j + 0) * 16, a0);
-            _mm512_storeu_ps(st + (j + 1) * 16, a1);
-            _mm512_storeu_ps(st + (j + 2) * 16, a2);
-            _mm512_storeu_ps(st + (j + 3) * 16, a3);
-            _mm512_storeu_ps(st + (j + 4) * 16, a4);
-            _mm512_storeu_ps(st + (j + 5) * 16, a5);
-            _mm512_storeu_ps(st + (j + 6) * 16, a6);
-            _mm512_storeu_ps(st + (j + 7) * 16, a7);
-            mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(a0, a1), _mm512_max_ps(a2, a3)),
-                                                 _mm512_max_ps(_mm512_max_ps(a4, a5), _mm512_max_ps(a6, a7))));
+            mx = store8_max(st + j * 16, a0, a1, a2, a3, a4, a5, a6, a7, mx);
         }
         for (; j < L; j++) {
             __m512 a = _mm512_setzero_ps();
