@@ -325,3 +325,13 @@ def test_a_whole_layer_in_one_call_is_its_steps_unit_by_unit_bit_for_bit(weights
         assert torch.equal(whole, steps), chunk_rows
         if one_call:
             assert count == 1 + layers * groups, (chunk_rows, count)
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+def test_a_pass_of_no_sequences_gives_no_rows(weights):
+    cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
+    none = torch.zeros(0, dtype=torch.int64)
+    out = enc.forward(PackedBatch(none, none, none, [], [], []))
+    assert out.shape == (0, 64) and out.dtype == torch.float32

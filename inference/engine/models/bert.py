@@ -253,7 +253,7 @@ class BertEncoder:
             starts_t = torch.tensor(batch.starts, dtype=torch.int64)
             lens_t = torch.tensor(batch.seq_lens, dtype=torch.int64)
             for layer in self.layers:
-                if layer_calls and batch.seq_lens[-1] <= chunk_rows():
+                if layer_calls and batch.seq_lens and batch.seq_lens[-1] <= chunk_rows():
                     first = 0
                     while first < len(batch.seq_lens):
                         last, limit = first + 1, chunk_rows()
