@@ -126,16 +126,16 @@ class LimitedRequest(http_protocol.WebRequest):
 # daphne's HTTPFactory builds each connection's requests from this module-level name.
 http_protocol.WebRequest = LimitedRequest
 
-# The modules every model load imports (torch with them), imported here so that they are in place before
-# the line below. Everything imported so far (Django, DRF, torch, this project's modules: about 250,000
-# objects the cyclic collector tracks) lives as long as the process: kept out of the collector's reach
-# (gc.freeze), a full collection scans only what came later. Without it each full collection walked them all (about 220 ms holding the GIL on the 2-vCPU EPYC: every
-# stream and request of the process waited), and under 32 clients one came every few seconds: requests in
-# flight outlive two young collections, so their objects reach the oldest generation, whose count of
-# arrivals sets the next full collection off. With it a full collection walks some 40,000 objects, not
-# 300,000: shorter pauses that come more often (the collector's total time about the same: 32 clients of
-# one embedding text 1.8% faster, within that VM's noise). Models load after this line: their objects
-# (which an unload must free) stay collectable.
+# The modules every model load imports (torch with them), imported here so that they are in place before the line
+# below. Everything imported so far (Django, DRF, torch, this project's modules: about 250,000 objects the cyclic
+# collector tracks) lives as long as the process: kept out of the collector's reach (gc.freeze), a full collection
+# scans only what came later. Without it each full collection walked them all (about 220 ms holding the GIL on the
+# 2-vCPU EPYC: every stream and request of the process waited), and under 32 clients one came every few seconds:
+# requests in flight outlive two young collections, so their objects reach the oldest generation, whose count of
+# arrivals sets the next full collection off. With it a full collection walks some 40,000 objects, not 300,000:
+# shorter pauses that come more often (the collector's total time about the same: 32 clients of one embedding text
+# 1.8% faster, within that VM's noise). Models load after this line: their objects (which an unload must free) stay
+# collectable.
 from inference.engine import async_engine, embedding_model, llm_engine  # noqa: E402, F401
 
 gc.collect()
