@@ -68,7 +68,9 @@ def test_its_units_in_small_row_chunks_give_the_whole_forward(tiny_bert):
         except StopIteration as done:
             chunked = done.value
             break
-    assert count > 3 * 10  # 44 rows in chunks of 4, three layers
+    # Three layers, each at least: the 5 and 9 rows (a one-call group each with the kernels, else steps), then
+    # the 30-row sequence, past a 12-row unit, in steps: 3 row chunks, its attention, 3 row chunks.
+    assert count >= 1 + 3 * 9
     torch.testing.assert_close(chunked, enc.forward(batch), atol=1e-6, rtol=1e-6)
 
 

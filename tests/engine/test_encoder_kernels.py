@@ -297,9 +297,9 @@ def test_the_feed_forward_in_one_call_is_its_steps_one_by_one_bit_for_bit(form):
 @needs_kernels
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
 def test_a_whole_layer_in_one_call_is_its_steps_unit_by_unit_bit_for_bit(weights):
-    """Where every sequence fits a unit, a layer runs as one kernel call a group of whole sequences
-    (kernels.encoder_layer); its rows are the same bits as the same layer's steps one unit each (a unit smaller
-    than the longest sequence), for one group and several."""
+    """A layer runs as one kernel call a group of whole sequences that fit a unit (kernels.encoder_layer); its
+    rows are the same bits as the same layer's steps one unit each, for one group, several, and a pass whose
+    longer sequences are past a unit (one-call groups for the short ones, then steps for the rest)."""
     cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
     enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
     torch.manual_seed(2)
@@ -315,16 +315,56 @@ def test_a_whole_layer_in_one_call_is_its_steps_unit_by_unit_bit_for_bit(weights
             except StopIteration as done:
                 return done.value, count
 
-    steps, step_units = run(16)  # the longest sequence (64 rows) is past a unit: a step a unit
     layers = cfg["num_hidden_layers"]
-    assert step_units > 1 + 3 * layers
+    steps, step_units = run(0)  # no sequence fits: every step a unit of one row (attention: one sequence)
+    assert step_units == 1 + layers * (147 + 6 + 147)
     one_call = weights == "float32" or kernels.encoder_bf16_attention(cfg["hidden_size"] // 2) is not None
-    # 147 rows in length order 1 2 7 33 40 64: one group; [1 2 7 33 40] [64]; [1 2 7 33] [40] [64]
-    for chunk_rows, groups in ((1 << 20, 1), (90, 2), (64, 3)):
+    # 147 rows in length order 1 2 7 33 40 64: one group; [1 2 7 33 40] [64]; [1 2 7 33] [40] [64];
+    # at 16 rows [1 2 7] in one call, then the 137 rows of 33 40 64 step by step (9 + 3 + 9 units)
+    for chunk_rows, units in ((1 << 20, 1), (90, 2), (64, 3), (16, 1 + 9 + 3 + 9)):
         whole, count = run(chunk_rows)
         assert torch.equal(whole, steps), chunk_rows
         if one_call:
-            assert count == 1 + layers * groups, (chunk_rows, count)
+            assert count == 1 + layers * units, (chunk_rows, count)
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+def test_a_unit_never_covers_more_rows_than_its_limit_when_the_limit_shrinks_mid_pass(weights):
+    """The runner shrinks chunk_rows (idle 1024 -> busy 32 rows) when chat work starts: from then on a one-call
+    group covers no more rows than the limit read before it, the sequences that no longer fit run step by step,
+    and the result is the same bits."""
+    cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    enc = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), weights)
+    torch.manual_seed(3)
+    batch = PackedBatch.pack([torch.randint(0, 99, (n,)).tolist() for n in (1, 7, 33, 64, 2, 40, 5)])
+    want = enc.forward(batch)
+    limits, groups = iter([1024] + [8] * 10_000), []
+    last = [None]
+
+    def chunk_rows():
+        last[0] = next(limits)
+        return last[0]
+
+    call = enc._layer_in_one_call
+
+    def recorded(layer, starts, lens, rows, *rest):
+        groups.append((rows.stop - rows.start, last[0]))
+        return call(layer, starts, lens, rows, *rest)
+
+    enc._layer_in_one_call = recorded
+    units = enc.units(batch, chunk_rows)
+    while True:
+        try:
+            next(units)
+        except StopIteration as done:
+            got = done.value
+            break
+    assert torch.equal(got, want)
+    one_call = weights == "float32" or kernels.encoder_bf16_attention(cfg["hidden_size"] // 2) is not None
+    if one_call:
+        assert groups[0] == (152, 1024) and len(groups) > 1
+    assert all(rows <= limit for rows, limit in groups), groups
 
 
 @needs_kernels

@@ -382,7 +382,7 @@ static long amx_task_bytes(long longest, int hd) {
 /* attend_amx's precision on AVX-512 BF16's dot products (VDPBF16PS: 16 float32 lanes, each adding a pair
  * of bfloat16 products), for head_dim a multiple of 16, where the tile unit is not: Q (times scale), K and V
  * rounded to bfloat16, S = Q K^T summed in float32, P = exp(S - max) in float32 (exp16_short), its sum
- * kept in float32, P rounded to bfloat16 for P V, summed in float32, O / sum rounded to bfloat16.
+ * kept in float32, P rounded to bfloat16 for P V, summed in float32, O times 1 / sum rounded to bfloat16.
  * attend_lanes' shape: sixteen queries a vector, so the softmax needs no reduction across lanes, and every
  * product takes its other operand by broadcast of one 32-bit pair.
  *
@@ -473,7 +473,7 @@ static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
             _mm512_storeu_si512((void *)(pt + p * 16), _mm512_or_si512(p0, _mm512_slli_epi32(p1, 16)));
         }
         const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
-        /* O^T[d] = sum_p pt[p] . V's pair p at d, sixteen values of d a pass; then O / sum, rows written back */
+        /* O^T[d] = sum_p pt[p] . V's pair p at d, sixteen values of d a pass; then O times 1 / sum, rows written back */
         for (int d0 = 0; d0 < hd; d0 += 16) {
             __m512 o[16];
             for (int dd = 0; dd < 16; dd++) o[dd] = _mm512_setzero_ps();
@@ -492,7 +492,8 @@ static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
     }
 }
 
-/* Bytes of attend_dp's scratch for sequences of at most `longest` keys. */
+/* Bytes of attend_dp's scratch for sequences of at most `longest` keys: vt, pt, st, qt, ot, kb and qb in that order
+ * (attend_dp's layout), and 64 bytes of slack as amx_task_bytes keeps. */
 static long dp_task_bytes(long longest, int hd) {
     const long L2 = (longest + 1) / 2;
     return 4 * L2 * hd + 64 * L2 + 64 * longest + 32L * hd + 1024 + 2 * longest * hd + 32L * hd + 64;

@@ -7,7 +7,7 @@ padding); attention is bidirectional within a sequence only (the compiled kernel
 rows where they lie; without it, neighbours in length order share one SDPA call padded to the longest;
 none attends across a boundary). The forward is a generator of bounded units of work (a whole
 layer over a group of whole sequences of at most `chunk_rows` rows where the compiled kernels run it
-in one call and every sequence fits; else a linear over at most `chunk_rows` rows, or one group's
+in one call; for sequences longer than that, a linear over at most `chunk_rows` rows, or one group's
 attention), so a caller can stop between
 any two of them and resume (embedding_runner.EmbeddingRunner interleaves them with decode steps).
 """
@@ -248,25 +248,32 @@ class BertEncoder:
             qkv = _buffer(work, "qkv", t, 3 * cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
             ctx = _buffer(work, "ctx", t, cfg.hidden_size, torch.bfloat16 if bf16_attention else torch.float32)
             # A whole layer in one kernel call over a group of whole sequences (their rows depend on nothing
-            # else), for a layer whose every sequence fits a unit: one return to Python a group, not one a step.
+            # else) of at most chunk_rows() rows: one return to Python a group, not one a step. The sequences
+            # go shortest first; from the first that no longer fits a unit (chunk_rows() read before each
+            # group: the caller may shrink it meanwhile), the rest of the layer runs step by step.
             layer_calls = compiled and self._packed and (bf16_attention or not bf16)
             starts_t = torch.tensor(batch.starts, dtype=torch.int64)
             lens_t = torch.tensor(batch.seq_lens, dtype=torch.int64)
+            n_seqs = len(batch.seq_lens)
             for layer in self.layers:
-                if layer_calls and batch.seq_lens and batch.seq_lens[-1] <= chunk_rows():
-                    first = 0
-                    while first < len(batch.seq_lens):
-                        last, limit = first + 1, chunk_rows()
-                        r0, r1 = batch.starts[first], batch.starts[first] + batch.seq_lens[first]
-                        while last < len(batch.seq_lens) and r1 + batch.seq_lens[last] - r0 <= limit:
-                            r1 += batch.seq_lens[last]
-                            last += 1
-                        self._layer_in_one_call(layer, starts_t[first:last] - r0, lens_t[first:last], slice(r0, r1),
-                                                h, h16, qkv, ctx, work)
-                        first = last
-                        yield
+                done = 0  # the sequences this layer has run in one-call groups
+                while layer_calls and done < n_seqs:
+                    limit = chunk_rows()
+                    if batch.seq_lens[done] > limit:
+                        break
+                    last, r0 = done + 1, batch.starts[done]
+                    r1 = r0 + batch.seq_lens[done]
+                    while last < n_seqs and r1 + batch.seq_lens[last] - r0 <= limit:
+                        r1 += batch.seq_lens[last]
+                        last += 1
+                    self._layer_in_one_call(layer, starts_t[done:last] - r0, lens_t[done:last], slice(r0, r1),
+                                            h, h16, qkv, ctx, work)
+                    done = last
+                    yield
+                if done == n_seqs:
                     continue
-                for rows in _chunks(t, chunk_rows):
+                rest = batch.starts[done]  # the first row of the sequences left to this layer's steps
+                for rows in _chunks(t, chunk_rows, rest):
                     if bf16_attention:
                         layer.qkv.product(h16[rows], out=qkv[rows])
                     elif bf16:
@@ -276,12 +283,12 @@ class BertEncoder:
                     else:
                         qkv[rows] = layer.qkv(h[rows])
                     yield
-                first = 0
-                while first < len(batch.seq_lens):
+                first = done
+                while first < n_seqs:
                     # Neighbours in length order: about chunk_rows rows a unit (the compiled attention reads
                     # them packed; SDPA pads them to the longest).
                     last = first + 1
-                    while last < len(batch.seq_lens) and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
+                    while last < n_seqs and (last + 1 - first) * batch.seq_lens[last] <= chunk_rows():
                         last += 1
                     if bf16_attention:
                         kernels.encoder_attention_bf16(qkv, layer.qkv.bias, torch.tensor(batch.starts[first:last]),
@@ -291,7 +298,7 @@ class BertEncoder:
                         self._attend(qkv, ctx, batch, first, last)
                     first = last
                     yield
-                for rows in _chunks(t, chunk_rows):
+                for rows in _chunks(t, chunk_rows, rest):
                     if compiled and self._packed:
                         self._feed_forward_in_one_call(layer, ctx[rows], h[rows], h16[rows] if bf16 else None, work)
                     elif bf16:
@@ -405,8 +412,8 @@ def _buffer(work: dict[str, torch.Tensor], name: str, rows: int, cols: int, dtyp
     return buf[:rows * cols].view(rows, cols)
 
 
-def _chunks(t: int, chunk_rows: Callable[[], int]) -> Iterator[slice]:
-    start = 0
+def _chunks(t: int, chunk_rows: Callable[[], int], start: int = 0) -> Iterator[slice]:
+    """Rows start .. t - 1 in consecutive slices of at most chunk_rows() rows (read before each)."""
     while start < t:
         stop = min(t, start + max(1, chunk_rows()))
         yield slice(start, stop)
