@@ -438,6 +438,12 @@ def encoder_attention_bf16(qkv: torch.Tensor, bias: torch.Tensor, starts: torch.
     done = lib.metrale_encoder_attention_bf16(qkv.data_ptr(), qkv.stride(0), bias.data_ptr(), starts.data_ptr(),
                                               lens.data_ptr(), lens.shape[0], n_heads, hidden // n_heads, scale,
                                               out.data_ptr(), out.stride(0), torch.get_num_threads())
+    _attention_ran(done)
+
+
+def _attention_ran(done: int) -> None:
+    """Raise for what metrale_encoder_attention_bf16 (or a layer call around it) returned when it did not run:
+    RuntimeError for 0 (no unit runs it here) or -1 (its scratch memory could not be allocated)."""
     if done != 1:
         raise RuntimeError("the encoder's bfloat16 attention does not run here" if done == 0 else
                            "the encoder's attention could not allocate its scratch memory")
@@ -515,26 +521,39 @@ def encoder_ffn(ctx: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, to
     a float32 [R, H], g float32 [R, I]; h16, a16 and y unused. Every buffer but ctx contiguous. Raises
     RuntimeError without the kernels."""
     lib = _required()
-    wo, wu, wd = weights
+    rows, hidden = h.shape
+    assert ctx.stride(1) == 1 and tuple(ctx.shape) == (rows, hidden)
+    weights_eps, buffers = _ffn_pointers(weights, biases, norms, eps, h, a, g, h16, a16, y)
+    if weights[0].dtype == torch.bfloat16:
+        assert ctx.dtype in (torch.float32, torch.bfloat16)
+        lib.metrale_encoder_ffn_bf16(ctx.data_ptr(), int(ctx.dtype == torch.bfloat16), ctx.stride(0), rows, hidden,
+                                     g.shape[1], *weights_eps, *buffers, torch.get_num_threads())
+    else:
+        assert ctx.dtype == torch.float32
+        lib.metrale_encoder_ffn_f32(ctx.data_ptr(), ctx.stride(0), rows, hidden, g.shape[1], *weights_eps, *buffers,
+                                    torch.get_num_threads())
+
+
+def _ffn_pointers(weights, biases, norms, eps: float, h: torch.Tensor, a: torch.Tensor, g: torch.Tensor,
+                  h16: torch.Tensor | None, a16: torch.Tensor | None, y: torch.Tensor | None) -> tuple[tuple, tuple]:
+    """encoder_ffn's and encoder_layer's common arguments checked (their docstrings' shapes and dtypes) and as
+    the C functions take them: (W_o, b_o, the first norm, W_up, b_up, W_down, b_down, the second norm, eps) and
+    the buffers (h, h16, a, a16, y, g in the bfloat16 form; h, a, g in the float32 form). Raises
+    AssertionError for a buffer of another shape, dtype or layout."""
     rows, hidden = h.shape
     inter = biases[1].shape[0]
-    assert ctx.stride(1) == 1 and tuple(ctx.shape) == (rows, hidden) and h.dtype == a.dtype == torch.float32
+    assert h.dtype == a.dtype == torch.float32 and tuple(a.shape) == (rows, hidden) and tuple(g.shape) == (rows, inter)
     for t in (h, a, g) + tuple(t for t in (h16, a16, y) if t is not None):
         assert t.is_contiguous()
-    assert tuple(g.shape) == (rows, inter) and tuple(a.shape) == (rows, hidden)
     (g1, b1), (g2, b2) = norms
-    common = (wo.data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), wu.data_ptr(), biases[1].data_ptr(),
-              wd.data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
-    if wo.dtype == torch.bfloat16:
-        assert g.dtype == torch.bfloat16 and ctx.dtype in (torch.float32, torch.bfloat16)
+    weights_eps = (weights[0].data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(),
+                   biases[1].data_ptr(), weights[2].data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
+    if weights[0].dtype == torch.bfloat16:
+        assert g.dtype == torch.bfloat16
         assert all(t is not None and t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, hidden) for t in (h16, a16, y))
-        lib.metrale_encoder_ffn_bf16(ctx.data_ptr(), int(ctx.dtype == torch.bfloat16), ctx.stride(0), rows, hidden,
-                                     inter, *common, h.data_ptr(), h16.data_ptr(), a.data_ptr(), a16.data_ptr(),
-                                     y.data_ptr(), g.data_ptr(), torch.get_num_threads())
-    else:
-        assert ctx.dtype == g.dtype == torch.float32
-        lib.metrale_encoder_ffn_f32(ctx.data_ptr(), ctx.stride(0), rows, hidden, inter, *common, h.data_ptr(),
-                                    a.data_ptr(), g.data_ptr(), torch.get_num_threads())
+        return weights_eps, (h.data_ptr(), h16.data_ptr(), a.data_ptr(), a16.data_ptr(), y.data_ptr(), g.data_ptr())
+    assert g.dtype == torch.float32
+    return weights_eps, (h.data_ptr(), a.data_ptr(), g.data_ptr())
 
 
 def encoder_layer(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
@@ -558,29 +577,14 @@ def encoder_layer(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, starts: torc
     of memory (h and h16 then unchanged)."""
     lib = _required()
     rows, hidden = h.shape
-    inter = biases[1].shape[0]
     assert qkv.is_contiguous() and ctx.is_contiguous() and tuple(qkv.shape) == (rows, 3 * hidden)
     assert tuple(ctx.shape) == (rows, hidden) and qkv.dtype == ctx.dtype == qkv_weight.dtype == weights[0].dtype
-    for t in (h, a, g) + tuple(t for t in (h16, a16, y) if t is not None):
-        assert t.is_contiguous()
-    assert tuple(g.shape) == (rows, inter) and tuple(a.shape) == (rows, hidden) and h.dtype == a.dtype == torch.float32
+    weights_eps, buffers = _ffn_pointers(weights, biases, norms, eps, h, a, g, h16, a16, y)
     starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
-    (g1, b1), (g2, b2) = norms
-    head = (qkv_weight.data_ptr(), qkv_bias.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0], n_heads,
-            scale, qkv.data_ptr(), ctx.data_ptr(), rows, hidden, inter, weights[0].data_ptr(), biases[0].data_ptr(),
-            g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(), weights[2].data_ptr(),
-            biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps, h.data_ptr())
-    if qkv_weight.dtype == torch.bfloat16:
-        assert g.dtype == torch.bfloat16
-        assert all(t is not None and t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, hidden) for t in (h16, a16, y))
-        done = lib.metrale_encoder_layer_bf16(*head, h16.data_ptr(), a.data_ptr(), a16.data_ptr(), y.data_ptr(),
-                                              g.data_ptr(), torch.get_num_threads())
-    else:
-        assert g.dtype == torch.float32
-        done = lib.metrale_encoder_layer_f32(*head, a.data_ptr(), g.data_ptr(), torch.get_num_threads())
-    if done != 1:
-        raise RuntimeError("the encoder's bfloat16 attention does not run here" if done == 0 else
-                           "the encoder's attention could not allocate its scratch memory")
+    run = lib.metrale_encoder_layer_bf16 if qkv_weight.dtype == torch.bfloat16 else lib.metrale_encoder_layer_f32
+    _attention_ran(run(qkv_weight.data_ptr(), qkv_bias.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
+                       n_heads, scale, qkv.data_ptr(), ctx.data_ptr(), rows, hidden, g.shape[1], *weights_eps, *buffers,
+                       torch.get_num_threads()))
 
 
 def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:

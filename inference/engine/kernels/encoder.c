@@ -243,6 +243,16 @@ static void attend_lanes(const float *q, const float *k, const float *v, long ld
 }
 #endif
 
+#if defined(METRALE_AVX512) && defined(__AVX512BF16__)
+/* Lane n of lo and of hi rounded to bfloat16 (VCVTNEPS2BF16) and paired in lane n's 32 bits, lo's in the low
+ * half: a pair of products' operands as VDPBF16PS and TDPBF16PS read them. */
+static inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
+    const __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+#endif
+
 #if defined(METRALE_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define ENCODER_AMX 1
 /* The (sequence, head) on Intel AMX's tile unit for head_dim 32 or 64, from a linear's bfloat16 q/k/v
@@ -299,10 +309,8 @@ static void attend_amx(const uint16_t *q, const uint16_t *k, const uint16_t *v, 
         for (int d = 0; d < hd; d += 16) {
             const __m512 a = j < L ? row16(v + j * ld + d, bv + d) : _mm512_setzero_ps();
             const __m512 b = j + 1 < L ? row16(v + (j + 1) * ld + d, bv + d) : _mm512_setzero_ps();
-            const __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
-            const __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
             _mm512_storeu_si512((void *)(vt + ((j / 32) * (hd / 16) + d / 16) * 256 + ((j % 32) / 2) * 16),
-                                _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
+                                bf16_pairs(a, b));
         }
     const __mmask16 tail = (__mmask16)((1u << (L & 15)) - 1u);
     for (long i0 = 0; i0 < L; i0 += 16) {
@@ -416,9 +424,7 @@ static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
         for (int d = 0; d < hd; d += 16) {
             const __m512 a = row16(v + 2 * p * ld + d, bv + d);
             const __m512 b = 2 * p + 1 < L ? row16(v + (2 * p + 1) * ld + d, bv + d) : _mm512_setzero_ps();
-            const __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
-            const __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
-            _mm512_storeu_si512((void *)(vt + p * hd + d), _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
+            _mm512_storeu_si512((void *)(vt + p * hd + d), bf16_pairs(a, b));
         }
     const __m512 sc = _mm512_set1_ps(scale);
     for (long i0 = 0; i0 < L; i0 += 16) {
@@ -468,9 +474,7 @@ static void attend_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
             const __m512 e1 = 2 * p + 1 < L ? exp16_short(_mm512_sub_ps(_mm512_loadu_ps(st + (2 * p + 1) * 16), mx))
                                             : _mm512_setzero_ps();
             sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
-            const __m512i p0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e0));
-            const __m512i p1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e1));
-            _mm512_storeu_si512((void *)(pt + p * 16), _mm512_or_si512(p0, _mm512_slli_epi32(p1, 16)));
+            _mm512_storeu_si512((void *)(pt + p * 16), bf16_pairs(e0, e1));
         }
         const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
         /* O^T[d] = sum_p pt[p] . V's pair p at d, sixteen values of d a pass; then O times 1 / sum, rows written back */

@@ -353,18 +353,9 @@ class BertEncoder:
         """The whole layer over `rows` (whole sequences: starts relative to their first row, lens) in one kernel
         call (kernels.encoder_layer), h (float32 [T, hidden]) and h16 (its bfloat16 copy, or None in the float32
         form) rewritten there in place; qkv and ctx: the pass's buffers, of the form's dtype."""
-        n, hidden, inter = rows.stop - rows.start, self.cfg.hidden_size, self.cfg.intermediate_size
-        if h16 is None:
-            buffers = {"g": _buffer(work, "g", n, inter, torch.float32)}
-        else:
-            buffers = {"g": _buffer(work, "g16", n, inter, torch.bfloat16), "h16": h16[rows],
-                       "a16": _buffer(work, "a16", n, hidden, torch.bfloat16),
-                       "y": _buffer(work, "y16", n, hidden, torch.bfloat16)}
         kernels.encoder_layer(layer.qkv.packed, layer.qkv.bias, starts, lens, self.cfg.num_attention_heads,
                               1.0 / math.sqrt(self.cfg.head_dim), qkv[rows], ctx[rows],
-                              (layer.attn_out.packed, layer.up.packed, layer.down.packed),
-                              (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
-                              self.cfg.layer_norm_eps, h[rows], _buffer(work, "a", n, hidden, torch.float32), **buffers)
+                              *self._feed_forward_args(layer, h[rows], None if h16 is None else h16[rows], work))
 
     def _feed_forward_in_one_call(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor | None,
                                   work: dict[str, torch.Tensor]) -> None:
@@ -372,16 +363,22 @@ class BertEncoder:
         the residual) rewritten in place, its intermediates in work's buffers. The bfloat16 form: ctx float32
         or bfloat16 as it is, h16 (h's bfloat16 copy, the next layer's input) rewritten too; the float32 form:
         ctx float32, h16 None."""
+        kernels.encoder_ffn(ctx, *self._feed_forward_args(layer, h, h16, work))
+
+    def _feed_forward_args(self, layer: BertLayer, h: torch.Tensor, h16: torch.Tensor | None,
+                           work: dict[str, torch.Tensor]) -> tuple:
+        """kernels.encoder_ffn's arguments after ctx (encoder_layer's after ctx too) for `layer` over h's rows
+        (float32 [R, hidden]; h16 its bfloat16 copy in the bfloat16 form, None in the float32 form): the packed
+        weights, biases, norms and eps, h, then the intermediates in work's buffers (_buffer)."""
         rows, hidden, inter = h.shape[0], self.cfg.hidden_size, self.cfg.intermediate_size
         if h16 is None:
-            buffers = {"g": _buffer(work, "g", rows, inter, torch.float32)}
+            g, a16, y = _buffer(work, "g", rows, inter, torch.float32), None, None
         else:
-            buffers = {"g": _buffer(work, "g16", rows, inter, torch.bfloat16), "h16": h16,
-                       "a16": _buffer(work, "a16", rows, hidden, torch.bfloat16),
-                       "y": _buffer(work, "y16", rows, hidden, torch.bfloat16)}
-        kernels.encoder_ffn(ctx, (layer.attn_out.packed, layer.up.packed, layer.down.packed),
-                            (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
-                            self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, hidden, torch.float32), **buffers)
+            g = _buffer(work, "g16", rows, inter, torch.bfloat16)
+            a16, y = (_buffer(work, name, rows, hidden, torch.bfloat16) for name in ("a16", "y16"))
+        return ((layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, hidden, torch.float32), g, h16, a16, y)
 
     def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor) -> None:
         """_feed_forward's steps in the bfloat16 form on linears the kernels could not pack, h (float32 [R, hidden],
