@@ -82,9 +82,9 @@ async def _named_tenant(name: str) -> Principal:
     """The Principal of the built-in tenant `name` (made when first needed), remembered (recent.py)."""
     async def load() -> Principal:
         tenant, _ = await Tenant.objects.aget_or_create(name=name)
-        return recent.remember(("tenant", name), Principal(tenant, None, tenant.prefix_cache_salt))
+        return Principal(tenant, None, tenant.prefix_cache_salt)
 
-    return recent.recall(("tenant", name)) or await recent.shared_load(("tenant", name), load)
+    return await recent.recall_or_load(("tenant", name), load)
 
 
 async def usable_key(token: str) -> ApiKey:

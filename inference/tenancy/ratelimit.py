@@ -129,12 +129,8 @@ async def current_headers(principal, provider: str = "openai") -> dict[str, str]
 async def _scope_and_limits(principal) -> tuple[str, Limits]:
     """The request's scope and limits (RateLimitContext.afor), remembered for recent.TTL_S."""
     key_id = principal.api_key.pk if principal.api_key is not None else None
-    key = ("limits", principal.tenant.pk, key_id)
-
-    async def load() -> tuple[str, Limits]:
-        return recent.remember(key, await RateLimitContext.objects.afor(principal.tenant.pk, key_id))
-
-    return recent.recall(key) or await recent.shared_load(key, load)
+    return await recent.recall_or_load(("limits", principal.tenant.pk, key_id),
+                                       lambda: RateLimitContext.objects.afor(principal.tenant.pk, key_id))
 
 
 def _check_request_size(limits: Limits, reserve_tokens: int) -> None:

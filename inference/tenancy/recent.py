@@ -85,6 +85,15 @@ async def shared_load(key: tuple, load: Callable[[], Awaitable[Any]]) -> Any:
         _loads.pop((loop, key), None)
 
 
+async def recall_or_load(key: tuple, load: Callable[[], Awaitable[Any]]) -> Any:
+    """The value remembered for `key`, or else load()'s (one lookup shared by the callers that miss it together:
+    shared_load), remembered for TTL_S. Raises what load() raises (nothing is remembered then)."""
+    async def load_and_remember() -> Any:
+        return remember(key, await load())
+
+    return recall(key) or await shared_load(key, load_and_remember)
+
+
 def forget_all(**_signal_kwargs) -> None:
     """Drop every entry (connected to post_save / post_delete of the looked-up models)."""
     with _lock:

@@ -119,3 +119,20 @@ def test_a_cancelled_first_caller_leaves_the_waiting_ones_to_look_up_again():
 
     first, result = asyncio.run(main())
     assert first.cancelled() and result == "row" and len(calls) == 2 and not recent._loads
+
+
+def test_recall_or_load_remembers_what_it_loaded_and_loads_again_once_it_lapses(monkeypatch):
+    import asyncio
+
+    now = [100.0]
+    monkeypatch.setattr(recent.time, "monotonic", lambda: now[0])
+    calls = []
+
+    async def load():
+        calls.append(1)
+        return f"row {len(calls)}"
+
+    assert asyncio.run(recent.recall_or_load(("ror",), load)) == "row 1"
+    assert asyncio.run(recent.recall_or_load(("ror",), load)) == "row 1" and len(calls) == 1
+    now[0] += recent.TTL_S + 0.1
+    assert asyncio.run(recent.recall_or_load(("ror",), load)) == "row 2" and recent.recall(("ror",)) == "row 2"
