@@ -87,3 +87,50 @@ def test_the_hooks_that_may_reach_the_database_say_so():
     request._messages.added_new = True
     assert sessions.response_needs_thread(request, None)
     assert messages.response_needs_thread(request, None)
+
+
+def _session_hooks(method: str, path: str, headers: dict | None = None) -> tuple[int, list[str]]:
+    """(status, the session middlewares' hooks that ran) for one request through the ASGI app."""
+    ran = []
+    wrapped = [(cls, name) for cls in (async_middleware.AsyncSessionMiddleware, async_middleware.AsyncCsrfViewMiddleware,
+                                       async_middleware.AsyncAuthenticationMiddleware,
+                                       async_middleware.AsyncMessageMiddleware)
+               for name in ("process_request", "process_response") if hasattr(cls, name)]
+    patches = []
+    for cls, name in wrapped:
+        real = getattr(cls, name)
+
+        def spy(self, *args, _real=real, _name=f"{cls.__name__}.{name}"):
+            ran.append(_name)
+            return _real(self, *args)
+        patches.append(mock.patch.object(cls, name, spy))
+    for p in patches:
+        p.start()
+    try:
+        req = ask(method, path, headers)
+    finally:
+        for p in patches:
+            p.stop()
+    return req.status, ran
+
+
+@pytest.mark.django_db
+def test_an_api_request_without_a_session_cookie_passes_the_session_middlewares_by():
+    status, ran = _session_hooks("GET", "/health/live")
+    assert status == 200 and ran == []
+    status, ran = _session_hooks("GET", "/admin/login/")  # a page: all of them, cookie or not
+    assert status == 200 and "AsyncSessionMiddleware.process_request" in ran
+    assert "AsyncMessageMiddleware.process_response" in ran
+
+
+@pytest.mark.django_db
+def test_a_staff_session_on_the_api_still_goes_through_them_and_authenticates(client, require_auth, fake_rt):
+    user = User.objects.create_user("op", password="a-long-passphrase-9", is_staff=True)
+    client.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    status, ran = _session_hooks("GET", "/v1/models", {"cookie": cookie})
+    assert status == 200
+    assert {"AsyncSessionMiddleware.process_request", "AsyncAuthenticationMiddleware.process_request",
+            "AsyncCsrfViewMiddleware.process_request"} <= set(ran)
+    status, ran = _session_hooks("GET", "/v1/models")
+    assert status == 401 and ran == []
