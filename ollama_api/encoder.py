@@ -12,11 +12,11 @@ Source: Ollama's docs/api.md ("Generate a completion", "Generate a chat completi
   arguments: the object}} (chat: in an object of its own; generate: on the final object). A call whose
   arguments never make an object (cut off by num_predict, or invalid) is not sent: Ollama's clients require an
   object there, and the done_reason (length) says what happened;
-- the final object: `done: true`, `done_reason` (stop, or length when num_predict or the context ended it; a
-  turn that made tool calls is stop, as Ollama says), the metrics in nanoseconds and tokens (total_duration,
-  load_duration, prompt_eval_count, prompt_eval_duration, eval_count, eval_duration; a zero one left out, as
-  Ollama's omitempty does), and on generate `context` (the prompt's and the answer's token ids, which a next
-  request sends back; not with `raw`);
+- the final object: `done: true`, `done_reason` (length when num_predict or the context ended it, whatever calls
+  the turn made before: contracts-wave4 §1.4, num_predict; else stop, a turn that made tool calls too, as Ollama
+  says), the metrics in nanoseconds and tokens (total_duration, load_duration, prompt_eval_count,
+  prompt_eval_duration, eval_count, eval_duration; a zero one left out, as Ollama's omitempty does), and on
+  generate `context` (the prompt's and the answer's token ids, which a next request sends back; not with `raw`);
 - an engine error, an operator's cancel or a request past its deadline ends the answer with an error
   (`failure`): a final `{"error": "..."}` line on a stream, the status on a blocking answer;
 - the blocking answer is `fold(objects)`: content, thinking and response concatenated, tool calls and logprobs
@@ -196,7 +196,7 @@ class OllamaStream:
     def end(self, finish: Finish, usage: Usage) -> dict:
         """The final object of an answer that ended normally (failure(finish) is None)."""
         self.timing.ended = time.perf_counter()
-        reason = DONE_REASONS.get(finish.reason, "stop")
+        reason = DONE_REASONS.get(finish.engine_reason or finish.reason, "stop")
         if self.kind == CHAT:
             obj = self._object(message={"role": "assistant", "content": ""}, done=True, done_reason=reason)
         else:

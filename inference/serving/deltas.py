@@ -104,13 +104,17 @@ class Finish:
 
     prompt_logprobs: when prompt logprobs were asked for, one TokenLogprob per prompt token
     (logprob None where the engine gave none), else None. stop_string: the stop string that
-    ended the generation, when one did (Anthropic's stop_sequence), else None.
+    ended the generation, when one did (Anthropic's stop_sequence), else None. engine_reason: what
+    ended the generation before the calls it made count (pipeline._finish_reason): stop, length (the
+    token limit or the context), timeout...; never tool_calls. None: the same as `reason`. Ollama's
+    done_reason is "length" whenever num_predict was reached, calls made or not.
     """
 
     reason: str
     usage: Usage = field(default_factory=Usage)
     prompt_logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
+    engine_reason: str | None = None
 
 
 @dataclass(slots=True)

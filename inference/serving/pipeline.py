@@ -98,7 +98,7 @@ class Generation:
                         _count_tool_calls(parse)
                         yield Finish(_finish_reason("stop", parse),
                                      _usage(len(prompt_ids), completion_tokens, 0, parse, predicted),
-                                     stop_string=stops.matched)
+                                     stop_string=stops.matched, engine_reason="stop")
                         return
                 elif isinstance(event, Finished):
                     self.finished_at = time.perf_counter()
@@ -116,7 +116,7 @@ class Generation:
                     yield Finish(_finish_reason(base, parse),
                                  _usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, parse,
                                         predicted),
-                                 prompt_logprobs=prompt_lps, stop_string=stops.matched)
+                                 prompt_logprobs=prompt_lps, stop_string=stops.matched, engine_reason=base)
                     return
                 elif isinstance(event, Failed):
                     yield Error(event.message)

@@ -1,6 +1,6 @@
-"""Streamed and blocking tool calls agree on chat completions, Responses and Messages: the official SDKs'
-stream helpers (openai's chat.completions.stream and responses.stream, anthropic's messages.stream)
-accumulate exactly the blocking answer over a grid of max_tokens cuts, tool_choice auto / required /
+"""Streamed and blocking tool calls agree on chat completions, Responses, Messages and Ollama's /api/chat: the
+official clients' streams (openai's chat.completions.stream and responses.stream, anthropic's messages.stream,
+ollama's chat(stream=True)) accumulate exactly the blocking answer over a grid of max_tokens cuts, tool_choice auto / required /
 named and parallel_tool_calls true / false, SmolLM2 at temperature 0 on the session's live daphne. The
 answers also tell the truth about the token limit: a call cut off (arguments that are not a JSON object)
 comes only with finish_reason length (max_tokens on Messages, incomplete on Responses) and only as the
@@ -17,6 +17,12 @@ same deltas as chat's) run the cuts of required with parallel calls but the firs
 the arguments' key, and a named call without parallel calls. Every request of a surface is sent at once (the engine
 batches them; each row's logits are its own), blocking and streamed alike.
 
+Ollama's API has no tool_choice (a model calls a tool when it chooses to, and SmolLM2 at this size does not on
+its own): its grid is the same cuts over a generation that copies two calls out of the prompt (OLLAMA_ASK), the
+cuts taken from chat completions' answer to the same messages and tools (the same prompt, checked by its token
+count). Ollama sends a call only whole (arguments are an object in its types), so a cut call is left out and
+done_reason length says why.
+
 Content: a blocking answer with calls carries its content stripped, null when empty (assembly.py's
 rule, vLLM's), while the stream's first chunk opened the content as "" before any call was known: the
 streamed content is compared under that rule."""
@@ -32,6 +38,7 @@ from inference.serving.assembly import final_content
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
+ollama = pytest.importorskip("ollama")
 
 pytestmark = pytest.mark.e2e
 
@@ -290,3 +297,46 @@ def test_messages_streams_accumulate_to_the_blocking_answer(clients, grids):
             assert len(uses) <= 1
         cut_seen |= stop_reason == "max_tokens" and bool(uses)
     assert cut_seen
+
+
+_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+OLLAMA_ASK = "Repeat exactly this text and nothing else:\n" + _CALL % "Paris" + "\n" + _CALL % "Rome"
+
+
+def ollama_summary(parts) -> tuple:
+    """(content, [(name, arguments)], done_reason, eval_count) of an Ollama answer: one ChatResponse
+    (blocking), or a stream's parts joined (content concatenated, calls gathered, the rest the last part's)."""
+    parts = parts if isinstance(parts, list) else [parts]
+    calls = [(c.function.name, dict(c.function.arguments)) for p in parts for c in p.message.tool_calls or []]
+    return "".join(p.message.content or "" for p in parts), calls, parts[-1].done_reason, parts[-1].eval_count
+
+
+def test_ollama_chat_streams_accumulate_to_the_blocking_answer(clients, tokenizer, metrale_server):
+    chat, _ = clients
+    messages = [{"role": "user", "content": OLLAMA_ASK}]
+    full = chat.chat.completions.create(model=MODEL, messages=messages, tools=[CHAT_TOOL], temperature=0,
+                                        max_tokens=LONGEST + 30, extra_body={"return_token_ids": True})
+    ids = full.choices[0].model_extra["token_ids"]
+    assert len(chat_summary(full)[1]) == 2, chat_summary(full)  # the copy makes both calls
+    cuts = cut_points(tokenizer, ids, full.choices[0].finish_reason)
+    cuts[-1] = len(ids) + 4  # past the end
+
+    def ask(k: int, stream: bool):
+        with ollama.Client(host=metrale_server.url, timeout=120) as client:
+            answer = client.chat(model=MODEL, messages=messages, tools=[CHAT_TOOL], stream=stream,
+                                 options={"temperature": 0, "num_predict": k})
+            return ollama_summary(list(answer) if stream else answer)
+    results = _run([(k, stream) for k in cuts for stream in (False, True)], lambda job: ask(*job))
+    seen = set()
+    for k, blocking, streamed in zip(cuts, results[0::2], results[1::2]):
+        assert streamed == blocking, k
+        content, calls, done_reason, eval_count = blocking
+        assert all(isinstance(arguments, dict) for _, arguments in calls)  # only whole calls are sent
+        if k < len(ids):
+            assert (done_reason, eval_count) == ("length", k), k
+        else:   # the uncut generation: chat completions' calls, Ollama's "stop" for a turn that made them
+            assert (done_reason, eval_count) == ("stop", len(ids))
+            assert calls == [(n, json.loads(a)) for n, a in chat_summary(full)[1]]
+        seen.add((done_reason, len(calls)))
+    # Cut before any call, cut inside the second after the first (the first sent whole), both whole.
+    assert {("length", 0), ("length", 1), ("stop", 2)} <= seen

@@ -131,6 +131,19 @@ def test_tool_calls_come_whole_with_object_arguments_and_streamed_equals_blockin
     assert body["done_reason"] == objects[-1]["done_reason"]
 
 
+def test_num_predict_reached_after_a_whole_call_sends_it_and_the_reason_is_length(fake_rt):
+    """The call is sent, and done_reason still says the limit ended the turn (chat completions' finish_reason
+    says tool_calls there, as vLLM's does: OpenAI's clients act on the calls by it)."""
+    fake_rt.engine.script = reply(fake_rt.tokenizer, CALL + "\nAnd now the weather in Rome.")
+    limit = len(fake_rt.tokenizer.encode(CALL)) + 2
+    for stream in (True, False):
+        answer = chat(tools=[WEATHER], options={"num_predict": limit}, stream=stream)
+        objects = lines(answer) if stream else [answer.json()]
+        calls = [c["function"] for o in objects for c in o["message"].get("tool_calls", [])]
+        assert calls == [{"index": 0, "name": "get_weather", "arguments": {"city": "Paris", "days": 3}}], stream
+        assert (objects[-1]["done_reason"], objects[-1]["eval_count"]) == ("length", limit), stream
+
+
 def test_a_call_cut_off_by_num_predict_is_not_sent_and_the_reason_is_length(fake_rt):
     fake_rt.engine.script = reply(fake_rt.tokenizer, CALL)
     objects = lines(chat(tools=[WEATHER], options={"num_predict": 12}))
