@@ -348,9 +348,9 @@ def test_a_unit_never_covers_more_rows_than_its_limit_when_the_limit_shrinks_mid
 
     call = enc._layer_in_one_call
 
-    def recorded(layer, starts, lens, rows, *rest):
-        groups.append((rows.stop - rows.start, last[0]))
-        return call(layer, starts, lens, rows, *rest)
+    def recorded(index, batch, group, *rest):
+        groups.append((sum(batch.seq_lens[group[0]:group[1]]), last[0]))
+        return call(index, batch, group, *rest)
 
     enc._layer_in_one_call = recorded
     units = enc.units(batch, chunk_rows)

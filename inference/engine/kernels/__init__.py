@@ -540,20 +540,32 @@ def _ffn_pointers(weights, biases, norms, eps: float, h: torch.Tensor, a: torch.
     the C functions take them: (W_o, b_o, the first norm, W_up, b_up, W_down, b_down, the second norm, eps) and
     the buffers (h, h16, a, a16, y, g in the bfloat16 form; h, a, g in the float32 form). Raises
     AssertionError for a buffer of another shape, dtype or layout."""
+    weights_eps = _ffn_weight_pointers(weights, biases, norms, eps)
+    assert g.shape[1] == biases[1].shape[0]
+    return weights_eps, _ffn_buffer_pointers(weights[0].dtype == torch.bfloat16, h, a, g, h16, a16, y)
+
+
+def _ffn_weight_pointers(weights, biases, norms, eps: float) -> tuple:
+    """(W_o, b_o, the first norm, W_up, b_up, W_down, b_down, the second norm, eps) as the C functions take them."""
+    (g1, b1), (g2, b2) = norms
+    return (weights[0].data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(),
+            biases[1].data_ptr(), weights[2].data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
+
+
+def _ffn_buffer_pointers(bf16: bool, h: torch.Tensor, a: torch.Tensor, g: torch.Tensor, h16: torch.Tensor | None,
+                         a16: torch.Tensor | None, y: torch.Tensor | None) -> tuple:
+    """The feed-forward's buffers checked (encoder_ffn's shapes, dtypes and layout for the bfloat16 form or the
+    float32 one) and as the C functions take them: (h, h16, a, a16, y, g), or (h, a, g). Raises AssertionError."""
     rows, hidden = h.shape
-    inter = biases[1].shape[0]
-    assert h.dtype == a.dtype == torch.float32 and tuple(a.shape) == (rows, hidden) and tuple(g.shape) == (rows, inter)
+    assert h.dtype == a.dtype == torch.float32 and tuple(a.shape) == (rows, hidden) and g.shape[0] == rows
     for t in (h, a, g) + tuple(t for t in (h16, a16, y) if t is not None):
         assert t.is_contiguous()
-    (g1, b1), (g2, b2) = norms
-    weights_eps = (weights[0].data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(),
-                   biases[1].data_ptr(), weights[2].data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
-    if weights[0].dtype == torch.bfloat16:
+    if bf16:
         assert g.dtype == torch.bfloat16
         assert all(t is not None and t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, hidden) for t in (h16, a16, y))
-        return weights_eps, (h.data_ptr(), h16.data_ptr(), a.data_ptr(), a16.data_ptr(), y.data_ptr(), g.data_ptr())
+        return h.data_ptr(), h16.data_ptr(), a.data_ptr(), a16.data_ptr(), y.data_ptr(), g.data_ptr()
     assert g.dtype == torch.float32
-    return weights_eps, (h.data_ptr(), a.data_ptr(), g.data_ptr())
+    return h.data_ptr(), a.data_ptr(), g.data_ptr()
 
 
 def encoder_layer(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
@@ -575,16 +587,51 @@ def encoder_layer(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, starts: torc
     the attention: encoder_attention_bf16, which must run here); float32: h. h (and h16) hold the layer's
     output after. Raises RuntimeError without the kernels, where the bfloat16 attention does not run, or out
     of memory (h and h16 then unchanged)."""
-    lib = _required()
+    encoder_layer_run(encoder_layer_weights(qkv_weight, qkv_bias, weights, biases, norms, eps),
+                      encoder_layer_rows(starts, lens, n_heads, scale, qkv, ctx, h, a, g, h16, a16, y))
+
+
+def encoder_layer_weights(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+                          weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          norms: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                          eps: float) -> tuple:
+    """A layer's half of encoder_layer's arguments (its docstring's weights, biases, norms and eps), checked and
+    as the C function takes them: fixed while the tensors live, so a caller may make it once and run the layer
+    over many groups of rows (encoder_layer_run). Holds the tensors (the pointers stay theirs). Raises
+    AssertionError for weights of mixed dtypes or shapes that do not chain."""
+    dtype, hidden, inter = qkv_weight.dtype, qkv_bias.shape[0] // 3, biases[1].shape[0]
+    assert all(w.dtype == dtype for w in weights) and biases[0].shape[0] == biases[2].shape[0] == hidden
+    return ((dtype, hidden, inter), (qkv_weight.data_ptr(), qkv_bias.data_ptr()),
+            _ffn_weight_pointers(weights, biases, norms, eps), (qkv_weight, qkv_bias, weights, biases, norms))
+
+
+def encoder_layer_rows(starts: torch.Tensor, lens: torch.Tensor, n_heads: int, scale: float, qkv: torch.Tensor,
+                       ctx: torch.Tensor, h: torch.Tensor, a: torch.Tensor, g: torch.Tensor,
+                       h16: torch.Tensor | None = None, a16: torch.Tensor | None = None,
+                       y: torch.Tensor | None = None) -> tuple:
+    """A group of rows' half of encoder_layer's arguments (its docstring's starts, lens, heads, scale and
+    buffers), checked and as the C function takes them: the same for every layer that runs over those rows
+    (encoder_layer_run). Holds the tensors (the pointers stay theirs). Raises AssertionError for buffers of
+    other shapes, dtypes or layouts."""
     rows, hidden = h.shape
     assert qkv.is_contiguous() and ctx.is_contiguous() and tuple(qkv.shape) == (rows, 3 * hidden)
-    assert tuple(ctx.shape) == (rows, hidden) and qkv.dtype == ctx.dtype == qkv_weight.dtype == weights[0].dtype
-    weights_eps, buffers = _ffn_pointers(weights, biases, norms, eps, h, a, g, h16, a16, y)
+    assert tuple(ctx.shape) == (rows, hidden) and qkv.dtype == ctx.dtype
+    buffers = _ffn_buffer_pointers(qkv.dtype == torch.bfloat16, h, a, g, h16, a16, y)
     starts, lens = starts.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
-    run = lib.metrale_encoder_layer_bf16 if qkv_weight.dtype == torch.bfloat16 else lib.metrale_encoder_layer_f32
-    _attention_ran(run(qkv_weight.data_ptr(), qkv_bias.data_ptr(), starts.data_ptr(), lens.data_ptr(), lens.shape[0],
-                       n_heads, scale, qkv.data_ptr(), ctx.data_ptr(), rows, hidden, g.shape[1], *weights_eps, *buffers,
-                       torch.get_num_threads()))
+    return ((qkv.dtype, hidden, g.shape[1]),
+            (starts.data_ptr(), lens.data_ptr(), lens.shape[0], n_heads, scale, qkv.data_ptr(), ctx.data_ptr(), rows,
+             hidden, g.shape[1]), buffers, (starts, lens, qkv, ctx, h, a, g, h16, a16, y))
+
+
+def encoder_layer_run(layer: tuple, rows: tuple) -> None:
+    """encoder_layer over `rows` (encoder_layer_rows) with `layer`'s weights (encoder_layer_weights), which must
+    agree in dtype, hidden and intermediate size (else AssertionError). Raises RuntimeError as encoder_layer."""
+    lib = _required()
+    form, (qkv_weight, qkv_bias), weights_eps, _ = layer
+    assert rows[0] == form, (rows[0], form)
+    run = lib.metrale_encoder_layer_bf16 if form[0] == torch.bfloat16 else lib.metrale_encoder_layer_f32
+    _attention_ran(run(qkv_weight, qkv_bias, *rows[1], *weights_eps, *rows[2], torch.get_num_threads()))
 
 
 def encoder_add_bias(y: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:

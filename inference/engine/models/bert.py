@@ -175,6 +175,7 @@ class BertEncoder:
         # also add the up projection's bias and apply its GELU before rounding.
         self._packed = all([lin.pack() for layer in self.layers for lin in layer.linears()])
         self._workspace: dict[str, torch.Tensor] | None = None  # units()'s buffers between passes
+        self._one_call_weights: list[tuple] | None = None  # _layer_weights()
 
     @classmethod
     def from_folder(cls, path: str | Path, weights: str = "float32") -> "BertEncoder":
@@ -252,10 +253,11 @@ class BertEncoder:
             # go shortest first; from the first that no longer fits a unit (chunk_rows() read before each
             # group: the caller may shrink it meanwhile), the rest of the layer runs step by step.
             layer_calls = compiled and self._packed and (bf16_attention or not bf16)
-            starts_t = torch.tensor(batch.starts, dtype=torch.int64)
-            lens_t = torch.tensor(batch.seq_lens, dtype=torch.int64)
+            # A group's arguments are made once and serve every layer that runs over it (kernels.encoder_layer_rows),
+            # each layer's once for the encoder's life (_layer_weights).
+            groups: dict[tuple[int, int], tuple] = {}
             n_seqs = len(batch.seq_lens)
-            for layer in self.layers:
+            for index, layer in enumerate(self.layers):
                 done = 0  # the sequences this layer has run in one-call groups
                 while layer_calls and done < n_seqs:
                     limit = chunk_rows()
@@ -266,8 +268,7 @@ class BertEncoder:
                     while last < n_seqs and r1 + batch.seq_lens[last] - r0 <= limit:
                         r1 += batch.seq_lens[last]
                         last += 1
-                    self._layer_in_one_call(layer, starts_t[done:last] - r0, lens_t[done:last], slice(r0, r1),
-                                            h, h16, qkv, ctx, work)
+                    self._layer_in_one_call(index, batch, (done, last), groups, h, h16, qkv, ctx, work)
                     done = last
                     yield
                 if done == n_seqs:
@@ -347,15 +348,32 @@ class BertEncoder:
             for i, (s, n) in enumerate(zip(starts, lens)):
                 ctx[s:s + n] = o[i, :n]
 
-    def _layer_in_one_call(self, layer: BertLayer, starts: torch.Tensor, lens: torch.Tensor, rows: slice,
+    def _layer_in_one_call(self, index: int, batch: PackedBatch, group: tuple[int, int], groups: dict,
                            h: torch.Tensor, h16: torch.Tensor | None, qkv: torch.Tensor, ctx: torch.Tensor,
                            work: dict[str, torch.Tensor]) -> None:
-        """The whole layer over `rows` (whole sequences: starts relative to their first row, lens) in one kernel
-        call (kernels.encoder_layer), h (float32 [T, hidden]) and h16 (its bfloat16 copy, or None in the float32
-        form) rewritten there in place; qkv and ctx: the pass's buffers, of the form's dtype."""
-        kernels.encoder_layer(layer.qkv.packed, layer.qkv.bias, starts, lens, self.cfg.num_attention_heads,
-                              1.0 / math.sqrt(self.cfg.head_dim), qkv[rows], ctx[rows],
-                              *self._feed_forward_args(layer, h[rows], None if h16 is None else h16[rows], work))
+        """Layer `index` over the rows of `batch`'s sequences group[0] .. group[1] - 1 (whole sequences) in one
+        kernel call (kernels.encoder_layer), h (float32 [T, hidden]) and h16 (its bfloat16 copy, or None in the
+        float32 form) rewritten there in place; qkv and ctx: the pass's buffers, of the form's dtype. `groups`:
+        the pass's group arguments by group (kernels.encoder_layer_rows), made here on a group's first layer."""
+        rows = groups.get(group)
+        if rows is None:
+            first, end = group
+            r0, r1 = batch.starts[first], batch.starts[end - 1] + batch.seq_lens[end - 1]
+            rows = groups[group] = kernels.encoder_layer_rows(
+                torch.tensor([s - r0 for s in batch.starts[first:end]], dtype=torch.int64),
+                torch.tensor(batch.seq_lens[first:end], dtype=torch.int64), self.cfg.num_attention_heads,
+                1.0 / math.sqrt(self.cfg.head_dim), qkv[r0:r1], ctx[r0:r1],
+                *self._feed_forward_buffers(h[r0:r1], None if h16 is None else h16[r0:r1], work))
+        kernels.encoder_layer_run(self._layer_weights()[index], rows)
+
+    def _layer_weights(self) -> list[tuple]:
+        """Each layer's half of kernels.encoder_layer's arguments (kernels.encoder_layer_weights), made once: the
+        packed weights are set for the encoder's life (__init__)."""
+        if self._one_call_weights is None:
+            self._one_call_weights = [
+                kernels.encoder_layer_weights(layer.qkv.packed, layer.qkv.bias, *self._feed_forward_weights(layer))
+                for layer in self.layers]
+        return self._one_call_weights
 
     def _feed_forward_in_one_call(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor | None,
                                   work: dict[str, torch.Tensor]) -> None:
@@ -367,18 +385,27 @@ class BertEncoder:
 
     def _feed_forward_args(self, layer: BertLayer, h: torch.Tensor, h16: torch.Tensor | None,
                            work: dict[str, torch.Tensor]) -> tuple:
-        """kernels.encoder_ffn's arguments after ctx (encoder_layer's after ctx too) for `layer` over h's rows
-        (float32 [R, hidden]; h16 its bfloat16 copy in the bfloat16 form, None in the float32 form): the packed
-        weights, biases, norms and eps, h, then the intermediates in work's buffers (_buffer)."""
+        """kernels.encoder_ffn's arguments after ctx for `layer` over h's rows (float32 [R, hidden]; h16 its
+        bfloat16 copy in the bfloat16 form, None in the float32 form): _feed_forward_weights, then
+        _feed_forward_buffers."""
+        return *self._feed_forward_weights(layer), *self._feed_forward_buffers(h, h16, work)
+
+    def _feed_forward_weights(self, layer: BertLayer) -> tuple:
+        """The feed-forward's packed weights, biases, norms and eps of `layer`, as the kernels take them."""
+        return ((layer.attn_out.packed, layer.up.packed, layer.down.packed),
+                (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
+                self.cfg.layer_norm_eps)
+
+    def _feed_forward_buffers(self, h: torch.Tensor, h16: torch.Tensor | None, work: dict[str, torch.Tensor]) -> tuple:
+        """h, then the feed-forward's intermediates over h's rows in work's buffers (_buffer): a, g, and in the
+        bfloat16 form h16, a16 and y (None each in the float32 form)."""
         rows, hidden, inter = h.shape[0], self.cfg.hidden_size, self.cfg.intermediate_size
         if h16 is None:
             g, a16, y = _buffer(work, "g", rows, inter, torch.float32), None, None
         else:
             g = _buffer(work, "g16", rows, inter, torch.bfloat16)
             a16, y = (_buffer(work, name, rows, hidden, torch.bfloat16) for name in ("a16", "y16"))
-        return ((layer.attn_out.packed, layer.up.packed, layer.down.packed),
-                (layer.attn_out.bias, layer.up.bias, layer.down.bias), (layer.attn_norm, layer.out_norm),
-                self.cfg.layer_norm_eps, h, _buffer(work, "a", rows, hidden, torch.float32), g, h16, a16, y)
+        return h, _buffer(work, "a", rows, hidden, torch.float32), g, h16, a16, y
 
     def _feed_forward_compiled(self, layer: BertLayer, ctx: torch.Tensor, h: torch.Tensor, h16: torch.Tensor) -> None:
         """_feed_forward's steps in the bfloat16 form on linears the kernels could not pack, h (float32 [R, hidden],
