@@ -309,13 +309,15 @@ def terminal_events(final: dict) -> list[dict]:
 def outcome(finish: Finish | None, error: Error | None) -> tuple[str, dict | None, dict | None]:
     """(status, incomplete_details, error) of a response whose deltas ended this way.
 
-    stop and tool_calls -> completed; length -> incomplete (reason max_output_tokens);
-    content_filter -> incomplete (content_filter); cancelled -> cancelled; timeout, an Error
-    delta, or no Finish at all -> failed with a server_error.
+    stop and tool_calls -> completed; length -> incomplete (reason max_output_tokens), whenever the
+    token limit ended the generation (Finish.engine_reason), calls made before it or not: OpenAI's
+    rule for max_output_tokens, and vLLM's status from the engine's finish reason; content_filter ->
+    incomplete (content_filter); cancelled -> cancelled; timeout, an Error delta, or no Finish at all
+    -> failed with a server_error.
     """
     if error is not None:
         return "failed", None, {"code": error.code or "server_error", "message": error.message}
-    reason = finish.reason if finish else None
+    reason = (finish.engine_reason or finish.reason) if finish else None
     if reason in ("stop", "tool_calls"):
         return "completed", None, None
     if reason == "length":

@@ -222,14 +222,14 @@ def responses_summary_blocking(response) -> tuple:
              else (i.type, "".join(p.text for p in i.content if p.type == "output_text"))
              for i in response.output]
     reason = response.incomplete_details.reason if response.incomplete_details else None
-    return items, response.status, reason
+    return items, response.status, reason, response.usage.output_tokens
 
 
 def responses_summary_streamed(client, kwargs: dict) -> tuple:
     """What responses.stream's events accumulate: each item as added, its text and arguments from the
     helper's running snapshots; the terminal event's status."""
     items: dict[int, list] = {}
-    status = reason = None
+    status = reason = output_tokens = None
     with client.responses.stream(**kwargs) as stream:
         for event in stream:
             if event.type == "response.output_item.added":
@@ -244,10 +244,11 @@ def responses_summary_streamed(client, kwargs: dict) -> tuple:
                 status = event.response.status
                 details = event.response.incomplete_details
                 reason = details.reason if details else None
+                output_tokens = event.response.usage.output_tokens
         if status == "completed":   # the helper's own final response says the same
             final = stream.get_final_response()
             assert responses_summary_blocking(final)[0] == [tuple(items[i]) for i in sorted(items)]
-    return [tuple(items[i]) for i in sorted(items)], status, reason
+    return [tuple(items[i]) for i in sorted(items)], status, reason, output_tokens
 
 
 def test_responses_streams_accumulate_to_the_blocking_answer(clients, grids):
@@ -257,9 +258,11 @@ def test_responses_streams_accumulate_to_the_blocking_answer(clients, grids):
                     lambda cell: responses_summary_streamed(chat, responses_kwargs(*cell)))
     for cell, (blocking, streamed) in zip(cells, results):
         assert streamed == blocking, cell
-        items, status, reason = blocking
+        items, status, reason, output_tokens = blocking
         calls = [(name, args) for kind, *rest in items if kind == "function_call" for name, args in [rest]]
         check_truth(calls, (status, reason), ("incomplete", "max_output_tokens"), None, cell[1])
+        # The token limit ended it exactly when it says so, whole calls before it or not.
+        assert (status == "incomplete") == (output_tokens == cell[2]), (cell, status, output_tokens)
 
 
 def messages_kwargs(choice: str, parallel: bool, max_tokens: int) -> dict:
