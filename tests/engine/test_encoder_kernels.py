@@ -375,3 +375,27 @@ def test_a_pass_of_no_sequences_gives_no_rows(weights):
     none = torch.zeros(0, dtype=torch.int64)
     out = enc.forward(PackedBatch(none, none, none, [], [], []))
     assert out.shape == (0, 64) and out.dtype == torch.float32
+
+
+@needs_kernels
+def test_a_layer_s_kept_arguments_run_only_over_rows_of_its_form():
+    """kernels.encoder_layer_run refuses a layer's kept weights (encoder_layer_weights) with a group's rows
+    (encoder_layer_rows) of another dtype or width, before the C function reads a pointer."""
+    cfg = tiny_config(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    f32 = BertEncoder(BertConfig.from_dict(cfg), _tiny_weights(cfg), "float32")._layer_weights()[0]
+    bf16, rows = torch.bfloat16, 4
+
+    def group(dtype, inter=128):
+        buffers = (torch.randn(rows, 64), torch.zeros(rows, 64), torch.zeros(rows, inter, dtype=dtype))
+        extra = tuple(torch.zeros(rows, 64, dtype=bf16) for _ in range(3)) if dtype == bf16 else ()
+        return kernels.encoder_layer_rows(torch.tensor([0]), torch.tensor([rows]), 2, 0.125,
+                                          torch.zeros(rows, 192, dtype=dtype), torch.zeros(rows, 64, dtype=dtype),
+                                          *buffers, *extra)
+    for wrong in (group(bf16), group(torch.float32, inter=64)):
+        with pytest.raises(AssertionError):
+            kernels.encoder_layer_run(f32, wrong)
+    right = group(torch.float32)
+    h = right[3][4]
+    before = h.clone()
+    kernels.encoder_layer_run(f32, right)   # the same form runs: h is the layer's output now
+    assert not torch.equal(h, before) and torch.isfinite(h).all()
