@@ -56,3 +56,13 @@ def test_threads_are_grouped_by_the_name_their_creator_gave_them():
     assert group_of(100, 102, "metrale-embed") == "embeddings"
     assert group_of(100, 103, "python") == "other"
     assert CPU_TARGETS_MS == {"health": 1.5, "embeddings": 5.0, "chat": 10.0}
+
+
+def test_the_machine_s_pace_is_a_positive_time_and_leaves_torch_s_threads_as_they_were():
+    import torch
+
+    from inference.management.commands.bench_overhead import reference_ms
+
+    threads = torch.get_num_threads()
+    assert reference_ms(repeats=3) > 0
+    assert torch.get_num_threads() == threads

@@ -6,7 +6,8 @@ server's CPU per request, read from the server process's own /proc/<pid>/stat (u
 its threads, idle ones spinning included) around --requests sequential requests of each kind after a
 warm-up: GET /health/live, a one-text /v1/embeddings request and a one-token blocking chat completion,
 with the median client wall time of each and the CPU split by thread (THREAD_GROUPS: the event loop, the
-engine thread with its OpenMP workers, other live threads, threads that ended). Targets (issue 46, on
+engine thread with its OpenMP workers, other live threads, threads that ended), and the machine's pace beside
+them (reference_ms: on a VM whose speed drifts, the rows of two runs compare only with it). Targets (issue 46, on
 the 2-vCPU machine): <= 1.5 ms, <= 5 ms and <= 10 ms of CPU; each row says whether it meets its own. Then --requests blocking requests one after another
 (max_tokens 1, greedy) and reads each response's Server-Timing: `engine` (submit
 to the engine's last event, in serving) and `app` (the API middleware's whole
@@ -91,6 +92,29 @@ def cpu_per_request(pid: int, send, count: int) -> tuple[float, float, dict[str,
     return total * 1000 / count, statistics.median(walls), {k: v * 1000 / count for k, v in groups.items()}
 
 
+REFERENCE_BYTES = 97 << 20  # about the bytes of SmolLM2's decode weights (Q4_1 / Q8_0 blocks) a chat step reads
+
+
+def reference_ms(repeats: int = 21) -> float:
+    """The machine's pace now: median milliseconds of one thread summing REFERENCE_BYTES of float32 (torch), the
+    memory-bound work that sets a one-token chat step's floor. On a VM whose speed drifts, rows measured minutes
+    apart compare only beside it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.ones(REFERENCE_BYTES // 4)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x.sum()
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def one_request(client: httpx.Client, url: str, prompt: str, model: str) -> dict:
     """One blocking 1-token completion of `model`: client wall ms and the server's Server-Timing entries (ms)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0}
@@ -130,7 +154,9 @@ class Command(BaseCommand):
                 for _ in range(10):  # warm-up: first-use costs (template compile, DB connection)
                     send()
             self.stdout.write(f"server CPU per request ({requests} sequential requests each, one client; CPU "
-                              f"{cpuinfo_field('model name') or 'unknown'}, {os.cpu_count()} CPUs)")
+                              f"{cpuinfo_field('model name') or 'unknown'}, {os.cpu_count()} CPUs; the machine's "
+                              f"pace: one thread sums {REFERENCE_BYTES >> 20} MiB of float32 in "
+                              f"{reference_ms():.2f} ms)")
             for name in ("health", "embeddings", "chat"):
                 if name not in sends:
                     self.stdout.write(f"  {name:<11} skipped: no embedding model pulled")
