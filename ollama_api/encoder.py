@@ -196,7 +196,7 @@ class OllamaStream:
     def end(self, finish: Finish, usage: Usage) -> dict:
         """The final object of an answer that ended normally (failure(finish) is None)."""
         self.timing.ended = time.perf_counter()
-        reason = DONE_REASONS.get(finish.engine_reason or finish.reason, "stop")
+        reason = DONE_REASONS.get(finish.engine_reason, "stop")
         if self.kind == CHAT:
             obj = self._object(message={"role": "assistant", "content": ""}, done=True, done_reason=reason)
         else:

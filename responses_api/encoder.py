@@ -317,7 +317,7 @@ def outcome(finish: Finish | None, error: Error | None) -> tuple[str, dict | Non
     """
     if error is not None:
         return "failed", None, {"code": error.code or "server_error", "message": error.message}
-    reason = (finish.engine_reason or finish.reason) if finish else None
+    reason = finish.engine_reason if finish else None
     if reason in ("stop", "tool_calls"):
         return "completed", None, None
     if reason == "length":

@@ -106,8 +106,8 @@ class Finish:
     (logprob None where the engine gave none), else None. stop_string: the stop string that
     ended the generation, when one did (Anthropic's stop_sequence), else None. engine_reason: what
     ended the generation before the calls it made count (pipeline._finish_reason): stop, length (the
-    token limit or the context), timeout...; never tool_calls. None: the same as `reason`. Ollama's
-    done_reason is "length" whenever num_predict was reached, calls made or not.
+    token limit or the context), timeout...; never tool_calls; `reason` itself when not given. Ollama's
+    done_reason and Responses' incomplete status read it: the token limit ended the turn, calls made or not.
     """
 
     reason: str
@@ -115,6 +115,10 @@ class Finish:
     prompt_logprobs: list[TokenLogprob] | None = None
     stop_string: str | None = None
     engine_reason: str | None = None
+
+    def __post_init__(self):
+        if self.engine_reason is None:
+            self.engine_reason = self.reason
 
 
 @dataclass(slots=True)
