@@ -523,7 +523,9 @@ def encoder_ffn(ctx: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, to
     lib = _required()
     rows, hidden = h.shape
     assert ctx.stride(1) == 1 and tuple(ctx.shape) == (rows, hidden)
-    weights_eps, buffers = _ffn_pointers(weights, biases, norms, eps, h, a, g, h16, a16, y)
+    assert g.shape[1] == biases[1].shape[0]
+    weights_eps = _ffn_weight_pointers(weights, biases, norms, eps)
+    buffers = _ffn_buffer_pointers(weights[0].dtype == torch.bfloat16, h, a, g, h16, a16, y)
     if weights[0].dtype == torch.bfloat16:
         assert ctx.dtype in (torch.float32, torch.bfloat16)
         lib.metrale_encoder_ffn_bf16(ctx.data_ptr(), int(ctx.dtype == torch.bfloat16), ctx.stride(0), rows, hidden,
@@ -534,19 +536,9 @@ def encoder_ffn(ctx: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, to
                                     torch.get_num_threads())
 
 
-def _ffn_pointers(weights, biases, norms, eps: float, h: torch.Tensor, a: torch.Tensor, g: torch.Tensor,
-                  h16: torch.Tensor | None, a16: torch.Tensor | None, y: torch.Tensor | None) -> tuple[tuple, tuple]:
-    """encoder_ffn's and encoder_layer's common arguments checked (their docstrings' shapes and dtypes) and as
-    the C functions take them: (W_o, b_o, the first norm, W_up, b_up, W_down, b_down, the second norm, eps) and
-    the buffers (h, h16, a, a16, y, g in the bfloat16 form; h, a, g in the float32 form). Raises
-    AssertionError for a buffer of another shape, dtype or layout."""
-    weights_eps = _ffn_weight_pointers(weights, biases, norms, eps)
-    assert g.shape[1] == biases[1].shape[0]
-    return weights_eps, _ffn_buffer_pointers(weights[0].dtype == torch.bfloat16, h, a, g, h16, a16, y)
-
-
 def _ffn_weight_pointers(weights, biases, norms, eps: float) -> tuple:
-    """(W_o, b_o, the first norm, W_up, b_up, W_down, b_down, the second norm, eps) as the C functions take them."""
+    """The feed-forward's weights as encoder_ffn's and encoder_layer's C functions take them: (W_o, b_o, the first
+    norm, W_up, b_up, W_down, b_down, the second norm, eps)."""
     (g1, b1), (g2, b2) = norms
     return (weights[0].data_ptr(), biases[0].data_ptr(), g1.data_ptr(), b1.data_ptr(), weights[1].data_ptr(),
             biases[1].data_ptr(), weights[2].data_ptr(), biases[2].data_ptr(), g2.data_ptr(), b2.data_ptr(), eps)
