@@ -37,6 +37,8 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
+from inference.http.middleware import is_api_path
+
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")  # CsrfViewMiddleware.process_view's (RFC 9110)
 
 
@@ -46,8 +48,6 @@ def passes_by(request) -> bool:
     (settings.SESSION_COOKIE_NAME). Decided once a request (kept on it)."""
     decided = request.__dict__.get("_passes_session_stack")
     if decided is None:
-        from inference.http.middleware import is_api_path
-
         decided = is_api_path(request.path) and settings.SESSION_COOKIE_NAME not in request.COOKIES
         request._passes_session_stack = decided
     return decided
