@@ -55,19 +55,22 @@ def test_it_equals_transformers_bert_on_packed_sequences_of_different_lengths(ti
             torch.testing.assert_close(hidden[start:start + len(s)], ref, atol=2e-6, rtol=1e-5)
 
 
-def test_its_units_in_small_row_chunks_give_the_whole_forward(tiny_bert):
-    enc = BertEncoder(BertConfig.from_dict(tiny_config()), tiny_bert.state_dict(), "float32")
-    seqs = [list(range(1, n + 1)) for n in (5, 9, 30)]
-    batch = PackedBatch.pack(seqs)
-    units = enc.units(batch, lambda: 12)
+def drain(units) -> tuple:
+    """(the forward's result, how many units it yielded) of a BertEncoder.units generator run to its end."""
     count = 0
     while True:
         try:
             next(units)
             count += 1
         except StopIteration as done:
-            chunked = done.value
-            break
+            return done.value, count
+
+
+def test_its_units_in_small_row_chunks_give_the_whole_forward(tiny_bert):
+    enc = BertEncoder(BertConfig.from_dict(tiny_config()), tiny_bert.state_dict(), "float32")
+    seqs = [list(range(1, n + 1)) for n in (5, 9, 30)]
+    batch = PackedBatch.pack(seqs)
+    chunked, count = drain(enc.units(batch, lambda: 12))
     # Three layers, each at least: the 5 and 9 rows (a one-call group each with the kernels, else steps), then
     # the 30-row sequence, past a 12-row unit, in steps: 3 row chunks, its attention, 3 row chunks.
     assert count >= 1 + 3 * 9

@@ -13,7 +13,7 @@ from inference.engine.kernels.build import build
 from inference.engine.models.bert import BertConfig, BertEncoder, PackedBatch
 
 from .isa_builds import narrower_builds
-from .test_bert_encoder import tiny_config
+from .test_bert_encoder import drain, tiny_config
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the CPU kernels")
 needs_bf16_attention = pytest.mark.skipif(
@@ -244,12 +244,7 @@ def test_the_compiled_steps_equal_the_torch_steps_and_reuse_their_buffers(weight
     first = enc.units(batch, lambda: 16)
     next(first), next(first)
     assert torch.equal(enc.forward(batch, 16), compiled)  # the buffers were taken: this pass made its own
-    while True:
-        try:
-            next(first)
-        except StopIteration as done:
-            assert torch.equal(done.value, compiled)
-            break
+    assert torch.equal(drain(first)[0], compiled)
 
 
 def _tiny_weights(cfg) -> dict:
@@ -307,13 +302,7 @@ def test_a_whole_layer_in_one_call_is_its_steps_unit_by_unit_bit_for_bit(weights
     batch = PackedBatch.pack([torch.randint(0, 99, (n,)).tolist() for n in lens])
 
     def run(chunk_rows):
-        units, count = enc.units(batch, lambda: chunk_rows), 0
-        while True:
-            try:
-                next(units)
-                count += 1
-            except StopIteration as done:
-                return done.value, count
+        return drain(enc.units(batch, lambda: chunk_rows))
 
     layers = cfg["num_hidden_layers"]
     steps, step_units = run(0)  # no sequence fits: every step a unit of one row (attention: one sequence)
@@ -353,13 +342,7 @@ def test_a_unit_never_covers_more_rows_than_its_limit_when_the_limit_shrinks_mid
         return call(index, batch, group, *rest)
 
     enc._layer_in_one_call = recorded
-    units = enc.units(batch, chunk_rows)
-    while True:
-        try:
-            next(units)
-        except StopIteration as done:
-            got = done.value
-            break
+    got, _ = drain(enc.units(batch, chunk_rows))
     assert torch.equal(got, want)
     one_call = weights == "float32" or kernels.encoder_bf16_attention(cfg["hidden_size"] // 2) is not None
     if one_call:
