@@ -29,9 +29,13 @@ def normalized(vector: np.ndarray) -> np.ndarray:
     return (wide / norm).astype(np.float32) if norm > 0 else vector
 
 
-def embed_json(model: str, vectors: list[bytes], metrics: dict) -> bytes:
-    """/api/embed's body: {model, embeddings (each L2-normalized), **metrics} as JSON bytes (CPU work)."""
-    return vectors_json({"model": model, "embeddings": [normalized(float32_array(v)) for v in vectors], **metrics})
+def embed_json(model: str, vectors: list[bytes], metrics: dict, normalizes: bool) -> bytes:
+    """/api/embed's body: {model, embeddings (each L2-normalized), **metrics} as JSON bytes (CPU work).
+    `normalizes`: the model's own pooling normalized them already, so they are written as computed, the same bits
+    as /v1/embeddings and /api/embeddings give (normalizing again moves elements by a float32 rounding)."""
+    arrays = [float32_array(v) for v in vectors]
+    return vectors_json({"model": model, "embeddings": arrays if normalizes else [normalized(a) for a in arrays],
+                         **metrics})
 
 
 def embeddings_json(vector: bytes | None) -> bytes:

@@ -102,17 +102,17 @@ async def generate(request):
 
 
 async def _embed(request, req: dict, texts: list[str], route: str, truncate: bool, dimensions: int | None = None):
-    """(the vectors, the tokens embedded, the answer's Timing) of an embedding request's texts (none: the model
-    only loads). Raises ApiError."""
+    """(the vectors, the tokens embedded, the answer's Timing, the EmbeddingService) of an embedding request's texts
+    (none: the model only loads). Raises ApiError."""
     started = time.perf_counter()
     service, name, timing = await _model(request, req["model"], route, EMBEDDING, req.get("keep_alive"), started)
     if not texts:
         await admit(request, reserve_tokens=0, used_tokens=lambda: 0)
-        return [], 0, timing
+        return [], 0, timing, service
     _, vectors, tokens = await embedded_vectors(request, embeddings.openai_request(name, texts, truncate, dimensions),
                                                 service, len(request.body))
     timing.ended = time.perf_counter()
-    return vectors, tokens, timing
+    return vectors, tokens, timing, service
 
 
 @openai_endpoint(generates=True, error_shape=OLLAMA)
@@ -120,10 +120,12 @@ async def _embed(request, req: dict, texts: list[str], route: str, truncate: boo
 async def embed(request):
     """POST /api/embed: {model, embeddings (L2-normalized), total_duration, load_duration, prompt_eval_count}."""
     req = await light_work(protocol.parse_embed, len(request.body), request.body)
-    vectors, tokens, timing = await _embed(request, req, req["input"], "embed", req["truncate"], req.get("dimensions"))
+    vectors, tokens, timing, service = await _embed(request, req, req["input"], "embed", req["truncate"],
+                                                    req.get("dimensions"))
     metrics = {"total_duration": int((time.perf_counter() - timing.started) * 1e9),
                "load_duration": int(timing.load_s * 1e9), "prompt_eval_count": tokens}
-    body = await light_work(embeddings.embed_json, sum(map(len, vectors)) * 3, req["model"], vectors, metrics)
+    body = await light_work(embeddings.embed_json, sum(map(len, vectors)) * 3, req["model"], vectors, metrics,
+                            service.normalizes)
     return HttpResponse(body, content_type="application/json")
 
 
@@ -133,7 +135,7 @@ async def embeddings_view(request):
     """POST /api/embeddings (the older route): {embedding} of one prompt."""
     req = await light_work(protocol.parse_embeddings, len(request.body), request.body)
     texts = [req["prompt"]] if req["prompt"] else []
-    vectors, _, _ = await _embed(request, req, texts, "embed", truncate=True)
+    vectors, _, _, _ = await _embed(request, req, texts, "embed", truncate=True)
     return HttpResponse(embeddings.embeddings_json(vectors[0] if vectors else None), content_type="application/json")
 
 

@@ -84,6 +84,11 @@ class EmbeddingService:
         return self.model.max_input_tokens
 
     @property
+    def normalizes(self) -> bool:
+        """Whether its vectors come L2-normalized (the folder's sentence-transformers Normalize module)."""
+        return self.model.pooling.normalize
+
+    @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
 

@@ -1,14 +1,16 @@
 """ollama_api's pure parts: the tool-call accumulation over every split of the arguments' fragments, an NDJSON
 stream read back the way the `ollama` client reads it (httpx's iter_lines) over every split of its bytes, the fold,
-the timestamps and metrics, and generate's Go template subset."""
+the timestamps and metrics, generate's Go template subset, and /api/embed's body."""
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from inference.serving.deltas import Content, Finish, Reasoning, ToolCallArgs, ToolCallStart, Usage
 from inference.serving.errors import ApiError
 from ollama_api.catalogue import human_count
+from ollama_api.embeddings import embed_json
 from ollama_api.encoder import CHAT, GENERATE, OllamaStream, Timing, created_at, fold
 from ollama_api.go_template import render
 from ollama_api.wire import ndjson_line
@@ -130,3 +132,16 @@ def test_what_the_subset_does_not_run_is_a_400_naming_it(template, named):
                                          (270_000_000, "270M"), (22_713_216, "22.71M"), (12_345, "12K"), (7, "7")])
 def test_parameter_sizes_read_as_ollama_writes_them(count, text):
     assert human_count(count) == text
+
+
+def test_embed_writes_a_normalizing_models_vectors_as_computed_and_normalizes_the_others():
+    rng = np.random.default_rng(0)
+    raw = rng.standard_normal((3, 384)).astype(np.float32)
+    unit = (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32)
+    kept = json.loads(embed_json("m", [v.tobytes() for v in unit], {"prompt_eval_count": 3}, normalizes=True))
+    assert kept["model"] == "m" and kept["prompt_eval_count"] == 3
+    # The same float32 bits as the model gave (normalizing an already unit vector again moves its last bits).
+    assert np.array_equal(np.array(kept["embeddings"], dtype=np.float32), unit)
+    scaled = json.loads(embed_json("m", [(v * 7).tobytes() for v in raw], {}, normalizes=False))["embeddings"]
+    assert np.allclose(np.linalg.norm(np.array(scaled, dtype=np.float64), axis=1), 1.0, atol=1e-6)
+    assert np.allclose(np.array(scaled), unit, atol=1e-6)
