@@ -73,29 +73,6 @@ const char *metrale_block_isa(void) {
 #endif
 }
 
-/* float16 bits -> float32 (exact; subnormals, inf and NaN included). */
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            uint32_t m = man;
-            do { e++; m <<= 1; } while (!(m & 0x400u));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static inline void halves_to_floats(const uint16_t *h, float *f) {
     for (int j = 0; j < BT; j++) f[j] = half_to_float(h[j]);
 }

@@ -61,29 +61,6 @@ int metrale_is_kquant(int format) {
     return format == METRALE_W_Q4_K || format == METRALE_W_Q5_K || format == METRALE_W_Q6_K;
 }
 
-/* float16 bits -> float32 (exact; subnormals, inf and NaN included). */
-static inline float kq_half(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            uint32_t m = man;
-            do { e++; m <<= 1; } while (!(m & 0x400u));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* Scratch of M rows of K values: int8 a [M, K], dx float [M, K / 256], bs16 int16 [M, K / 16],
  * bs32 int16 [M, K / 32] (64-byte aligned parts). */
 typedef struct {
@@ -200,7 +177,7 @@ static inline int kq_code(int format, const uint8_t *p, int j, int k) {
 static void kq_dequant(int format, const uint8_t *p, int j, float *w) {
     const uint8_t *sc = p + code_bytes(format);
     const uint16_t *dh = (const uint16_t *)(sc + 256);
-    const float d = kq_half(dh[j]);
+    const float d = half_to_float(dh[j]);
     if (format == METRALE_W_Q6_K) {
         for (int k = 0; k < QK; k++) {
             const int s = k >> 4;
@@ -209,7 +186,7 @@ static void kq_dequant(int format, const uint8_t *p, int j, float *w) {
         }
         return;
     }
-    const float dmin = kq_half(dh[KT + j]);
+    const float dmin = half_to_float(dh[KT + j]);
     for (int k = 0; k < QK; k++) {
         const int s = k >> 5;
         const float ds = d * (float)sc[16 * s + j], dm = dmin * (float)sc[128 + 32 * (s >> 1) + 2 * j + (s & 1)];
@@ -476,8 +453,8 @@ static void kq_tile_fast(const metrale_weight *W, long t, long KS, const kq_rows
             for (int r = 0; r < rows; r++) {
                 const float x = q->dx[(m + r) * KS + b];
                 for (int j = 0; j < KT; j++) {
-                    float v = acc[r * KT + j] + (float)isum[r * KT + j] * (kq_half(dh[j]) * x);
-                    if (W->format != METRALE_W_Q6_K) v = v - (float)msum[r * KT + j] * (kq_half(dh[KT + j]) * x);
+                    float v = acc[r * KT + j] + (float)isum[r * KT + j] * (half_to_float(dh[j]) * x);
+                    if (W->format != METRALE_W_Q6_K) v = v - (float)msum[r * KT + j] * (half_to_float(dh[KT + j]) * x);
                     acc[r * KT + j] = v;
                 }
             }
