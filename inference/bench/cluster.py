@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from .live_server import MANAGE, ROOT, LiveServer, free_port
+from .live_server import MANAGE, ROOT, LiveServer, free_port, stop_process
 
 # What the load balancer that ends TLS in front of the router adds (production settings redirect
 # plain-HTTP API requests to HTTPS without it; the router passes a client's headers on).
@@ -202,12 +202,6 @@ class Router:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._http.close()
         self._log.close()

@@ -46,6 +46,19 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """End `proc`: SIGTERM, then SIGKILL if it has not exited within `grace_s` seconds; waits for it (so no
+    zombie is left). A process that has exited already is only reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now: the kernel's choice, or under pytest-xdist the next
     free one of this worker's range (WORKER_PORT_BASE + index * WORKER_PORT_SPAN, WORKER_PORT_SPAN ports,
@@ -150,12 +163,7 @@ class LiveServer:
         return self.log_path.read_text()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
     def __enter__(self):

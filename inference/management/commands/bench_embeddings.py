@@ -42,7 +42,7 @@ class Command(BaseCommand):
         import torch.nn.functional as F
 
         from inference.bench.embeddings import bench_texts, post_embeddings, random_word_texts, tpot_during_job
-        from inference.bench.live_server import LiveServer, free_port
+        from inference.bench.live_server import LiveServer, free_port, stop_process
         from inference.engine.embedding_model import EmbeddingModel
         from inference.engine.kernels.build import cpuinfo_field
         from inference.operations.model_specs import spec_for
@@ -98,8 +98,7 @@ class Command(BaseCommand):
         finally:
             ours.stop()
             if peer is not None:
-                peer.terminate()
-                peer.wait(10)
+                stop_process(peer)
 
     def _mix(self, mix: str, corpus: list[str], servers: dict, st, rounds: int) -> None:
         """One text mix: every server at every level, rounds interleaved, then sentence-transformers' best;
