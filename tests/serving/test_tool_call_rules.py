@@ -30,6 +30,24 @@ def test_it_makes_no_calls_and_keeps_markup_out_with_tool_choice_none(parser):
     assert split_result(text, tool_parser=parser, tool_choice="none") == [C("Sure.\n\nBye.")]
 
 
+@pytest.mark.parametrize("tool_choice", ["none", "auto"])
+@pytest.mark.parametrize("stream_arguments", [False, True])
+def test_a_stray_opener_that_never_closes_leaves_the_answer_after_it(tool_choice, stream_arguments):
+    # SmolLM2 after a tool result: a `<tool_call>`, a quoted word, then its answer, and no `</tool_call>`.
+    text = 'Well.\n<tool_call>\n"sunny"\n\nThe weather in Paris is indeed sunny.'
+    kwargs = {"tool_parser": "hermes", "tool_choice": tool_choice, "stream_arguments": stream_arguments}
+    assert split_result(text, **kwargs) == [C('Well.\n"sunny"\n\nThe weather in Paris is indeed sunny.')]
+    pipeline = make_pipeline(**kwargs)
+    pipeline.feed(text)
+    pipeline.finish()
+    assert not pipeline.tool_parser.cut_off and pipeline.tool_calls == []
+    assert pipeline.tool_parser.rejected == [{"name": None, "reason": "the opener began no call and never closed"}]
+    # An envelope that began a JSON object is a call cut off: dropped, and the turn says so.
+    cut = make_pipeline(**kwargs)
+    assert [d for d in cut.feed('<tool_call>{"name": "get_weather", "argu') + cut.finish()] == []
+    assert cut.tool_parser.cut_off
+
+
 @pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
 def test_it_keeps_one_call_without_parallel_tool_calls_and_asks_to_stop(parser):
     pipeline = make_pipeline(tool_parser=parser, parallel_tool_calls=False)

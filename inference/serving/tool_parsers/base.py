@@ -54,7 +54,11 @@ regions into deltas under one set of rules:
   streamed call stays as sent: above). For the
   tag formats (hermes, qwen3_coder, mistral, poolside_v1) it is dropped and
   recorded in `rejected`: its markup is unmistakably a call, and the original
-  server cuts orphan tool markup out of content. For the speculative formats
+  server cuts orphan tool markup out of content. An opener whose region never
+  began a call (`_unclosed_content`: hermes' `<tool_call>` followed by no JSON
+  object or array, e.g. a quoted word and then prose) is not cut off: the opener
+  is dropped, recorded in `rejected`, and the text after it stays content, so an
+  answer written after a stray tag (tools off, or after a tool result) is kept. For the speculative formats
   (llama3_json, pythonic), whose opener is ordinary text until proven
   otherwise, it stays content. glm47 (fail-closed) overrides: it delivers a
   refused call.
@@ -210,11 +214,17 @@ class ToolParser:
         out = self._drain(final=True)
         if self._scanner is not None and not self.should_stop:
             region, self._buf, self._scanner = self._buf, "", None
-            self.cut_off = True
-            if self._open is not None:
-                self._end_streamed(None, "the call was cut off before it closed", out)
+            stray = self._unclosed_content(region) if self._open is None else None
+            if stray is not None:
+                self._call_boundary()
+                self._reject(Rejected("the opener began no call and never closed"), out)
+                self._content(stray, out)
             else:
-                self._truncated(region, out)
+                self.cut_off = True
+                if self._open is not None:
+                    self._end_streamed(None, "the call was cut off before it closed", out)
+                else:
+                    self._truncated(region, out)
         if self._pending and not self._cut_any:
             out.append(Content(self._pending))
         self._pending = ""
@@ -234,6 +244,12 @@ class ToolParser:
 
     def _parse(self, region: str) -> ParseResult:
         raise NotImplementedError
+
+    def _unclosed_content(self, region: str) -> str | None:
+        """The text after the opener of `region`, a region still open at the end of generation, where it
+        never began a call (it stays content; see the module doc); None where it did (a cut-off call).
+        Default: None."""
+        return None
 
     def _new_stream(self) -> CallStream | None:
         """A reader of the growing region, for formats whose arguments stream (None: one-shot)."""

@@ -5,7 +5,9 @@ Used by Qwen2.5 / Qwen3, Hermes 2-3 and SmolLM3.
 Source: vLLM's `hermes` parser; the original server's `hermes` (default for
 qwen3_next, qwen3_vl_moe). A `</tool_call>` inside a JSON string does not
 close the call; a list of call objects inside one envelope is accepted; a bare
-name inside the envelope is not JSON and is dropped, not made a call.
+name inside the envelope is not JSON and is dropped, not made a call; an
+envelope that never closes and holds no JSON object or array (a `<tool_call>`
+followed by prose) leaves that prose as content.
 """
 from __future__ import annotations
 
@@ -67,6 +69,13 @@ class HermesToolParser(ToolParser):
 
     def _new_stream(self) -> JsonCallStream:
         return JsonCallStream(self.schemas, OPEN)
+
+    def _unclosed_content(self, region: str) -> str | None:
+        """An unclosed envelope whose payload is not a JSON object or array (a quoted word, prose) began no
+        call: the text after `<tool_call>` stays content."""
+        body = region[len(OPEN):]
+        i = skip_whitespace(body, 0)
+        return body[i:] if i < len(body) and body[i] not in "{[" else None
 
     def _parse(self, region: str) -> ParseResult:
         body = region[len(OPEN):]
