@@ -17,7 +17,9 @@ A model's life (ModelEntry.state): unloaded -> loading -> loaded -> unloaded, or
   no request holds it; a request's `keep_alive` sets it for its model from then on; 0 unloads
   the model as soon as it is idle; never (math.inf) keeps it. The reaper thread checks every
   REAP_INTERVAL_S seconds. Pinned models (METRALE_PIN; default: the first chat model) are loaded
-  at start and never unloaded.
+  at start and never unloaded for idleness or the budget; only an operator's unload (`unload(force=True)`:
+  the admin, `manage.py models unload`) unloads one, and the next request that names it loads it again
+  (/health stays ready meanwhile: runtime.status).
 - The budget (METRALE_MEMORY_BUDGET): the loaded models' resident bytes (each model's RSS growth
   while it loaded plus its KV pool, measured after load, not file sizes). A load that would pass
   it unloads idle models, least recently used first; it waits up to LOAD_WAIT_S for a busy

@@ -487,8 +487,11 @@ def status() -> tuple[str, str | None]:
         return "failed", "no model is configured (METRALE_MODELS)"
     if entry.unavailable is not None:
         return "swapping", entry.unavailable
-    if entry.state == LOADED or (entry.state == UNLOADED and not entry.pinned and _started.is_set()):
-        return "ready", None  # a model loaded on demand is ready to be asked for
+    # A model loaded on demand is ready to be asked for; so is a pinned one once its start-up load is behind it
+    # (an operator unloaded it: the next request loads it again).
+    on_demand = not entry.pinned or entry.loaded_at is not None
+    if entry.state == LOADED or (entry.state == UNLOADED and on_demand and _started.is_set()):
+        return "ready", None
     if entry.state == FAILED:
         return "failed", entry.error
     return ("loading", None) if entry.state == LOADING or _started.is_set() else ("idle", None)

@@ -311,6 +311,24 @@ def test_an_operator_unload_and_pin(models):
     assert registry.entries[B].pinned and registry.reap() == []
 
 
+def test_health_is_ready_when_an_operator_unloaded_the_pinned_default_and_its_next_request_loads_it(
+        models, monkeypatch):
+    from inference.operations import runtime
+
+    started = threading.Event()
+    started.set()
+    monkeypatch.setattr(runtime, "_started", started)  # the server's start-up has begun
+    registry, _, _ = models(A, B)
+    # Pinned and its start-up load not yet behind it: loading.
+    assert call("GET", "/health").status == 503 and call("GET", "/health").json()["status"] == "loading"
+    content(chat(A))
+    assert call("GET", "/health").json()["status"] == "ready"
+    assert registry.unload(A, force=True) and registry.entries[A].state == UNLOADED
+    health = call("GET", "/health")
+    assert health.status == 200 and health.json()["status"] == "ready" and health.json()["models"][A] == "unloaded"
+    assert content(chat(A)) == f"I am {A}" and registry.entries[A].state == LOADED
+
+
 def test_acquire_raises_model_load_failed_and_releases_its_hold(models):
     registry, _, _ = models(A, fail={A: RuntimeError("boom")}, pinned=[])
     with pytest.raises(ModelLoadFailed) as failed:
