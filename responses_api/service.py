@@ -140,13 +140,17 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
     greq = dataclasses.replace(generation_request(req, messages), priority=priority)
     prepared = await prepare_generation(greq, rt, request_id=response_id, cache_salt=cache_salt)
     body = response_object(response_id, req, req["model"] or rt.model_id,
-                           "queued" if req["background"] else "in_progress")
+                           "queued" if req["background"] else "in_progress", prepared.inputs[0].request.params)
     return PreparedResponse(response_id, tenant, req, req["input"], prepared, body)
 
 
-def response_object(response_id: str, req: dict, model: str, status: str) -> dict:
-    """The Response object as it starts (no output, no usage), echoing the request's settings
-    with OpenAI's defaults filled in (temperature and top_p 1, truncation disabled, ...)."""
+def response_object(response_id: str, req: dict, model: str, status: str, params=None) -> dict:
+    """The Response object as it starts (no output, no usage), echoing the request's settings with the
+    defaults filled in: temperature and top_p those the turn samples with (`params`, its SamplingParams: the
+    model's generation_config or card where the request set none, as vLLM's Responses object says; OpenAI's 1
+    without `params`), truncation disabled, ..."""
+    temperature = req["temperature"] if req["temperature"] is not None else params.temperature if params else 1.0
+    top_p = req["top_p"] if req["top_p"] is not None else params.top_p if params else 1.0
     return {
         "id": response_id, "object": "response", "created_at": int(time.time()),
         "status": status, "background": req["background"], "error": None,
@@ -157,10 +161,10 @@ def response_object(response_id: str, req: dict, model: str, status: str) -> dic
         "conversation": {"id": req["conversation"]} if req["conversation"] else None,
         "reasoning": req["reasoning"] or {"effort": None, "summary": None},
         "service_tier": req["service_tier"] or "default", "store": req["store"],
-        "temperature": 1.0 if req["temperature"] is None else req["temperature"],
+        "temperature": temperature,
         "text": req["text"], "tool_choice": req["tool_choice"], "tools": req["tools"],
         "top_logprobs": req["top_logprobs"] or 0,
-        "top_p": 1.0 if req["top_p"] is None else req["top_p"],
+        "top_p": top_p,
         "truncation": req["truncation"], "usage": None, "user": req["user"],
         "safety_identifier": req["safety_identifier"],
         "prompt_cache_key": req["prompt_cache_key"], "metadata": req["metadata"],

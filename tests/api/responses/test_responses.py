@@ -196,6 +196,17 @@ def test_it_echoes_the_request_settings(api, engine):
     assert (params.temperature, params.top_p, params.top_k, params.seed) == (0.5, 0.9, 5, 3)
 
 
+def test_it_says_the_temperature_and_top_p_it_samples_with_where_the_request_sets_none(api, engine, settings):
+    # The server's (or the model's) defaults apply, and the Response object says so, as vLLM's does.
+    settings.METRALE = {**settings.METRALE, "SAMPLING_DEFAULTS": {"temperature": 0.2, "top_p": 0.9}}
+    body = api.post("/v1/responses", {"input": "Hi"}).json()
+    params = engine.submissions[0].params
+    assert (params.temperature, params.top_p) == (0.2, 0.9)
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.9)
+    body = api.post("/v1/responses", {"input": "Hi", "temperature": 0.7}).json()
+    assert (body["temperature"], body["top_p"]) == (0.7, 0.9)
+
+
 def test_truncation_auto_drops_the_oldest_turns_to_fit(api, engine):
     engine.max_model_len = 120
     items = [{"role": "user", "content": "word " * 90}, {"role": "assistant", "content": "ok"},
