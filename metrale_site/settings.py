@@ -276,6 +276,9 @@ METRALE = {
     "SPECULATIVE_NGRAM_MIN": envint("METRALE_SPECULATIVE_NGRAM_MIN", None),
     # In "auto", no drafts while more sequences than this decode (unset: 8).
     "SPECULATIVE_MAX_BATCH": envint("METRALE_SPECULATIVE_MAX_BATCH", None),
+    # What logprobs report (vLLM's --logprobs-mode): raw_logprobs (unset: the model's distribution, before
+    # temperature, truncation, penalties and logit_bias) or processed_logprobs (the one each token was drawn from).
+    "LOGPROBS_MODE": envstr("METRALE_LOGPROBS_MODE"),
     # Repetition detection for requests that set none (vLLM's repetition_detection object, as JSON:
     # {"max_pattern_size": 32, "min_pattern_size": 1, "min_count": 8}); unset: off.
     "REPETITION_DETECTION": envjson("METRALE_REPETITION_DETECTION", None),

@@ -8,6 +8,7 @@ from pathlib import Path
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "Gemma3ForCausalLM")
 WEIGHT_FORMATS = ("auto", "q4", "q8", "int8", "model")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 class ConfigError(ValueError):
@@ -254,6 +255,11 @@ class EngineConfig:
     # each further token +3.4 ms alone, +1.7 on two: past two tokens the second thread saves more wall than
     # the CPU it adds.
     solo_step_tokens: int = 2
+    # What logprobs report (vLLM's --logprobs-mode names): "raw_logprobs", the model's distribution (after a
+    # structured output's mask, before logit_bias, penalties, temperature and truncation; vLLM's default, and
+    # OpenAI's: a token's logprob does not move with the temperature), or "processed_logprobs", the
+    # distribution the token was drawn from.
+    logprobs_mode: str = "raw_logprobs"
     step_log: bool = False
     max_waiting_requests: int = 0
     max_loras: int = 4
@@ -296,6 +302,8 @@ class EngineConfig:
             raise ConfigError("max_loras must be >= 0 and max_lora_rank positive")
         if self.batch_max_num_seqs <= 0 or self.batch_prefill_chunk <= 0:
             raise ConfigError("batch_max_num_seqs and batch_prefill_chunk must be positive")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.solo_step_tokens < 0:
             raise ConfigError("solo_step_tokens must be >= 0 (0: every step runs on the team)")
         if self.max_waiting_requests < 0:

@@ -133,7 +133,8 @@ class LLMEngine:
                                    batch_max_num_seqs=config.batch_max_num_seqs,
                                    batch_prefill_chunk=config.batch_prefill_chunk)
         self.runner = ModelRunner(model, self.model_config, num_blocks, config.block_size, self.device, kv_dtype,
-                                  self.eos_token_ids, window_blocks=window_blocks)
+                                  self.eos_token_ids, window_blocks=window_blocks,
+                                  logprobs_mode=config.logprobs_mode)
         # Drafts are verified bitwise only where decode rows are batch-invariant (the compiled layers).
         self.speculator = Speculator(config.speculative_config(), exact=self.runner.fused is not None)
         self.scheduler.speculator = self.speculator

@@ -53,9 +53,10 @@ class ModelRunner:
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
                  device: torch.device, kv_dtype: torch.dtype, eos_token_ids: list[int] | None = None,
-                 seed: int | None = None, window_blocks: int | None = None):
+                 seed: int | None = None, window_blocks: int | None = None, logprobs_mode: str = "raw_logprobs"):
         """window_blocks: the sliding-window layers' own pool of that many blocks, addressed by each
-        sequence's window_table (hybrid_block_manager.py); None: every layer in the one pool."""
+        sequence's window_table (hybrid_block_manager.py); None: every layer in the one pool. logprobs_mode:
+        EngineConfig's (the sampler's)."""
         self.model = model
         self.cfg = cfg
         self.device = device
@@ -70,7 +71,7 @@ class ModelRunner:
         # kv_pool.KVPool: zero-filled, its pages committed on the CPU as blocks are first written.
         self.kv_pool = KVPool(cfg.num_hidden_layers, shape, kv_dtype, device, shapes)
         self.kv_caches = self.kv_pool.caches
-        self.sampler = Sampler(eos_token_ids, seed)
+        self.sampler = Sampler(eos_token_ids, seed, logprobs_mode)
         # Decode attention runs in the compiled kernel (no mask needed) where it can, and where the
         # model's decode weights are kernel weights, decode rows run through whole compiled layers.
         self.decode_kernel = (device.type == "cpu" and next(model.parameters()).dtype == torch.float32

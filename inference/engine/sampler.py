@@ -11,8 +11,11 @@ torch.Generator, so its tokens do not depend on what else is in the batch. With 
 compiled kernels the temperature, truncation and draw of a row run in one call
 (kernels/sample.c: no sort of the vocabulary, no random number per token); `process`
 is the same rules in torch (the reference, and the path without the kernels or with top-nσ).
-Logprobs are log-softmax of the final processed distribution (after penalties,
-temperature and truncation), with -inf reported as -9999.0.
+Logprobs (EngineConfig.logprobs_mode, vLLM's names): "raw_logprobs" (the default, vLLM's) are log-softmax
+of the model's logits after a structured output's mask only, so they do not move with temperature, truncation,
+penalties or logit_bias; "processed_logprobs" are log-softmax of the final processed distribution (after
+penalties, temperature and truncation: the one the token was drawn from). A beam search ranks its candidates
+by the processed ones in either mode (its logit_bias and penalties count). -inf is reported as -9999.0.
 """
 from __future__ import annotations
 
@@ -41,8 +44,11 @@ class SampleResult:
 class Sampler:
     """Samples one token per sequence from its logits row."""
 
-    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None):
+    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None,
+                 logprobs_mode: str = "raw_logprobs"):
+        """logprobs_mode: "raw_logprobs" or "processed_logprobs" (module doc)."""
         self.eos_token_ids = list(eos_token_ids or [])
+        self.raw_logprobs = logprobs_mode == "raw_logprobs"
         self.shared_generator = torch.Generator()
         if seed is not None:
             self.shared_generator.manual_seed(seed)
@@ -96,6 +102,9 @@ class Sampler:
         b = len(seqs)
         tokens = [0] * b
         processed = pre
+        # Rows whose logprobs come from the model's own distribution (raw) and from the processed one.
+        raw = [p.logprobs if self.raw_logprobs and s.beam is None else None for s, p in zip(seqs, params)]
+        kept = [p.logprobs if r is None else None for p, r in zip(params, raw)]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
@@ -103,12 +112,22 @@ class Sampler:
                 tokens[i] = t
         if sampled:
             u = self._uniforms(seqs, sampled)
-            drawn, rows = self._draw(pre if len(sampled) == b else pre[sampled], [params[i] for i in sampled], u)
+            drawn, rows = self._draw(pre if len(sampled) == b else pre[sampled], [params[i] for i in sampled], u,
+                                     [kept[i] is not None for i in sampled])
             for i, t in zip(sampled, drawn):
                 tokens[i] = t
-            if any(params[i].logprobs is not None for i in sampled):
+            if any(kept[i] is not None for i in sampled):
                 processed = rows if len(sampled) == b else pre.clone().index_copy_(0, torch.tensor(sampled), rows)
-        return SampleResult(tokens, token_logprobs(processed, tokens, [p.logprobs for p in params]))
+        logprobs = token_logprobs(processed, tokens, kept)
+        if any(n is not None for n in raw):
+            model_rows = logits.float()
+            if any(s.grammar is not None for s in seqs):
+                model_rows = model_rows.clone()
+                apply_grammar_masks(model_rows, seqs)
+            for i, got in enumerate(token_logprobs(model_rows, tokens, raw)):
+                if got is not None:
+                    logprobs[i] = got
+        return SampleResult(tokens, logprobs)
 
     def _uniforms(self, seqs: list[Sequence], rows: list[int]) -> list[float]:
         """One number in [0, 1) per sampled row (float64 draws)."""
@@ -124,14 +143,14 @@ class Sampler:
         return u
 
     @staticmethod
-    def _draw(pre: torch.Tensor, params: list, u: list[float]) -> tuple[list[int], torch.Tensor]:
-        """Temperature rows: (tokens, processed float32 [R, V]: what logprobs are computed from; only
-        the rows that ask for logprobs when the kernel drew them). pre: the rows after `controls`;
+    def _draw(pre: torch.Tensor, params: list, u: list[float], processed: list[bool]) -> tuple[list[int], torch.Tensor]:
+        """Temperature rows: (tokens, processed float32 [R, V]: what processed logprobs are computed from; only
+        the rows whose `processed` is True when the kernel drew them). pre: the rows after `controls`;
         u: one uniform number a row. Rows with top-nσ, or every row without the kernels, take the
         torch rules (`process`'s) and `draw_inverse_cdf`."""
         r = len(params)
         tokens = [0] * r
-        rows = torch.empty_like(pre) if any(p.logprobs is not None for p in params) else pre
+        rows = torch.empty_like(pre) if any(processed) else pre
         fast = [j for j, p in enumerate(params) if p.top_n_sigma <= 0] if kernels.available() else []
         if fast:
             ps = [params[j] for j in fast]
@@ -139,7 +158,7 @@ class Sampler:
             drawn, out = kernels.sample(
                 pre[fast] if len(fast) < r else pre, [p.temperature for p in ps],
                 [p.top_k if 0 < p.top_k < v else 0 for p in ps], [p.top_p for p in ps], [p.min_p for p in ps],
-                [u[j] for j in fast], [p.logprobs is not None for p in ps])
+                [u[j] for j in fast], [processed[j] for j in fast])
             for j, t in zip(fast, drawn):
                 tokens[j] = t
             if out is not None:

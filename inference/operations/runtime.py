@@ -114,6 +114,7 @@ ENGINE_SETTINGS = {
     "SPECULATIVE_NGRAM_MAX": "speculative_ngram_max", "SPECULATIVE_NGRAM_MIN": "speculative_ngram_min",
     "SPECULATIVE_MAX_BATCH": "speculative_max_batch",
     "BATCH_MAX_NUM_SEQS": "batch_max_num_seqs", "BATCH_PREFILL_CHUNK": "batch_prefill_chunk",
+    "LOGPROBS_MODE": "logprobs_mode",
 }
 
 

@@ -130,7 +130,7 @@ def test_migrate_runs_on_a_fresh_machine_whose_model_is_not_pulled_yet(tmp_path)
 
 
 def test_the_engine_config_is_built_from_the_settings_in_one_place(settings):
-    from inference.engine.config import EngineConfig
+    from inference.engine.config import ConfigError, EngineConfig
     from inference.operations.runtime import engine_config
 
     settings.METRALE = {**settings.METRALE, "MAX_NUM_SEQS": 7, "WEIGHTS": None}
@@ -138,3 +138,9 @@ def test_the_engine_config_is_built_from_the_settings_in_one_place(settings):
     assert config.max_num_seqs == 7
     assert config.weights == EngineConfig.__dataclass_fields__["weights"].default == "auto"
     assert config.model_path == str(settings.METRALE["MODEL"])
+    assert config.logprobs_mode == "raw_logprobs"  # vLLM's default
+    settings.METRALE = {**settings.METRALE, "LOGPROBS_MODE": "processed_logprobs"}
+    assert engine_config().logprobs_mode == "processed_logprobs"
+    settings.METRALE = {**settings.METRALE, "LOGPROBS_MODE": "processed"}
+    with pytest.raises(ConfigError, match="logprobs_mode must be one of raw_logprobs, processed_logprobs"):
+        engine_config()

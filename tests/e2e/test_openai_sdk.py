@@ -40,6 +40,20 @@ def test_chat_n2_with_logprobs_blocking_and_streaming_agree(openai_client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == tokens
 
 
+def test_a_tokens_logprobs_are_the_models_whatever_the_temperature_and_truncation(openai_client):
+    # The first token's alternatives, from the same prompt, greedy and sampled hot with a narrow nucleus and a bias:
+    # the model's own distribution each time (vLLM's raw_logprobs; OpenAI's logprobs do not move with temperature).
+    firsts = []
+    for extra in ({"temperature": 0}, {"temperature": 1.7, "top_p": 0.3, "seed": 5, "logit_bias": {"504": 5}}):
+        r = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1, logprobs=True,
+                                                  top_logprobs=5, **extra)
+        first = r.choices[0].logprobs.content[0]
+        firsts.append([(t.token, t.logprob) for t in first.top_logprobs])
+        assert first.logprob > -9999.0
+    assert [t for t, _ in firsts[0]] == [t for t, _ in firsts[1]]
+    assert all(a == pytest.approx(b, abs=1e-4) for (_, a), (_, b) in zip(*firsts))
+
+
 def test_the_stream_helper_accumulates_the_final_message(openai_client):
     with openai_client.chat.completions.stream(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0) as s:
         deltas = [e.delta for e in s if e.type == "content.delta"]

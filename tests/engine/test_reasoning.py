@@ -1,5 +1,7 @@
 """The reasoning budget: the close tag is forced after N reasoning tokens, in the sampler, one token per step;
 and the one tracker per sequence that the budget and the grammar both read."""
+import math
+
 import pytest
 import torch
 
@@ -57,8 +59,9 @@ def test_it_finishes_a_close_tag_the_model_had_begun():
     assert out == [11, 7, 8, 10, 10]
 
 
-def test_it_leaves_rows_without_a_budget_alone_and_works_for_sampled_rows():
-    sampler = Sampler([2], seed=0)
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_it_leaves_rows_without_a_budget_alone_and_works_for_sampled_rows(mode):
+    sampler = Sampler([2], seed=0, logprobs_mode=mode)
     seqs = [Sequence("a", [1], SamplingParams(temperature=1.0, reasoning=ReasoningSpec(
                 end_ids=END, starts_in_reasoning=True, budget_tokens=0), logprobs=1)),
             Sequence("b", [1], SamplingParams(temperature=0.0, logprobs=1))]
@@ -66,7 +69,10 @@ def test_it_leaves_rows_without_a_budget_alone_and_works_for_sampled_rows():
     logits[:, FAVOURITE] = 10.0
     res = sampler(logits, seqs)
     assert res.token_ids == [7, FAVOURITE]
-    assert res.logprobs[0][0] == 0.0  # the forced token is certain
+    if mode == "processed_logprobs":
+        assert res.logprobs[0][0] == 0.0  # the forced token is certain in the distribution drawn from
+    else:  # the model's own view of the forced token (all logits 0 but FAVOURITE's 10)
+        assert res.logprobs[0][0] == pytest.approx(-math.log(V - 1 + math.exp(10)), abs=1e-4)
 
 
 def test_it_needs_the_close_tag_and_a_budget_of_at_least_zero():

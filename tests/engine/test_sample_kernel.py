@@ -165,13 +165,19 @@ def test_every_instruction_set_path_draws_the_same_tokens(extra):
         assert torch.equal(out, processed)
 
 
-def test_the_sampler_gives_logprobs_of_the_distribution_it_drew_from():
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_the_sampler_gives_logprobs_of_the_model_or_of_the_distribution_it_drew_from(mode):
     g = torch.Generator().manual_seed(11)
     logits = torch.randn(2, 300, generator=g) * 3
-    seqs = [Sequence("r", [1], SamplingParams(temperature=0.8, top_k=20, logprobs=3)),
+    seqs = [Sequence("r", [1], SamplingParams(temperature=0.8, top_k=20, logprobs=3, logit_bias={5: 4.0})),
             Sequence("s", [1], SamplingParams(temperature=1.2, top_p=0.6, min_p=0.05, logprobs=0))]
-    res = Sampler([2], seed=3)(logits, seqs)
-    ref = _temperature_and_truncation(logits.clone(), [s.params for s in seqs]).log_softmax(-1)
+    res = Sampler([2], seed=3, logprobs_mode=mode)(logits, seqs)
+    drawn_from = logits.clone()
+    drawn_from[0, 5] += 4.0
+    drawn_from = _temperature_and_truncation(drawn_from, [s.params for s in seqs])
+    # raw: the model's own distribution, whatever the temperature, truncation and logit_bias (vLLM's default).
+    ref = (logits if mode == "raw_logprobs" else drawn_from).log_softmax(-1)
     for i, (chosen, tops) in enumerate(res.logprobs):
         assert chosen == pytest.approx(float(ref[i, res.token_ids[i]]), abs=1e-5)
         assert [t for t, _ in tops] == ref[i].topk(len(tops)).indices.tolist()
+        assert drawn_from[i, res.token_ids[i]] > float("-inf")  # drawn from what was kept
