@@ -36,8 +36,8 @@ class UserError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metrale", description="Metrale: an OpenAI- and Anthropic-compatible "
-                                     "LLM inference server (a Django application).")
+    parser = argparse.ArgumentParser(prog="metrale", description="Metrale: an OpenAI-, Anthropic- and "
+                                     "Ollama-compatible LLM inference server (a Django application).")
     parser.add_argument("--version", action="version", version=f"metrale {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
