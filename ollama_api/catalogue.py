@@ -100,9 +100,12 @@ def _decoder_count(config) -> int:
 
 
 def _quantization(config: dict) -> tuple[str, str]:
-    """(quantization_level, format): the GGUF block type most weights keep ("Q4_1"), else the dtype ("F32")."""
+    """(quantization_level, format): the GGUF's own name for its mix ("Q4_K_M", kept at import), else the GGUF
+    block type most weights keep ("Q4_1"), else the dtype ("F32")."""
     quant = config.get("quantization_config") or {}
     kinds = Counter((quant.get("weights") or {}).values())
+    if quant.get("file_type") and kinds:
+        return str(quant["file_type"]), "gguf"
     if kinds:
         return kinds.most_common(1)[0][0].upper(), "gguf"
     dtype = str(config.get("torch_dtype") or "float32")

@@ -133,9 +133,10 @@ def test_every_instruction_set_path_gives_the_same_block_linear_bitwise(extra):
                     assert torch.equal(y, kernels.weight_linear(x, w)), (extra, fmt, n, k, m, w.exact)
 
 
-def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0) -> None:
+def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0, file_type: int | None = None) -> None:
     """A 2-layer llama GGUF (hidden 64, 4 heads, 2 KV heads, ffn 96, untied head) whose 2-D tensors are
-    quantised as `qtypes` says per GGUF tensor-name part ("attn_q", "ffn_down", "token_embd", ...)."""
+    quantised as `qtypes` says per GGUF tensor-name part ("attn_q", "ffn_down", "token_embd", ...);
+    `file_type`: its general.file_type (llama.cpp's LlamaFileType number), left out when None."""
     from gguf import GGMLQuantizationType as QType
     from gguf.quants import quantize
 
@@ -145,6 +146,8 @@ def write_block_gguf(path, qtypes: dict[str, str], seed: int = 0) -> None:
     h, heads, kv, ffn, layers = 64, 4, 2, 96, 2
     tokens, merges, types = tiny_vocab()
     w = tiny_gguf_writer(path, "llama", h, heads, kv, ffn, layers, (tokens, merges, types))
+    if file_type is not None:
+        w.add_file_type(file_type)
 
     def add(name, *shape):
         value = (rng.standard_normal(shape) * (0.3 if len(shape) == 2 else 1.0)).astype(np.float32)
@@ -185,10 +188,13 @@ def test_import_keeps_the_blocks_as_shipped(tmp_path):
     from gguf import GGUFReader
     from safetensors.torch import load_file
 
-    write_block_gguf(tmp_path / "m.gguf", MIXED)
+    write_block_gguf(tmp_path / "m.gguf", MIXED, file_type=3)   # llama.cpp's MOSTLY_Q4_1
     out = import_gguf(tmp_path / "m.gguf", tmp_path / "blocks", progress=False)
     floats = import_gguf(tmp_path / "m.gguf", tmp_path / "float", dtype="float32", progress=False)
-    formats = block_formats(json.loads((out / "config.json").read_text()))
+    config = json.loads((out / "config.json").read_text())
+    formats = block_formats(config)
+    # The file's own name for its mix, which Ollama's /api/show and /api/tags report as quantization_level.
+    assert config["quantization_config"]["file_type"] == "Q4_1"
     assert formats["model.layers.1.self_attn.q_proj.weight"] == "q4_1"
     assert formats["model.layers.0.mlp.up_proj.weight"] == "q4_0"
     assert formats["model.embed_tokens.weight"] == "q8_0" and formats["lm_head.weight"] == "q4_1"

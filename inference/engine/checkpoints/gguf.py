@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
-from gguf import GGUFReader
+from gguf import GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
@@ -100,6 +100,17 @@ def read_metadata(reader: GGUFReader) -> dict:
         for name, field in reader.fields.items()
         if not name.startswith("GGUF.")
     }
+
+
+def file_type_name(meta: dict) -> str | None:
+    """llama.cpp's name of the file's `general.file_type` ("Q4_K_M", "Q8_0", "F16": gguf-py's LlamaFileType
+    without its MOSTLY_ / ALL_ prefix), as Ollama reports a model's quantization_level; None when the file
+    does not say or says a number gguf-py does not know."""
+    try:
+        name = LlamaFileType(int(meta["general.file_type"])).name
+    except (KeyError, TypeError, ValueError):
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 def hf_tensor_name(gguf_name: str, config: dict | None = None) -> str:
@@ -459,7 +470,7 @@ def import_gguf(
     try:
         tensors, formats = convert_tensors(reader, config, dtype, progress)
         if formats:
-            config["quantization_config"] = quantization_config(formats)
+            config["quantization_config"] = quantization_config(formats, file_type_name(meta))
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         # safetensors creates the file owner-only; a model folder is readable data like the rest.
         os.chmod(tmp / "model.safetensors", 0o644)

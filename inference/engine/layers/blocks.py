@@ -273,10 +273,12 @@ class BlockStack:
         return torch.cat([p.dequantize() for p in self.parts])
 
 
-def quantization_config(formats: dict[str, str]) -> dict:
+def quantization_config(formats: dict[str, str], file_type: str | None = None) -> dict:
     """config.json's `quantization_config` for a folder whose weights `formats` (HF weight name ->
-    block format) are stored as blocks."""
-    return {"quant_method": QUANT_METHOD, "block_size": BLOCK, "weights": dict(sorted(formats.items()))}
+    block format) are stored as blocks; `file_type`: the GGUF's own name for its mix ("Q4_K_M"), kept for
+    Ollama's quantization_level (ollama_api/catalogue.py), left out when None."""
+    config = {"quant_method": QUANT_METHOD, "block_size": BLOCK, "weights": dict(sorted(formats.items()))}
+    return config | {"file_type": file_type} if file_type else config
 
 
 def block_formats(config: dict) -> dict[str, str]:

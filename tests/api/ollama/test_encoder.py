@@ -9,7 +9,7 @@ import pytest
 
 from inference.serving.deltas import Content, Finish, Reasoning, ToolCallArgs, ToolCallStart, Usage
 from inference.serving.errors import ApiError
-from ollama_api.catalogue import human_count
+from ollama_api.catalogue import _quantization, human_count
 from ollama_api.embeddings import embed_json
 from ollama_api.encoder import CHAT, GENERATE, OllamaStream, Timing, created_at, fold
 from ollama_api.go_template import render
@@ -145,3 +145,11 @@ def test_embed_writes_a_normalizing_models_vectors_as_computed_and_normalizes_th
     scaled = json.loads(embed_json("m", [(v * 7).tobytes() for v in raw], {}, normalizes=False))["embeddings"]
     assert np.allclose(np.linalg.norm(np.array(scaled, dtype=np.float64), axis=1), 1.0, atol=1e-6)
     assert np.allclose(np.array(scaled), unit, atol=1e-6)
+
+
+def test_quantization_level_is_the_files_own_name_else_the_most_common_block_else_the_dtype():
+    blocks = {"quant_method": "gguf_blocks", "block_size": 32, "weights": {"a": "q5_0", "b": "q5_0", "c": "q4_k"}}
+    # Gemma 3 270M's Q4_K_M keeps most rows in Q5_0 (llama.cpp's fallback): Ollama says Q4_K_M, the file's name.
+    assert _quantization({"quantization_config": blocks | {"file_type": "Q4_K_M"}}) == ("Q4_K_M", "gguf")
+    assert _quantization({"quantization_config": blocks}) == ("Q5_0", "gguf")   # imported before it was kept
+    assert _quantization({"torch_dtype": "bfloat16"}) == ("BF16", "safetensors")
