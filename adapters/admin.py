@@ -157,13 +157,15 @@ class ModelSettingAdmin(admin.ModelAdmin):
     def load_models(self, request, queryset):
         for row in queryset:
             _registry().load(row.name)
-            self.message_user(request, f"{row.name}: loading.", messages.SUCCESS)
+            # "Model" first: the admin capitalises a message's first letter, and a name must stay as it is.
+            self.message_user(request, f"Model {row.name}: loading.", messages.SUCCESS)
 
     @admin.action(description="Unload the selected models on this server (only idle ones; pinned ones too)")
     def unload_models(self, request, queryset):
         for row in queryset:
             done = _registry().unload(row.name, force=True)
-            self.message_user(request, f"{row.name}: {'unloaded' if done else 'not unloaded (not loaded, or busy)'}.",
+            self.message_user(request, f"Model {row.name}: "
+                                       f"{'unloaded' if done else 'not unloaded (not loaded, or busy)'}.",
                               messages.SUCCESS if done else messages.WARNING)
 
     @admin.action(description="Pin the selected models (load now, never unload)")

@@ -356,8 +356,10 @@ def test_the_admin_shows_each_model_live_with_load_unload_and_pin(models, admin_
             break
         time.sleep(0.01)
     assert registry.entries[B].state == LOADED  # pinning loads it
-    admin_client.post("/admin/adapters/modelsetting/", {"action": "unload_models", "_selected_action": [pk[A]]})
+    page = admin_client.post("/admin/adapters/modelsetting/", {"action": "unload_models", "_selected_action": [pk[A]]},
+                             follow=True).content.decode()
     assert registry.entries[A].state == UNLOADED and loader.released == [A]
+    assert f"Model {A}: unloaded." in page  # the name as it is (the admin capitalises a message's first letter)
     admin_client.post("/admin/adapters/modelsetting/", {"action": "load_models", "_selected_action": [pk[A]]})
     for _ in range(200):
         if registry.entries[A].state == LOADED:
