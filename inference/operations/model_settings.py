@@ -15,8 +15,11 @@ import math
 import re
 
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_NUMBER = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)")
+# ASCII digits only (a bare \d would take any script's digits, which neither Go nor Ollama reads).
+_GO_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+_NUMBER = re.compile(r"[+-]?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+# Go's longest time.Duration (2^63 - 1 ns, about 292 years): a keep_alive at least this long is "never".
+GO_MAX_DURATION_S = (2**63 - 1) / 1e9
 
 
 class SettingError(ValueError):
@@ -27,8 +30,9 @@ def parse_keep_alive(value) -> float:
     """Seconds a model stays loaded once idle: `value` as Ollama reads keep_alive (module doc).
 
     value: int / float (seconds) or str (a Go duration or a bare number of seconds). Returns seconds
-    (float, >= 0), math.inf for a negative value (never unload). Raises SettingError for anything
-    else (a bool, NaN or an infinite number, an unknown unit, an empty string)."""
+    (float, >= 0), math.inf for a negative value or one past GO_MAX_DURATION_S (never unload). Raises
+    SettingError for anything else (a bool, NaN or an infinite number, an unknown unit, another script's
+    digits, an empty string)."""
     if isinstance(value, bool) or value is None:
         raise SettingError(f"keep_alive must be a duration such as \"5m\" or a number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
@@ -39,7 +43,7 @@ def parse_keep_alive(value) -> float:
         raise SettingError(f"keep_alive must be a duration such as \"5m\" or a number of seconds, not {value!r}")
     if math.isnan(seconds) or (math.isinf(seconds) and seconds > 0):
         raise SettingError(f"keep_alive must be a finite number of seconds, not {value!r}")
-    return math.inf if seconds < 0 else seconds
+    return math.inf if seconds < 0 or seconds >= GO_MAX_DURATION_S else seconds
 
 
 def _go_duration(text: str) -> float:

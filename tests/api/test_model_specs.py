@@ -19,12 +19,15 @@ from .fake_engine import call
 
 @pytest.mark.parametrize("value, seconds", [
     (300, 300.0), (0, 0.0), (-1, math.inf), (1.5, 1.5), ("5m", 300.0), ("1h30m", 5400.0), ("300ms", 0.3),
-    ("10s", 10.0), ("0", 0.0), ("-1", math.inf), ("-1m", math.inf), ("90", 90.0), ("1.5h", 5400.0), ("0s", 0.0)])
+    ("10s", 10.0), ("0", 0.0), ("-1", math.inf), ("-1m", math.inf), ("90", 90.0), ("1.5h", 5400.0), ("0s", 0.0),
+    # Past Go's longest Duration (about 292 years): forever, as an expiry can show it.
+    ("100000000h", math.inf), (1e308, math.inf), (2**62, math.inf), ("2562047h", 2562047 * 3600.0)])
 def test_keep_alive_reads_as_ollama_does(value, seconds):
     assert parse_keep_alive(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["", "5 minutes", "m", "1d", "5mm", True, None, [], float("nan"), float("inf")])
+@pytest.mark.parametrize("value", ["", "5 minutes", "m", "1d", "5mm", True, None, [], float("nan"), float("inf"),
+                                   "١٢", "٥m"])
 def test_keep_alive_refuses_what_ollama_does_not_read(value):
     with pytest.raises(SettingError):
         parse_keep_alive(value)

@@ -44,6 +44,10 @@ def test_ps_says_when_an_idle_model_expires_and_an_embedding_model_shows_its_cap
     with serving(registry):
         [running] = call("GET", "/api/ps").json()["models"]
         assert "2300" > running["expires_at"]  # within its keep_alive of now
+        # A keep_alive past Go's longest Duration is forever, and /api/ps still answers everyone.
+        assert chat(stream=False, keep_alive="100000000h").status == 200
+        [running] = call("GET", "/api/ps").json()["models"]
+        assert running["expires_at"] > "2300"
         assert call("POST", "/api/show", {"model": "minilm"}).json()["capabilities"] == ["embedding"]
         assert ollama_error(call("POST", "/api/chat", {"model": "minilm", "messages": USER}), 400) == \
             '"minilm" does not support chat'
