@@ -16,6 +16,7 @@ from inference.engine.outputs import EngineOverloaded, RequestRejected
 from inference.engine.request import BATCH_PRIORITY
 from inference.serving.embeddings import vectors_json
 from inference.serving.errors import ApiError
+from inference.serving.json_body import check_depth
 from inference.serving.prepare import cpu_work
 from inference.http.surfaces import SURFACES
 from inference.http.views import engine_refusal, hold_model
@@ -52,14 +53,18 @@ def _error(code: str, line: int | None, message: str, param: str | None = None) 
 
 def parse_input(data: bytes, endpoint: str) -> list[Line]:
     """The lines of a batch's input file (blank lines skipped). Raises Invalid with every
-    problem: a line that is not a JSON object, a missing key, method not POST, a url other than
+    problem: a line that is not a JSON object (or nests past the request bodies' depth limit), a missing key, method not POST, a url other than
     the batch's endpoint, a repeated custom_id, `stream: true`, no lines or more than MAX_LINES."""
     lines, errors, seen = [], [], set()
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
+            check_depth(raw)
             obj = json.loads(raw)
+        except ApiError as exc:  # nested past the request bodies' limit (json would recurse past Python's)
+            errors.append(_error("invalid_json_line", number, f"This line is not accepted: {exc.message}"))
+            continue
         except (ValueError, UnicodeDecodeError):
             errors.append(_error("invalid_json_line", number, "This line is not parseable as valid JSON."))
             continue

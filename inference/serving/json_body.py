@@ -57,7 +57,7 @@ def parse_json_body(raw: bytes) -> dict:
     except UnicodeDecodeError as exc:
         raise bad_request(f"The request body is not valid UTF-8 (byte {exc.start}: {exc.reason}).",
                           code="invalid_json") from None
-    _check_depth(raw or b"")
+    check_depth(raw or b"")
     rejected: list[_Rejected] = []
 
     def reject(why: str):
@@ -95,7 +95,7 @@ def _decode(text: str, **hooks):
         return json.JSONDecoder(**hooks).decode(text)
     except json.JSONDecodeError as exc:
         raise bad_request(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
-    except RecursionError:  # _check_depth makes this unreachable; kept as the last guard
+    except RecursionError:  # check_depth makes this unreachable; kept as the last guard
         raise _too_deep() from None
 
 
@@ -103,9 +103,9 @@ def _too_deep():
     return bad_request(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.", code="invalid_json")
 
 
-def _check_depth(raw: bytes) -> None:
-    """Raise 400 when arrays and objects nest deeper than MAX_JSON_DEPTH, before parsing (the parser
-    recurses per level). Fewer brackets than the limit cannot nest past it, so most bodies cost two
+def check_depth(raw: bytes) -> None:
+    """Raise ApiError 400 (code invalid_json) when arrays and objects in the JSON text `raw` nest deeper than
+    MAX_JSON_DEPTH, before parsing (the parser recurses per level; request bodies, batch input lines). Fewer brackets than the limit cannot nest past it, so most bodies cost two
     counts; others keep only their structure (escaped backslashes and quotes removed first, so every
     quote left delimits a string; UTF-8 never repeats an ASCII byte inside a character), lose their
     strings, and have the brackets' running depth taken."""

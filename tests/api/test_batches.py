@@ -123,6 +123,9 @@ def test_all_lines_failing_still_completes_with_a_null_output_file(fake_rt, as_t
 
 @pytest.mark.parametrize("row, code, line, param", [
     (b"{not json", "invalid_json_line", 2, None),
+    # Nested past what json's decoder recurses through: a line error, not a run that fails on every heartbeat.
+    (b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"a": ' + b"[" * 100_000
+     + b"]" * 100_000 + b"}}", "invalid_json_line", 2, None),
     ({"custom_id": "z", "method": "POST", "url": "/v1/chat/completions"}, "missing_required_parameter", 2, "body"),
     (chat_line("a"), "duplicate_custom_id", 2, "custom_id"),
     ({**chat_line("z"), "url": "/v1/completions"}, "mismatched_endpoint", 2, "url"),
