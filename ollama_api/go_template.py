@@ -14,6 +14,8 @@ import re
 from inference.serving.errors import bad_request
 
 VARIABLES = ("System", "Prompt", "Suffix", "Response")
+# How deep `if`s may nest (rendering recurses per level; prompt templates nest two or three).
+MAX_IF_DEPTH = 64
 _ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
 _FIELD = re.compile(r"\.(\w+)")
 
@@ -52,9 +54,9 @@ def _variable(words: str) -> str:
 
 
 def _render(tokens: list[tuple[str, str]], i: int, values: dict[str, str], out: list[str] | None,
-            inside: bool) -> tuple[int, str]:
-    """Render from tokens[i] to an `else` / `end` (when `inside` an if) or the end; text goes to `out` (None:
-    a branch not taken). Returns (the index after the stopping action, which action stopped it)."""
+            depth: int) -> tuple[int, str]:
+    """Render from tokens[i] to an `else` / `end` (inside `depth` ifs) or the end (depth 0); text goes to `out`
+    (None: a branch not taken). Returns (the index after the stopping action, which action stopped it)."""
     while i < len(tokens):
         kind, value = tokens[i]
         i += 1
@@ -64,14 +66,16 @@ def _render(tokens: list[tuple[str, str]], i: int, values: dict[str, str], out: 
         elif value.startswith("/*") and value.endswith("*/"):
             continue
         elif value in ("else", "end"):
-            if not inside:
+            if not depth:
                 raise _refused(f"{{{{ {value} }}}} outside an if")
             return i, value
         elif value.startswith("if "):
+            if depth == MAX_IF_DEPTH:
+                raise _refused(f"{{{{ if }}}} nested more than {MAX_IF_DEPTH} deep")
             taken = bool(values[_variable(value[3:].strip())])
-            i, stop = _render(tokens, i, values, out if taken else None, True)
+            i, stop = _render(tokens, i, values, out if taken else None, depth + 1)
             if stop == "else":
-                i, stop = _render(tokens, i, values, None if taken or out is None else out, True)
+                i, stop = _render(tokens, i, values, None if taken or out is None else out, depth + 1)
             if stop != "end":
                 raise _refused("an {{ if }} that is never closed with {{ end }}")
         else:
@@ -83,8 +87,9 @@ def _render(tokens: list[tuple[str, str]], i: int, values: dict[str, str], out: 
 
 def render(template: str, *, system: str = "", prompt: str = "", suffix: str = "") -> str:
     """The prompt text of `template` with .System, .Prompt and .Suffix (and .Response empty). Raises ApiError 400
-    (param template) for an action outside the subset in the module doc, or one left unclosed."""
+    (param template) for an action outside the subset in the module doc, one left unclosed, or `if`s nested
+    more than MAX_IF_DEPTH deep."""
     values = {"System": system, "Prompt": prompt, "Suffix": suffix, "Response": ""}
     out: list[str] = []
-    _render(_tokens(template), 0, values, out, False)
+    _render(_tokens(template), 0, values, out, 0)
     return "".join(out)

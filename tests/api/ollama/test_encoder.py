@@ -112,6 +112,7 @@ def test_metrics_are_nanoseconds_and_tokens_and_zeros_are_left_out():
     ("{{ if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>{{ else }}{{ .Prompt }}{{ end }}", "p"),
     ("{{ if .System }}{{ if .Prompt }}both{{ else }}system{{ end }}{{ else }}neither{{ end }}", "both"),
     ("{{/* a comment */}}[{{ .Prompt }}]", "[p]"),
+    ("{{ if .System }}" * 64 + "{{ .Prompt }}" + "{{ end }}" * 64, "p"),
 ])
 def test_the_go_template_subset(template, expected):
     assert render(template, system="s", prompt="p") == expected
@@ -121,6 +122,7 @@ def test_the_go_template_subset(template, expected):
     ("{{ range .Messages }}{{ .Content }}{{ end }}", "range .Messages"), ("{{ .Tools }}", ".Tools"),
     ("{{ if .System }}x", "never closed"), ("{{ end }}", "outside an if"), ("{{ .Prompt", "never closed"),
     ("{{ json .Prompt }}", "json .Prompt"),
+    ("{{ if .System }}" * 1000 + "{{ end }}" * 1000 + "{{ .Prompt }}", "nested more than 64 deep"),
 ])
 def test_what_the_subset_does_not_run_is_a_400_naming_it(template, named):
     with pytest.raises(ApiError) as refused:
