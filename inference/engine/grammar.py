@@ -90,7 +90,7 @@ def _llguidance_grammar(spec: GrammarSpec) -> str:
         options = json.loads(spec.text)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
     except ValueError as exc:
-        raise GrammarError(str(exc)) from exc
+        raise GrammarError(first_line(str(exc))) from exc
 
 
 def check_json_schema(schema: dict | bool) -> None:
@@ -203,8 +203,9 @@ class GrammarCompiler:
 
 
 def first_line(message: str) -> str:
-    """The problem in an llguidance error message (the parser state that follows it is left out)."""
-    return message.strip().split("\n<state>")[0].strip()
+    """The problem in an llguidance error message (the parser state, or a Rust panic's backtrace, that follows
+    it is left out)."""
+    return message.strip().split("\n<state>")[0].split("\n<backtrace>")[0].strip()
 
 
 _compilers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

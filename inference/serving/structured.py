@@ -35,6 +35,9 @@ from .tool_grammar import ToolGrammarError, forced_tool_names, tool_call_grammar
 log = logging.getLogger("metrale.api")
 
 STRUCTURED_OUTPUT_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+# The most strings a `choice` may list: llguidance's parser holds at most 2,000 items a row, and a list past
+# about that many compiles (seconds on the one grammar thread) into a grammar that then allows no token.
+MAX_CHOICES = 1000
 
 
 def _schema_of(value, param: str) -> dict | bool:
@@ -95,9 +98,13 @@ def _structured_outputs_spec(so: dict) -> tuple[GrammarSpec, str]:
     if key == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise bad_request(f"'{param}' must be a non-empty array of strings.", param)
+        if len(value) > MAX_CHOICES:
+            raise bad_request(f"'{param}' has {len(value)} strings; at most {MAX_CHOICES} are served.", param)
+        check_schema_size(value, param, "a choice list")
         return GrammarSpec.choice(value), param
     if not isinstance(value, str) or not value.strip():
         raise bad_request(f"'{param}' must be a non-empty string.", param)
+    check_schema_size(value, param, "a regex or grammar")
     return GrammarSpec("regex" if key == "regex" else "ebnf", value), param
 
 

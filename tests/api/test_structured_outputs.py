@@ -154,6 +154,13 @@ HUGE_CASES = [
      "tools[0].input_schema"),
     ("/v1/messages", {"max_tokens": 8, "messages": USER, "output_config": {
         "format": {"type": "json_schema", "schema": HUGE_SCHEMA}}}, "output_config.format.schema"),
+    # vLLM's other modes compile on the same grammar thread: the same bound.
+    ("/v1/chat/completions", {"messages": USER, "structured_outputs": {"choice": ["x" * 700] * 100}},
+     "structured_outputs.choice"),
+    ("/v1/chat/completions", {"messages": USER, "structured_outputs": {"grammar": 'root ::= "' + "x" * 70_000 + '"'}},
+     "structured_outputs.grammar"),
+    ("/v1/completions", {"prompt": "Hi", "structured_outputs": {"regex": "a|" * 40_000 + "b"}},
+     "structured_outputs.regex"),
 ]
 
 
@@ -178,3 +185,14 @@ def test_the_schema_size_limit_is_a_setting(fake_rt, settings):
     assert chat(response_format=fmt).status == 200
     settings.METRALE = {**settings.METRALE, "MAX_SCHEMA_BYTES": 100}
     assert chat(response_format=fmt).json()["error"]["code"] == "schema_too_large"
+
+
+def test_a_choice_list_past_what_the_parser_holds_is_a_400_and_the_panic_text_stays_out(fake_rt):
+    from inference.engine.grammar import first_line
+
+    r = call("POST", "/v1/chat/completions", {"model": MODEL, "messages": USER,
+                                               "structured_outputs": {"choice": [f"c{i}" for i in range(1001)]}})
+    assert r.status == 400 and r.json()["error"]["param"] == "structured_outputs.choice"
+    assert "at most 1000" in r.json()["error"]["message"]
+    assert first_line("Invalid choice list: panic: assertion failed\n<backtrace>\n 0: <unknown>") == \
+        "Invalid choice list: panic: assertion failed"
