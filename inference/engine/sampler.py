@@ -59,6 +59,13 @@ class Sampler:
         """The controls before temperature: the grammar mask, logit_bias, min_tokens, the penalties and
         DRY. logits float32 [B, V] -> float32 [B, V]: a copy when a control applies (the input is
         never changed), else the input itself."""
+        return self._controls(logits, seqs, False)[0]
+
+    def _controls(self, logits: torch.Tensor, seqs: list[Sequence],
+                  keep_masked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(controls' result, and with `keep_masked` the logits after the grammar mask alone, float32 [B, V]: what
+        raw logprobs are computed from; the input itself where no grammar applies, else a copy no later step
+        changes; None without `keep_masked`). Each row's grammar mask is computed once for both."""
         b, v = logits.shape
         device = logits.device
         states = [sampling_state(s, v, self.eos_token_ids, device) for s in seqs]
@@ -67,9 +74,12 @@ class Sampler:
                   if st.banned_ids and s.num_output_tokens < s.params.min_tokens]
         if not (biased or banned or any(s.grammar is not None for s in seqs)
                 or any(penalties_on(s.params) or s.params.dry_multiplier > 0 for s in seqs)):
-            return logits.float()
+            return logits.float(), logits.float() if keep_masked else None
+        masked = logits.float() if keep_masked else None
         logits = logits.float().clone()
-        apply_grammar_masks(logits, seqs)
+        if any(s.grammar is not None for s in seqs):
+            apply_grammar_masks(logits, seqs)
+            masked = logits.clone() if keep_masked else None
         if biased:
             sizes = torch.tensor([len(states[i].bias_ids) for i in biased], device=device)
             rows = torch.repeat_interleave(torch.tensor(biased, device=device), sizes)
@@ -79,7 +89,7 @@ class Sampler:
             logits[i, states[i].banned_ids] = float("-inf")
         apply_penalties(logits, seqs)
         apply_dry(logits, seqs)
-        return logits
+        return logits, masked
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Apply every control but the draw, in torch. logits float32 [B, V] -> processed float32 [B, V].
@@ -93,18 +103,18 @@ class Sampler:
 
         The sampled rows' uniform numbers come from their own generators (seeded requests, one
         number each, in row order) and the shared one (the others, one call for all)."""
-        pre = self.controls(logits, seqs)
         params = [s.params for s in seqs]
+        # Rows whose logprobs come from the model's own distribution (raw) and from the processed one.
+        raw = [p.logprobs if self.raw_logprobs and s.beam is None else None for s, p in zip(seqs, params)]
+        kept = [p.logprobs if r is None else None for p, r in zip(params, raw)]
+        pre, masked = self._controls(logits, seqs, any(n is not None for n in raw))
         if any(p.reasoning is not None and p.reasoning.budget_tokens is not None for p in params):
             # A row that must close its reasoning keeps one token, whatever temperature and truncation keep.
-            pre = pre.clone() if pre is logits else pre
+            pre = pre.clone() if pre is logits or pre is masked else pre
             force_reasoning_end(pre, seqs)
         b = len(seqs)
         tokens = [0] * b
         processed = pre
-        # Rows whose logprobs come from the model's own distribution (raw) and from the processed one.
-        raw = [p.logprobs if self.raw_logprobs and s.beam is None else None for s, p in zip(seqs, params)]
-        kept = [p.logprobs if r is None else None for p, r in zip(params, raw)]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
@@ -119,12 +129,8 @@ class Sampler:
             if any(kept[i] is not None for i in sampled):
                 processed = rows if len(sampled) == b else pre.clone().index_copy_(0, torch.tensor(sampled), rows)
         logprobs = token_logprobs(processed, tokens, kept)
-        if any(n is not None for n in raw):
-            model_rows = logits.float()
-            if any(s.grammar is not None for s in seqs):
-                model_rows = model_rows.clone()
-                apply_grammar_masks(model_rows, seqs)
-            for i, got in enumerate(token_logprobs(model_rows, tokens, raw)):
+        if masked is not None:
+            for i, got in enumerate(token_logprobs(masked, tokens, raw)):
                 if got is not None:
                     logprobs[i] = got
         return SampleResult(tokens, logprobs)

@@ -1,5 +1,6 @@
 """The official openai SDK against a live daphne serving SmolLM2: chat (n, logprobs, the stream helper),
 legacy completions with echo and logprobs, stored completions, the error classes, and seeded batching."""
+import math
 import re
 import threading
 
@@ -52,6 +53,18 @@ def test_a_tokens_logprobs_are_the_models_whatever_the_temperature_and_truncatio
         assert first.logprob > -9999.0
     assert [t for t, _ in firsts[0]] == [t for t, _ in firsts[1]]
     assert all(a == pytest.approx(b, abs=1e-4) for (_, a), (_, b) in zip(*firsts))
+
+
+def test_raw_logprobs_are_the_models_within_what_a_structured_output_allows(openai_client):
+    r = openai_client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=3, logprobs=True, top_logprobs=20, temperature=1.3, seed=2,
+        extra_body={"structured_outputs": {"choice": ["Paris", "London"]}})
+    first = r.choices[0].logprobs.content[0]
+    allowed = [t for t in first.top_logprobs if t.logprob > -9999.0]
+    # The grammar's mask applies (the rest reads -9999.0); within it, the model's own distribution, whole.
+    assert allowed and all("Paris".startswith(t.token) or "London".startswith(t.token) for t in allowed)
+    assert first.top_logprobs[-1].logprob == -9999.0
+    assert sum(math.exp(t.logprob) for t in allowed) == pytest.approx(1.0, abs=1e-4)
 
 
 def test_the_stream_helper_accumulates_the_final_message(openai_client):
