@@ -23,14 +23,15 @@ from pathlib import Path
 
 from inference.engine.config import ConfigError
 from inference.engine.model_folder import ModelFolder
+from inference.operations.model_settings import GO_MAX_DURATION_S
 from inference.operations.model_specs import CHAT, EMBEDDING
 from inference.serving.fingerprint import folder_digest
 from inference.serving.prompts import fim_tokens
 from inference.serving.text_setup import model_reasoning_parser, tools_parser
 
 LATEST = ":latest"
-# Ollama's "forever" (a negative keep_alive) shows as an expiry about this far away (its time.Duration's end).
-FOREVER = timedelta(days=292 * 365)
+# Ollama's "forever" (a negative keep_alive, or one past Go's longest Duration) shows as an expiry this far away.
+FOREVER = timedelta(seconds=GO_MAX_DURATION_S)
 
 
 def tag_name(name: str) -> str:
