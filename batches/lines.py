@@ -53,8 +53,9 @@ def _error(code: str, line: int | None, message: str, param: str | None = None) 
 
 def parse_input(data: bytes, endpoint: str) -> list[Line]:
     """The lines of a batch's input file (blank lines skipped). Raises Invalid with every
-    problem: a line that is not a JSON object (or nests past the request bodies' depth limit), a missing key, method not POST, a url other than
-    the batch's endpoint, a repeated custom_id, `stream: true`, no lines or more than MAX_LINES."""
+    problem: a line that is not a JSON object (or nests past the request bodies' depth limit), a
+    missing key, method not POST, a url other than the batch's endpoint, a repeated custom_id,
+    `stream: true`, no lines or more than MAX_LINES."""
     lines, errors, seen = [], [], set()
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():

@@ -23,6 +23,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import DatabaseError, close_old_connections
 
 from inference.engine.outputs import EngineOverloaded, RequestRejected
+from inference.engine.sampling_params import SamplingParams
 from inference.models import Tenant
 from inference.serving.deltas import Error
 from inference.serving.errors import ApiError, bad_request
@@ -144,7 +145,8 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
     return PreparedResponse(response_id, tenant, req, req["input"], prepared, body)
 
 
-def response_object(response_id: str, req: dict, model: str, status: str, params=None) -> dict:
+def response_object(response_id: str, req: dict, model: str, status: str,
+                    params: SamplingParams | None = None) -> dict:
     """The Response object as it starts (no output, no usage), echoing the request's settings with the
     defaults filled in: temperature and top_p those the turn samples with (`params`, its SamplingParams: the
     model's generation_config or card where the request set none, as vLLM's Responses object says; OpenAI's 1

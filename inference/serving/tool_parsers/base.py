@@ -58,8 +58,8 @@ regions into deltas under one set of rules:
   began a call (`_unclosed_content`: hermes' `<tool_call>` followed by no JSON
   object or array, e.g. a quoted word and then prose) is not cut off: the opener
   is dropped, recorded in `rejected`, and the text after it stays content, so an
-  answer written after a stray tag (tools off, or after a tool result) is kept. For the speculative formats
-  (llama3_json, pythonic), whose opener is ordinary text until proven
+  answer written after a stray tag (tools off, or after a tool result) is kept.
+  For the speculative formats (llama3_json, pythonic), whose opener is ordinary text until proven
   otherwise, it stays content. glm47 (fail-closed) overrides: it delivers a
   refused call.
 - A complete region that does not yield a valid call (bad JSON, a bare name,
