@@ -139,28 +139,42 @@ class LiveServer:
 
     def wait_ready(self, timeout_s: float = 180, path: str = "/health") -> None:
         """Poll `path` until 200: /health, the default model loaded; /health/live, the process answers HTTP (a
-        server that loads no model at start). Raises RuntimeError (with the log's tail) if the server dies or
-        times out.
+        server that loads no model at start). Raises RuntimeError (with the last answer and the log's tail, the
+        polls' own lines left out) if the server dies, reports its load failed (/health's {"status": "failed"}:
+        no later poll would answer 200), or times out.
 
         The polls share one httpx.Client: a bare httpx.get builds a client, and with it an SSL context
         that loads the CA bundle, at every call (about 50 ms of CPU each, five times a second for as
         long as a model loads)."""
         deadline = time.monotonic() + timeout_s
+        last = "no answer"
         with httpx.Client(timeout=2) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {self.log()[-3000:]}")
+                    raise RuntimeError(f"server exited: {self.log_tail()}")
                 try:
-                    if client.get(self.url + path).status_code == 200:
+                    answer = client.get(self.url + path)
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                else:
+                    if answer.status_code == 200:
                         return
-                except httpx.HTTPError:
-                    pass
+                    last = f"{answer.status_code} {answer.text[:1000]}"
+                    if answer.status_code == 503 and '"status": "failed"' in answer.text:
+                        raise RuntimeError(f"server's load failed ({last}): {self.log_tail()}")
                 time.sleep(0.2)
-        raise RuntimeError(f"server not ready in {timeout_s}s: {self.log()[-3000:]}")
+        raise RuntimeError(f"server not ready in {timeout_s}s (last answer: {last}): {self.log_tail()}")
 
     def log(self) -> str:
         self._log.flush()
         return self.log_path.read_text()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The last `chars` characters of the log without the readiness polls' lines (daphne's access line and
+        Django's record of each 503 /health, which would fill the tail while a model loads)."""
+        lines = [line for line in self.log().splitlines()
+                 if not (line.endswith(("/health", "/health/live")) or '"GET /health' in line)]
+        return "\n".join(lines)[-chars:]
 
     def stop(self) -> None:
         stop_process(self.proc)

@@ -286,7 +286,8 @@ class ModelLoader:
 
     def folder(self, spec) -> Path:
         """The model folder of `spec`, a GGUF imported into it first where it is not there yet.
-        Raises FileNotFoundError (naming `manage.py pull_model` for a catalogue name) and
+        Raises FileNotFoundError (naming `manage.py pull_model` for a name in its catalogue only: another
+        folder's name is not one it pulls) and
         GGUFImportError (a corrupt or truncated GGUF, an unsupported tensor type)."""
         if spec.gguf is not None and not (spec.folder / "config.json").is_file():
             from inference.engine.checkpoints import import_gguf
@@ -296,7 +297,9 @@ class ModelLoader:
             log.info("importing %s into %s (once; later loads read the folder)", spec.gguf, spec.folder)
             import_gguf(spec.gguf, spec.folder, dtype="blocks", overwrite=spec.folder.exists(), progress=False)
         if not spec.folder.is_dir():
-            hint = f" (run `manage.py pull_model {spec.name}`)" if "/" not in spec.name else ""
+            from inference.management.commands.pull_model import known_models
+
+            hint = f" (run `manage.py pull_model {spec.name}`)" if spec.name in known_models() else ""
             raise FileNotFoundError(f"the model folder {spec.folder} does not exist{hint}")
         return spec.folder
 

@@ -125,6 +125,16 @@ def test_a_model_the_real_loader_cannot_load_fails_naming_model_and_cause(real_l
     assert call("GET", "/health/live").status == 200
 
 
+@pytest.mark.parametrize("name, hint", [("smollm2-135m-instruct", True), ("my-finetune", False)])
+def test_a_missing_folder_names_pull_model_only_for_a_model_it_pulls(settings, tmp_path, name, hint):
+    from inference.operations.model_specs import ModelSpec
+
+    with pytest.raises(FileNotFoundError) as raised:
+        ModelLoader(settings.METRALE).folder(ModelSpec(name, tmp_path / name, CHAT))
+    assert str(tmp_path / name) in str(raised.value)
+    assert ("manage.py pull_model" in str(raised.value)) == hint, raised.value
+
+
 def test_a_gguf_is_imported_once_on_first_use_and_an_unsupported_tensor_type_fails_naming_it(
         settings, tmp_path, raw_asgi_requests, db):
     import numpy as np
