@@ -1,7 +1,8 @@
 """Production settings: the defaults plus auth required, DEBUG off, a real SECRET_KEY, and HTTPS at the load balancer.
 
 settings.py reads the services from the environment under the same names: `DATABASE_URL`
-(PostgreSQL), `REDIS_URL` (the cache: shared rate limits; here the channel layer too),
+(PostgreSQL), `REDIS_URL` (the cache: shared rate limits; and the channel layer, settings.py's one
+CHANNEL_LAYERS: its reads outlast channels-redis' blocking waits),
 `CELERY_BROKER_URL` (Redis or RabbitMQ: batches run on `manage.py batch_worker`),
 `DJANGO_ALLOWED_HOSTS` and `DJANGO_SECRET_KEY`. TLS ends at the load balancer, which sets
 `X-Forwarded-Proto` (SECURE_PROXY_SSL_HEADER trusts it); plain-HTTP requests without it are
@@ -40,12 +41,6 @@ SECURE_HSTS_SECONDS = envint("DJANGO_HSTS_SECONDS", 31_536_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = envbool("DJANGO_HSTS_PRELOAD", True)
 CSRF_TRUSTED_ORIGINS = envlist("DJANGO_CSRF_TRUSTED_ORIGINS")
-
-_redis_url = envstr("REDIS_URL")
-if _redis_url:
-    # Channels' layer on the same Redis, so every replica's consumers reach each other.
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [_redis_url]}}}
 
 # Admin cookies only over HTTPS; set DJANGO_SECURE_COOKIES=0 to reach the admin over plain HTTP
 # (e.g. on 127.0.0.1 through an SSH tunnel).
