@@ -1,7 +1,8 @@
 """One batch run to its end on this process's engine: validate, run the lines not yet written, finalize.
 
 The status machine (OpenAI's Batch): validating -> in_progress (request_counts.total set) ->
-finalizing -> completed; a bad input file -> failed (errors listed); POST .../cancel ->
+finalizing -> completed; a bad input file -> failed (errors listed; a file whose reading raises fails the
+same way, at once, not on every run a heartbeat hands on); POST .../cancel ->
 cancelling, then here cancelled with the lines written so far; past `expires_at` -> expired,
 the lines not run written to the error file as batch_expired. Lines run at most
 `batch_max_num_seqs` at a time (the engine's cap on batch sequences), each through
@@ -83,6 +84,16 @@ class BatchRun:
             lines = await cpu_work(parse_input, data, b.endpoint)
         except Invalid as exc:
             await db(store.transition, b.id, Status.FAILED, only_from=(Status.VALIDATING,), errors=exc.errors)
+            return await db(_status, b.id)
+        except Exception:
+            if execution.stopping.is_set():
+                raise  # the process is going: the next owner reads the file again
+            # Reading a file gives the same answer every time: a raise here would recur on every run the
+            # heartbeats hand on, so the batch fails now (the cause in the log; the client told the file is at fault).
+            log.exception("batch %s: reading its input file raised; the batch fails", b.id)
+            await db(store.transition, b.id, Status.FAILED, only_from=(Status.VALIDATING,), errors=[
+                {"code": "invalid_input_file", "line": None, "param": "input_file_id",
+                 "message": f"The input file {b.input_file_id} could not be read as batch lines."}])
             return await db(_status, b.id)
         model = str(lines[0].body.get("model") or "")[:200]
         await db(store.transition, b.id, Status.IN_PROGRESS, only_from=(Status.VALIDATING,), total=len(lines),

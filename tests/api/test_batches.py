@@ -352,6 +352,25 @@ def test_a_run_that_raises_releases_the_batch_to_be_handed_on(fake_rt, as_tenant
     assert execution.hand_on_orphans() == 1 and handed == [batch["id"]]
 
 
+def test_an_input_file_whose_reading_raises_fails_the_batch_once_not_on_every_hand_on(fake_rt, as_tenant, monkeypatch):
+    from batches import runner
+
+    tc = as_tenant()
+    batch = batch_of(tc, jsonl(chat_line("a")))
+
+    def unforeseen(data, endpoint):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(runner, "parse_input", unforeseen)
+    assert run_batch(fake_rt, batch["id"]) == "failed"
+    failed = tc.get(f"/v1/batches/{batch['id']}").json()
+    assert failed["failed_at"] is not None
+    assert failed["errors"]["data"] == [{"code": "invalid_input_file", "line": None, "param": "input_file_id",
+                                         "message": f"The input file {batch['input_file_id']} could not be read "
+                                                    "as batch lines."}]
+    assert fake_rt.engine.submissions == []
+
+
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
 
 
