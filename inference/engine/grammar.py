@@ -197,6 +197,15 @@ class GrammarCompiler:
             raise GrammarError(first_line(matcher.get_error()))
         if not first.any():
             raise GrammarError("the grammar allows no output at all")
+        # The tokens it forces from the start (llguidance's fast-forward), followed on a copy: a grammar whose
+        # start the parser cannot follow (a schema that requires itself without end: "Too many items") fails
+        # here with its reason, not with an empty answer at every request's first token.
+        probe = matcher.deep_copy()
+        for token in probe.compute_ff_tokens():
+            if probe.is_error() or not probe.consume_token(token):
+                break
+        if probe.is_error():
+            raise GrammarError(f"the grammar cannot be followed from its start: {first_line(probe.get_error())}")
         elapsed_s = time.perf_counter() - started
         GRAMMAR_COMPILE_S.observe(elapsed_s)
         return CompiledGrammar(spec, matcher, words, elapsed_s)

@@ -49,6 +49,10 @@ def test_it_caches_a_compiled_grammar_by_spec(compiler):
     (GrammarSpec("regex", "(("), "unclosed group"),
     (GrammarSpec("lark", "start: missing_rule"), "missing_rule"),
     (GrammarSpec("ebnf", "root ::= ("), ""),
+    # An object that requires itself: its first forced token already passes the parser's limits (every request
+    # ended at its first token with an empty answer).
+    (GrammarSpec.json_schema({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}),
+     "cannot be followed from its start: parser error: Too many items"),
 ])
 def test_it_refuses_what_it_cannot_enforce_naming_the_problem(compiler, spec, words):
     with pytest.raises(GrammarError) as info:
@@ -56,6 +60,16 @@ def test_it_refuses_what_it_cannot_enforce_naming_the_problem(compiler, spec, wo
     assert words in str(info.value) and "<state>" not in str(info.value)
     with pytest.raises(GrammarError):  # a failure is cached too
         compiler.compile(spec)
+
+
+def test_a_grammar_that_forces_its_start_still_compiles_and_follows_it(compiler, tok):
+    # The start probe follows the forced tokens on a copy: the compiled grammar's own matcher is untouched.
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                                    "additionalProperties": False})
+    grammar = compiler.compile(spec)
+    for _ in range(2):  # a second sequence starts where the first did
+        state = GrammarState(StructuredOutput(grammar))
+        assert walk(state, tok, '{"name": "Ada"}') and state.finished and not state.dead_end
 
 
 def test_a_state_follows_valid_tokens_and_finishes_when_complete(compiler, tok):
