@@ -25,8 +25,7 @@ EXCLUDED = (
 def prediction_text(value, request: dict) -> str | None:
     """The prediction's text (None when `value` is None), after checking it and the request.
 
-    value: the raw `prediction` JSON value. request: the validated chat fields (plus the raw
-    body's `functions`). Raises ApiError 400 naming `prediction`, `prediction.type`,
+    value: the raw `prediction` JSON value. request: the validated chat fields. Raises ApiError 400 naming `prediction`, `prediction.type`,
     `prediction.content` (or `prediction.content[i]...`), or the field a prediction excludes.
     """
     if value is None:

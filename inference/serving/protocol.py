@@ -179,6 +179,10 @@ class ChatCompletionRequest(GenerationRequest):
     prediction = AnyField(**opt())
     audio = AnyField(**opt())
     web_search_options = AnyField(**opt())
+    # OpenAI's deprecated forms of tools and tool_choice: refused by name (served, they would need a
+    # message.function_call and finish_reason "function_call" of their own; ignored, a forced call went unmade).
+    functions = AnyField(**opt())
+    function_call = AnyField(**opt())
 
     @staticmethod
     def max_tokens_of(attrs) -> int | None:
@@ -190,7 +194,8 @@ class ChatCompletionRequest(GenerationRequest):
         add_generation_prompt (vLLM); tool_choice required or a named function needs that tool
         (tool_fields.check_tool_choice) and, when a call is forced, each tool's schema compiles
         (tool_grammar.check_forced_tools); `prediction` becomes its text (prediction.prediction_text);
-        fields this server cannot honour are refused by name."""
+        fields this server cannot honour (audio, web_search_options, the deprecated functions and
+        function_call) are refused by name."""
         attrs = super().validate(attrs)
         if attrs.get("top_logprobs") is not None and not attrs.get("logprobs"):
             raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
@@ -198,10 +203,13 @@ class ChatCompletionRequest(GenerationRequest):
             raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
                               "first continues the last message, the second starts a new one.",
                               "continue_final_message")
+        _refuse_if_set(attrs, "functions", "it is deprecated; send each function in 'tools' as "
+                       "{\"type\": \"function\", \"function\": {...}}.")
+        _refuse_if_set(attrs, "function_call", "it is deprecated; send 'tool_choice' (\"none\", \"auto\", "
+                       "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}).")
         check_tool_choice(attrs.get("tools"), attrs.get("tool_choice"))
         check_forced_tools(attrs.get("tools"), attrs.get("tool_choice"))
-        attrs["prediction"] = prediction_text(attrs.get("prediction"),
-                                              {**attrs, "functions": self.initial_data.get("functions")})
+        attrs["prediction"] = prediction_text(attrs.get("prediction"), attrs)
         attrs["beam"] = beam_spec(attrs)
         _refuse_if_set(attrs, "audio", "this model has no audio output.")
         _refuse_if_set(attrs, "web_search_options", "this server has no web search.")

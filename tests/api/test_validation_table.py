@@ -146,6 +146,9 @@ CHAT = [
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"prediction": {"type": "content", "content": "x"},
       "functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    # The deprecated forms of tools / tool_choice: refused by name, not ignored (a forced call went unmade).
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"), ({"functions": []}, "functions"),
+    ({"function_call": "auto"}, "function_call"), ({"function_call": {"name": "f"}}, "function_call"),
     ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ({"modalities": ["text"]}, OK), ({"modalities": ["text", "audio"]}, "modalities"),
     ({"web_search_options": {}}, "web_search_options"),
