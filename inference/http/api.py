@@ -234,8 +234,8 @@ def operator_endpoint(view):
 
 
 def by_method(**views):
-    """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view;
-    another method is a 405 in the views' error shape with an Allow header.
+    """One URL's view that hands each HTTP method (GET=..., POST=..., DELETE=...) to its own view (HEAD to GET's,
+    RFC 9110 9.3.2); another method is a 405 in the views' error shape with an Allow header.
 
     Each view must itself be an openai_endpoint view (auth, rate limits, errors), and so is the 405:
     the dispatcher is marked `openai_endpoint` (what system check metrale.W002 reads) only when every
@@ -251,7 +251,8 @@ def by_method(**views):
                        code="method_not_allowed", headers={"Allow": allowed})
 
     async def dispatch(request, *args, **kwargs):
-        return await views.get(request.method, not_allowed)(request, *args, **kwargs)
+        method = "GET" if request.method == "HEAD" else request.method
+        return await views.get(method, not_allowed)(request, *args, **kwargs)
 
     dispatch.openai_endpoint = all(getattr(v, "openai_endpoint", False) or getattr(v, "operator_endpoint", False)
                                    for v in views.values())

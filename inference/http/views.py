@@ -38,12 +38,14 @@ log = logging.getLogger("metrale.api")
 
 
 def allow(*methods: str):
-    """Answer any other HTTP method with 405 in OpenAI's error shape (and an Allow header)."""
+    """Answer any other HTTP method with 405 in OpenAI's error shape (and an Allow header). GET admits HEAD too
+    (RFC 9110 9.3.2: the GET answer's headers; the server sends no body)."""
+    accepted = (*methods, "HEAD") if "GET" in methods else methods
 
     def wrap(view):
         @functools.wraps(view)
         async def checked(request, *args, **kwargs):
-            if request.method not in methods:
+            if request.method not in accepted:
                 raise ApiError(405, f"{request.method} is not allowed on {request.path}; use "
                                     f"{' or '.join(methods)}.", code="method_not_allowed",
                                headers={"Allow": ", ".join(methods)})

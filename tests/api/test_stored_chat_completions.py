@@ -151,6 +151,15 @@ def test_other_methods_are_405_with_allow(api):
     assert api.send("DELETE", f"{LIST}/{cid}/messages").headers["Allow"] == "GET"
 
 
+def test_head_is_answered_where_get_is(api):
+    cid = make(api)
+    for path_ in (f"{LIST}/{cid}", f"{LIST}/{cid}/messages", LIST, "/v1/models"):
+        got, head = api.send("GET", path_), api.send("HEAD", path_)
+        assert head.status_code == got.status_code == 200, (path_, head.status_code)
+        assert head.headers["Content-Type"] == got.headers["Content-Type"] == "application/json"
+    assert api.send("HEAD", "/v1/chat/completions/none-such").status_code == 404
+
+
 def test_a_completion_expires_after_the_store_ttl(api, settings):
     settings.METRALE = {**settings.METRALE, "STORE_TTL_S": 90}
     cid = api.post(LIST, {"messages": [{"role": "user", "content": "hi"}], "store": True}).json()["id"]
