@@ -135,6 +135,9 @@ class ApiAsgiGuard:
       daphne would have spooled all of it and queued it in 8 KiB messages before the application
       starts, so metrale_site/asgi.py's LimitedRequest drops it as it arrives; this guard is the
       rule for any other ASGI server, and for the in-process tests.
+    - On API paths a body sent with a Content-Encoding other than identity is a 415 naming it (RFC 9110
+      15.5.16, with Accept-Encoding: identity): it was read as if uncompressed (a gzip body was "not valid
+      UTF-8", a plain one labelled gzip was served).
     - On API paths (is_api_path) every error answer is JSON in the route's error shape
       (error_shapes.shape_for_path): one the stack made in another format (Django's HTML
       400/403/404/500) is replaced by the same status as JSON. The guard's own answers (413, 400,
@@ -159,6 +162,11 @@ class ApiAsgiGuard:
                                      code="invalid_content_length")
         if declared is not None and declared > limit:
             return await reply.too_large(declared, limit)
+        encoding = (_header(scope, b"content-encoding") or "identity").strip().lower()
+        if encoding != "identity" and is_api_path(scope["path"]):
+            return await reply.error(415, f"The request's Content-Encoding {encoding[:40]!r} is not supported; send "
+                                          "the body uncompressed.", code="unsupported_content_encoding",
+                                     headers=[(b"accept-encoding", b"identity")])
         body = _CountedBody(receive, limit)
         try:
             await self.app(scope, body.receive, reply.send)

@@ -73,6 +73,31 @@ def test_an_unreadable_content_length_is_a_400(fake_rt, value):
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_content_length"
 
 
+@pytest.mark.parametrize("path, shape", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
+                                         ("/api/chat", "ollama")])
+@pytest.mark.parametrize("encoding", ["gzip", "br", " GZIP "])
+def test_a_compressed_body_is_a_415_in_the_route_s_shape_before_it_is_read(fake_rt, path, shape, encoding):
+    import gzip
+
+    body = json.dumps({"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 3}).encode()
+    for sent in (gzip.compress(body), body):  # compressed, or plain but labelled so: neither is read as JSON
+        driver = Driver(path, [sent], {"content-encoding": encoding})
+        status, headers, answer = driver.run()
+        assert status == 415 and driver.read == 0 and headers[b"accept-encoding"] == b"identity"
+        error = json.loads(answer)
+        message = {"openai": lambda e: e["error"]["message"], "anthropic": lambda e: e["error"]["message"],
+                   "ollama": lambda e: e["error"]}[shape](error)
+        assert f"Content-Encoding {encoding.strip().lower()!r} is not supported" in message, error
+        if shape == "openai":
+            assert error["error"]["code"] == "unsupported_content_encoding"
+        if shape == "anthropic":
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert fake_rt.engine.submissions == []
+    status, _, answer = Driver(path, [body], {"content-encoding": "identity"}).run()
+    assert status == 200, answer
+
+
 @pytest.mark.parametrize("method, path, status", [
     ("GET", "/v1/", 404), ("GET", "/v1", 404), ("POST", "/v1/", 404), ("GET", "/tokenize/", 404),
     ("GET", "/health/", 404), ("POST", "/health", 405), ("DELETE", "/health", 405), ("PUT", "/health", 405),
