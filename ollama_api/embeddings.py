@@ -17,9 +17,10 @@ from inference.serving.embeddings import float32_array, vectors_json
 
 
 def openai_request(model: str, texts: list[str], truncate: bool, dimensions: int | None = None) -> dict:
-    """The validated /v1/embeddings fields (serving/embeddings.parse's shape) of an Ollama request's texts."""
+    """The validated /v1/embeddings fields (serving/embeddings.parse's shape) of an Ollama request's texts; an
+    over-long input's 400 names Ollama's `truncate`."""
     return {"model": model, "input": ("text", texts), "encoding_format": "float", "dimensions": dimensions,
-            "truncate_prompt_tokens": -1 if truncate else None}
+            "truncate_prompt_tokens": -1 if truncate else None, "truncate_advice": "set 'truncate' to true to cut it"}
 
 
 def normalized(vector: np.ndarray) -> np.ndarray:

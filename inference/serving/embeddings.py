@@ -91,13 +91,18 @@ def parse(raw_body: bytes) -> dict:
     return req
 
 
+# How an over-long input's 400 says to cut it (a surface with its own truncation field words its own: the request's
+# "truncate_advice", e.g. Ollama's `truncate`).
+TRUNCATE_ADVICE = "set 'truncate_prompt_tokens' to cut it"
+
+
 def prepare(req: dict, model) -> EmbeddingCall:
     """Tokenize and check a parsed request against the embedding model (CPU work: the prepare pool).
 
     model: the served embedding model (runtime.EmbeddingService: name, dimensions, max_input_tokens,
     vocab_size, tokenize, truncate). Raises ApiError 400: `dimensions` (the model has no Matryoshka
     training), an empty input or one over max_input_tokens (naming input[i]; truncate_prompt_tokens
-    cuts instead), a token id outside the vocabulary, more than 300,000 tokens in all."""
+    cuts instead, and the message says so: req's "truncate_advice", else TRUNCATE_ADVICE), a token id outside the vocabulary, more than 300,000 tokens in all."""
     if req.get("dimensions") is not None:
         raise bad_request(f"The model '{model.name}' does not support 'dimensions': its {model.dimensions}-dimension "
                           "embeddings were not trained to be shortened (Matryoshka representation learning), so "
@@ -106,6 +111,7 @@ def prepare(req: dict, model) -> EmbeddingCall:
     limit = model.max_input_tokens
     cut = req.get("truncate_prompt_tokens")
     cut = None if cut is None else (limit if cut == -1 else min(cut, limit))
+    advice = req.get("truncate_advice") or TRUNCATE_ADVICE
     if kind == "text":
         for i, text in enumerate(items):
             if not text:
@@ -113,7 +119,7 @@ def prepare(req: dict, model) -> EmbeddingCall:
                                   f"input[{i}]")
             if len(text) > MAX_INPUT_CHARS and cut is None:
                 raise bad_request(f"input[{i}] is {len(text)} characters, far over the model's {limit}-token limit; "
-                                  "shorten it or set 'truncate_prompt_tokens'.", f"input[{i}]")
+                                  f"shorten it or {advice}.", f"input[{i}]")
         texts = [t[:MAX_INPUT_CHARS] for t in items] if cut is not None else items
         inputs = model.tokenize(texts)
     else:
@@ -131,8 +137,7 @@ def prepare(req: dict, model) -> EmbeddingCall:
             inputs[i] = ids = model.truncate(ids, cut, from_text=kind == "text")
         elif len(ids) > limit:
             raise bad_request(f"input[{i}] is {len(ids)} tokens, over the model's limit of {limit} tokens; shorten "
-                              "it or set 'truncate_prompt_tokens' to cut it.", f"input[{i}]",
-                              code="context_length_exceeded")
+                              f"it or {advice}.", f"input[{i}]", code="context_length_exceeded")
         total += len(ids)
     if total > MAX_REQUEST_TOKENS:
         raise bad_request(f"The request holds {total} tokens; at most {MAX_REQUEST_TOKENS} tokens may be embedded in "

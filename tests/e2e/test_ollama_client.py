@@ -118,6 +118,12 @@ def test_embed_and_embeddings(client, metrale_server):
     with pytest.raises(ResponseError) as refused:
         client.embed(model="nope", input="x")
     assert refused.value.status_code == 404 and refused.value.error == 'model "nope" not found, try pulling it first'
+    long = "word " * 600  # past all-MiniLM-L6-v2's 512 tokens
+    assert len(client.embed(model=MINILM, input=long).embeddings[0]) == 384  # truncate defaults to true
+    with pytest.raises(ResponseError) as refused:
+        client.embed(model=MINILM, input=long, truncate=False)
+    assert refused.value.status_code == 400 and "set 'truncate' to true to cut it" in refused.value.error
+    assert "truncate_prompt_tokens" not in refused.value.error  # /v1/embeddings' field, not Ollama's
 
 
 def test_list_show_and_ps(client):
