@@ -101,10 +101,33 @@ def normalize_message(m, i: int) -> dict:
     return msg
 
 
+def check_tool_answers(messages: list[dict]) -> None:
+    """Each tool message answers a call of the assistant message before its run of tool messages, by id (OpenAI
+    answers a 400 for a tool message after anything else, and for a tool_call_id none of that message's
+    tool_calls has). A call written without an id can be answered by any tool_call_id. Raises ApiError 400
+    naming messages[i].role or messages[i].tool_call_id."""
+    asked: tuple[int, list[dict]] | None = None  # the assistant message whose calls the tool messages answer
+    for i, m in enumerate(messages):
+        if m["role"] != "tool":
+            asked = (i, m["tool_calls"]) if m["role"] == "assistant" and m.get("tool_calls") else None
+            continue
+        if asked is None:
+            raise bad_request(f"messages[{i}] has role 'tool', but it does not follow an assistant message with "
+                              "'tool_calls': a tool message answers one of those calls.", f"messages[{i}].role")
+        at, calls = asked
+        ids = [c.get("id") for c in calls]
+        if m["tool_call_id"] not in ids and all(isinstance(x, str) and x for x in ids):
+            raise bad_request(f"messages[{i}].tool_call_id {m['tool_call_id'][:64]!r} is not the id of a call in "
+                              f"messages[{at}].tool_calls.", f"messages[{i}].tool_call_id")
+
+
 def normalize_messages(data) -> list[dict]:
-    """`messages` (a non-empty array) in the template's shape. Raises ApiError 400 naming the field."""
+    """`messages` (a non-empty array) in the template's shape, each tool message answering a call
+    (check_tool_answers). Raises ApiError 400 naming the field."""
     if not isinstance(data, list):
         raise bad_request("'messages' must be an array of message objects.", "messages")
     if not data:
         raise bad_request("'messages' must contain at least one message.", "messages")
-    return [normalize_message(m, i) for i, m in enumerate(data)]
+    messages = [normalize_message(m, i) for i, m in enumerate(data)]
+    check_tool_answers(messages)
+    return messages

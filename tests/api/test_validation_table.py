@@ -7,6 +7,8 @@ import pytest
 from .fake_engine import call
 
 USER = [{"role": "user", "content": "hi"}]
+ASKED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in (1, 2)]}
 OK = "ok"
 
 # (field values merged into a chat body, expected: OK or the 400's param)
@@ -21,6 +23,16 @@ CHAT = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]}, "messages[0].tool_call_id"),
+    # A tool message answers a call of the assistant message before its run of tool messages, by id (OpenAI's 400s).
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "nope"}]}, "messages[0].role"),
+    ({"messages": [*USER, {"role": "tool", "content": "x", "tool_call_id": "c1"}]}, "messages[1].role"),
+    ({"messages": [*USER, ASKED, {"role": "tool", "content": "x", "tool_call_id": "c3"}]}, "messages[2].tool_call_id"),
+    ({"messages": [*USER, ASKED, {"role": "tool", "content": "x", "tool_call_id": "c1"}, *USER,
+                   {"role": "tool", "content": "y", "tool_call_id": "c2"}]}, "messages[4].role"),
+    ({"messages": [*USER, ASKED, {"role": "tool", "content": "x", "tool_call_id": "c2"},
+                   {"role": "tool", "content": "y", "tool_call_id": "c1"}]}, OK),
+    ({"messages": [*USER, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]},
+                   {"role": "tool", "content": "x", "tool_call_id": "any"}]}, OK),  # a call without an id
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
