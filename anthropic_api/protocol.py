@@ -126,9 +126,26 @@ def validate_message(m, i: int) -> dict:
     return {"role": role, "content": [validate_block(b, f"{p}.content[{j}]", role) for j, b in enumerate(content)]}
 
 
+def check_tool_results(messages: list[dict]) -> None:
+    """Each tool_result block answers a tool_use block of the message just before its own, by id (Anthropic's 400:
+    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message"). Raises
+    ApiError 400 naming messages[i].content[j].tool_use_id."""
+    for i, m in enumerate(messages):
+        before = messages[i - 1] if i else None
+        asked = {b["id"] for b in before["content"] if b["type"] == "tool_use"} \
+            if before is not None and before["role"] == "assistant" else set()
+        for j, block in enumerate(m["content"]):
+            if block["type"] == "tool_result" and block["tool_use_id"] not in asked:
+                raise bad_request(f"messages[{i}].content[{j}]: unexpected `tool_use_id` found in `tool_result` "
+                                  f"blocks: {block['tool_use_id'][:64]}. Each `tool_result` block must have a "
+                                  "corresponding `tool_use` block in the previous message.",
+                                  f"messages[{i}].content[{j}].tool_use_id")
+
+
 class MessagesField(StrictField):
-    """`messages`: a non-empty array of messages (validate_message); a final assistant message (a
-    prefill the reply continues) may not end in whitespace, as Anthropic requires."""
+    """`messages`: a non-empty array of messages (validate_message), each tool_result answering a tool_use of the
+    message before (check_tool_results); a final assistant message (a prefill the reply continues) may not end in
+    whitespace, as Anthropic requires."""
 
     def to_internal_value(self, data):
         if not isinstance(data, list):
@@ -136,6 +153,7 @@ class MessagesField(StrictField):
         if not data:
             raise bad_request("'messages' must contain at least one message.", "messages")
         messages = [validate_message(m, i) for i, m in enumerate(data)]
+        check_tool_results(messages)
         last = messages[-1]
         if last["role"] == "assistant" and last["content"] and last["content"][-1]["type"] == "text" \
                 and last["content"][-1]["text"] != last["content"][-1]["text"].rstrip():

@@ -19,6 +19,12 @@ def assistant(*blocks):
     return [*USER, {"role": "assistant", "content": list(blocks)}, *USER]
 
 
+def answering(*blocks):
+    """A user message of `blocks` after an assistant message that called tool_use "t"."""
+    return [*USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            *user(*blocks)]
+
+
 # (fields merged into a minimal body, expected: OK, or a text the 400's message must contain)
 CASES = [
     ({"model": "smollm2-135m-instruct"}, OK), ({"model": 5}, "model"), ({"model": None}, "model"),
@@ -44,10 +50,17 @@ CASES = [
     ({"messages": user({"type": "server_tool_use", "id": "x", "name": "web_search", "input": {}})},
      "'server_tool_use'"),
     ({"messages": user({"type": "tool_use", "id": "t", "name": "f", "input": {}})}, "user message cannot"),
-    ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": "1"})}, OK),
-    ({"messages": user({"type": "tool_result", "tool_use_id": "t"})}, OK),
-    ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "1"}],
-                        "is_error": True})}, OK),
+    ({"messages": answering({"type": "tool_result", "tool_use_id": "t", "content": "1"})}, OK),
+    ({"messages": answering({"type": "tool_result", "tool_use_id": "t"})}, OK),
+    ({"messages": answering({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "1"}],
+                             "is_error": True})}, OK),
+    # A tool_result answers a tool_use of the message just before (Anthropic's 400 and its words).
+    ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": "1"})},
+     "messages[0].content[0]: unexpected `tool_use_id` found in `tool_result` blocks: t."),
+    ({"messages": answering({"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "u"})},
+     "messages[2].content[1]: unexpected `tool_use_id` found in `tool_result` blocks: u."),
+    ({"messages": [*answering({"type": "tool_result", "tool_use_id": "t"}), {"role": "assistant", "content": "ok"},
+                   *user({"type": "tool_result", "tool_use_id": "t"})]}, "messages[4].content[0]: unexpected"),
     ({"messages": user({"type": "tool_result", "content": "1"})}, "messages[0].content[0].tool_use_id"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": 5})}, "messages[0].content[0].content"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [
