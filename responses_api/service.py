@@ -125,8 +125,9 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
     (inference.serving.prepare). cache_salt keeps the tenant's prefix-cache blocks apart from
     other tenants' (see inference.tenancy.auth); priority: EngineRequest.priority (batch lines above 0).
 
-    Raises ApiError 400 for an input item id already in the conversation, an empty input, and
-    what the pipeline raises (template, context length, grammar).
+    Raises ApiError 400 for an input item id already in the conversation, a function_call_output whose call_id no
+    function_call of the context or the input has (OpenAI's words), an empty input, and what the pipeline raises
+    (template, context length, grammar).
     """
     if req["conversation"] is not None:
         known = {item["id"] for item in context}
@@ -134,6 +135,11 @@ async def prepare(req: dict, rt, tenant: Tenant, context: list[dict], cache_salt
             if item["id"] in known:
                 raise bad_request(f"An item with id '{item['id']}' is already in the "
                                   "conversation.", f"input[{i}].id", code="duplicate_item_id")
+    calls = {item["call_id"] for item in context + req["input"] if item["type"] == "function_call"}
+    for i, item in enumerate(req["input"]):
+        if item["type"] == "function_call_output" and item["call_id"] not in calls:
+            raise bad_request(f"No tool call found for function call output with call_id {item['call_id'][:64]}.",
+                              f"input[{i}].call_id")
     messages = _messages(req, context + req["input"])
     if not messages:
         raise bad_request("'input' must not be empty when there is no earlier context.", "input")

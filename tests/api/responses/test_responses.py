@@ -112,6 +112,23 @@ def test_three_turns_with_a_function_call_round_trip_keep_the_whole_context(
     assert "Be friendly" not in prompt_of(engine)
 
 
+def test_a_function_call_output_must_answer_a_call_of_the_context_or_the_input(api, engine, smollm2_tokenizer):
+    output = {"type": "function_call_output", "call_id": "nope", "output": "x"}
+    refused = api.post("/v1/responses", {"input": [output]})
+    assert refused.status_code == 400, refused.json()
+    error = refused.json()["error"]
+    assert error["message"] == "No tool call found for function call output with call_id nope."
+    assert error["param"] == "input[0].call_id" and engine.submissions == []
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    answered = api.post("/v1/responses", {"input": [call, {**output, "call_id": "call_1"}]})
+    assert answered.status_code == 200, answered.json()
+    chained = api.post("/v1/responses", {"input": [output], "previous_response_id": answered.json()["id"]})
+    assert chained.status_code == 400 and chained.json()["error"]["param"] == "input[0].call_id"
+    again = api.post("/v1/responses", {"input": [{**output, "call_id": "call_1"}],
+                                       "previous_response_id": answered.json()["id"]})
+    assert again.status_code == 200, again.json()  # the chain holds call_1
+
+
 def test_reasoning_items_are_stored_but_left_out_of_the_next_prompt(api, engine, settings,
                                                                     smollm2_tokenizer):
     settings.METRALE = {**settings.METRALE, "REASONING_PARSER": "think"}
