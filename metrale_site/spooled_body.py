@@ -11,6 +11,7 @@ settings), so an upload of METRALE["MAX_FILE_BYTES"] goes from disk to disk.
 from __future__ import annotations
 
 import asyncio
+import io
 
 CHUNK_BYTES = 64 << 10
 AHEAD = 4  # messages queued ahead of the application
@@ -66,8 +67,9 @@ class _Server:
 
 
 def is_spooled(content) -> bool:
-    """Whether twisted spooled the body to a file (it keeps smaller ones in memory)."""
-    return content is not None and hasattr(content, "fileno")
+    """Whether twisted spooled the body to a file (a declared length under 100,000 bytes stays in a BytesIO,
+    which has a `fileno` method too: daphne queues such a body whole, as it is small)."""
+    return content is not None and hasattr(content, "fileno") and not isinstance(content, io.BytesIO)
 
 
 def hand_over(request) -> None:
@@ -80,7 +82,11 @@ def hand_over(request) -> None:
 
 async def _feed(request, spool, queue: asyncio.Queue, put) -> None:
     """Put the spool file's chunks into the application's queue, at most AHEAD waiting at once,
-    until the last one (more_body false), the response ended, or the client left."""
+    until the last one (more_body false), the response ended, or the client left. An answer given before the
+    body was wanted (the ASGI guard's 413 or 415) may have ended the request, and twisted closed the file, before
+    this first runs."""
+    if request.finished or request._disconnected or spool.closed:
+        return
     spool.seek(0)
     while True:
         while queue.qsize() >= AHEAD:
