@@ -416,10 +416,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "inference.http.request_context.RequestIdFilter"},
+                "client_fault": {"()": "inference.http.request_context.ClientFaultFilter"},
                 "model_state": {"()": "inference.operations.runtime.ModelStateFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
-                             "filters": ["request_id"]}},
+                             "filters": ["request_id", "client_fault"]}},
     "root": {"handlers": ["console"], "level": envstr("METRALE_LOG_LEVEL", "INFO")},
     # A 503 while the model loads or swaps is its state, not an error: ModelStateFilter drops it.
     "loggers": {"django.request": {"level": "ERROR", "filters": ["model_state"]}},

@@ -12,6 +12,7 @@ from http import HTTPStatus
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.http import JsonResponse
 
 from .cors import cors_headers
@@ -58,8 +59,9 @@ def request_id_for(request) -> str:
 
 
 class ApiRequestMiddleware:
-    """For API paths (is_api_path): sets `request.request_id`, answers a method a route outside
-    `openai_endpoint` does not take with a 405 (METHODS), and adds `x-request-id`, `request-id` (the same
+    """For API paths (is_api_path): sets `request.request_id`, answers a Host that ALLOWED_HOSTS refuses with a
+    400 naming it (_host_error) and a method a route outside `openai_endpoint` does not take with a 405
+    (METHODS), and adds `x-request-id`, `request-id` (the same
     id under Anthropic's name) and `openai-processing-ms` (the time until the response, or a stream's headers, was ready) to every
     response, and the same time as `app;dur=<ms>` to Server-Timing (after the views' own entries,
     e.g. `engine`). Bodies over the size limit never get here (ApiAsgiGuard).
@@ -82,7 +84,11 @@ class ApiRequestMiddleware:
         started = time.perf_counter()
         request.request_id = request_id_for(request)
         allowed = METHODS.get(request.path)
-        if allowed is not None and request.method not in allowed:
+        host_error = _host_error(request)
+        if host_error is not None:
+            status, body = shape_for_path(request.path).of(host_error, request.request_id)
+            response = JsonResponse(body, status=status)
+        elif allowed is not None and request.method not in allowed:
             err = ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(allowed)}.",
                            code="method_not_allowed", headers={"Allow": ", ".join(allowed)})
             response = JsonResponse(err.body(), status=405, headers=err.headers)
@@ -105,6 +111,20 @@ class ApiRequestMiddleware:
         err = ApiError(500, "The server had an error while processing your request.", type="server_error")
         status, body = shape_for_path(request.path).of(err, getattr(request, "request_id", None))
         return JsonResponse(body, status=status)
+
+
+def _host_error(request) -> ApiError | None:
+    """A 400 naming the Host header when Django's host check (request.get_host: ALLOWED_HOSTS) refuses it, else
+    None. Django would answer a bare 400 and log the refusal with a traceback; one line is logged here."""
+    try:
+        request.get_host()
+    except DisallowedHost:
+        host = request.META.get("HTTP_X_FORWARDED_HOST") if settings.USE_X_FORWARDED_HOST else None
+        host = host or request.META.get("HTTP_HOST", "")
+        log.warning("refused a request for host %r (not in ALLOWED_HOSTS)", host[:100])
+        return ApiError(400, f"The Host header {host[:100]!r} names no host this server answers to (its "
+                             "ALLOWED_HOSTS).", code="invalid_host")
+    return None
 
 
 def _header(scope, name: bytes) -> str | None:

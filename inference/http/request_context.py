@@ -2,7 +2,8 @@
 
 `observe.ObservedRequests` sets both when a request arrives; asyncio tasks and asgiref's
 thread hops copy them, and `in_request_context` carries them onto the prepare pool's threads.
-`RequestIdFilter` puts the id on every log record (`%(request_id)s`, "-" outside a request).
+`RequestIdFilter` puts the id on every log record (`%(request_id)s`, "-" outside a request);
+`ClientFaultFilter` keeps a client's refused request to one line.
 No Django: serving reads `current_record` to report what it generated.
 """
 from __future__ import annotations
@@ -24,6 +25,17 @@ class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id.get() or "-"
+        return True
+
+
+class ClientFaultFilter(logging.Filter):
+    """Drops the traceback from Django's `django.security.*` records (a Host not in ALLOWED_HOSTS, a suspicious
+    request): the client's fault, said in the record's one line; Django logs each with its exception's traceback,
+    so anyone could fill the log with them. Installed on the console handler (settings.LOGGING)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("django.security."):
+            record.exc_info, record.exc_text = None, None
         return True
 
 

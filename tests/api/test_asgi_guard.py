@@ -73,6 +73,22 @@ def test_an_unreadable_content_length_is_a_400(fake_rt, value):
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_content_length"
 
 
+@pytest.mark.parametrize("method, path, text", [
+    ("GET", "/v1/models", lambda b: b["error"]["message"]),
+    ("POST", "/v1/messages", lambda b: b["error"]["message"]),
+    ("GET", "/api/tags", lambda b: b["error"]),
+])
+def test_a_host_outside_allowed_hosts_is_a_400_naming_it_in_one_log_line(fake_rt, caplog, method, path, text):
+    answer = call(method, path, {} if method == "POST" else None, headers={"host": "evil.example"})
+    assert answer.status == 400 and answer.headers["content-type"] == "application/json"
+    assert text(answer.json()) == "The Host header 'evil.example' names no host this server answers to (its " \
+                                  "ALLOWED_HOSTS)."
+    refusals = [r for r in caplog.records if "evil.example" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].levelname == "WARNING" and refusals[0].exc_info is None
+    assert fake_rt.engine.submissions == []
+    assert call("GET", "/v1/models", headers={"host": "localhost"}).status == 200
+
+
 @pytest.mark.parametrize("path, shape", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
                                          ("/api/chat", "ollama")])
 @pytest.mark.parametrize("encoding", ["gzip", "br", " GZIP "])

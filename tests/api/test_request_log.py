@@ -160,3 +160,22 @@ def test_every_log_line_of_a_request_names_its_request_id(fake_rt, monkeypatch):
     by_message = {r.getMessage(): r.request_id for r in seen}
     assert by_message["parsing on the pool"] == "req_ctx"
     assert by_message["outside any request"] == "-"
+
+
+def test_django_security_records_keep_to_one_line_and_others_keep_their_traceback():
+    import logging
+    import sys
+
+    from inference.http.request_context import ClientFaultFilter
+
+    try:
+        raise ValueError("bad host")
+    except ValueError:
+        exc_info = sys.exc_info()
+    refused = logging.LogRecord("django.security.DisallowedHost", logging.ERROR, __file__, 1, "Invalid HTTP_HOST",
+                                None, exc_info)
+    failed = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "Internal Server Error", None, exc_info)
+    assert ClientFaultFilter().filter(refused) and ClientFaultFilter().filter(failed)
+    assert refused.exc_info is None and failed.exc_info is exc_info
+    assert "Traceback" not in logging.Formatter().format(refused)
+    assert "Traceback" in logging.Formatter().format(failed)
