@@ -71,6 +71,7 @@ class Generation:
         parse = gen.text.pipeline() if gen.text is not None and gen.text.active else None
         carry = _TokenCarry()
         completion_tokens = 0
+        generated = 0  # characters of text the tokens so far decoded to (where the next token's text starts)
         prediction = gen.request.prediction_token_ids
         predicted = PredictionMatch(prediction) if prediction else None  # usage's prediction tokens
         try:
@@ -79,14 +80,18 @@ class Generation:
                     completion_tokens += 1
                     if predicted is not None:
                         predicted.feed(event.token_id)
-                    text, matched = stops.feed(detok.add(event.token_id))
+                    piece = detok.add(event.token_id)
+                    text, matched = stops.feed(piece)
                     was_reasoning = parse is not None and parse.in_reasoning
                     out = _parsed(parse, text)
                     in_reasoning = was_reasoning or (parse is not None and parse.in_reasoning)
                     # Logprobs cover content tokens only; reasoning tokens' ids still ride along.
                     carry.add(event.token_id,
                               token_logprob(spell, event.token_id, event.logprobs) if spell and not in_reasoning
-                              else None)
+                              else None, generated)
+                    generated += len(piece)
+                    if matched:  # the stop string's own tokens are not the output's (their ids still ride)
+                        carry.drop_logprobs_from(stops.emitted)
                     stop_now = matched or (parse is not None and parse.should_stop)
                     if stop_now:
                         self.abort("stop")
@@ -104,6 +109,8 @@ class Generation:
                     self.finished_at = time.perf_counter()
                     tail, matched = stops.feed(detok.flush())
                     tail += stops.flush()
+                    if matched:
+                        carry.drop_logprobs_from(stops.emitted)
                     out = _parsed(parse, tail) + (parse.finish() if parse is not None else [])
                     for delta in carry.attach(out, final=True, want_logprobs=spell is not None):
                         yield delta
@@ -152,16 +159,26 @@ class _TokenCarry:
 
     They go on the last Content of a batch of deltas, else (ids only) on the last Reasoning;
     with `final`, leftovers ride on an empty Content, so every generated token's id is sent once.
+    A stop string's cut drops the logprobs of the tokens wholly past it (drop_logprobs_from): the text
+    their logprobs describe is not sent (a token the cut splits keeps its entry).
     """
 
     def __init__(self):
         self.ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
+        self._starts: list[int] = []  # where each logprob entry's token text starts, in characters of output
 
-    def add(self, token_id: int, logprob_entry: TokenLogprob | None) -> None:
+    def add(self, token_id: int, logprob_entry: TokenLogprob | None, start: int = 0) -> None:
         self.ids.append(token_id)
         if logprob_entry is not None:
             self.logprobs.append(logprob_entry)
+            self._starts.append(start)
+
+    def drop_logprobs_from(self, cut: int) -> None:
+        """Forget the logprob entries of tokens whose text starts at or past character `cut` of the output."""
+        keep = [i for i, start in enumerate(self._starts) if start < cut]
+        self.logprobs = [self.logprobs[i] for i in keep]
+        self._starts = [self._starts[i] for i in keep]
 
     def attach(self, deltas: list[StreamDelta], final: bool, want_logprobs: bool) -> list[StreamDelta]:
         content = next((d for d in reversed(deltas) if isinstance(d, Content)), None)
@@ -171,7 +188,7 @@ class _TokenCarry:
         if content is not None:
             content.token_ids = self.ids
             content.logprobs = self.logprobs if want_logprobs else None
-            self.ids, self.logprobs = [], []
+            self.ids, self.logprobs, self._starts = [], [], []
             return deltas
         reasoning = next((d for d in reversed(deltas) if isinstance(d, Reasoning)), None)
         if reasoning is not None:

@@ -17,9 +17,15 @@ class StopStringMatcher:
         self.pending = ""
         self.stopped = False
         self.matched: str | None = None  # the stop string that matched (Anthropic reports it)
+        self.emitted = 0  # characters returned so far: where the output was cut once one matched
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit now, whether a stop string matched)."""
+        out, matched = self._feed(text)
+        self.emitted += len(out)
+        return out, matched
+
+    def _feed(self, text: str) -> tuple[str, bool]:
         if self.stopped:
             return "", True
         if not self.stops:
@@ -47,4 +53,6 @@ class StopStringMatcher:
     def flush(self) -> str:
         """At the end of generation: the held-back text (it never became a stop string)."""
         out, self.pending = self.pending, ""
-        return "" if self.stopped else out
+        out = "" if self.stopped else out
+        self.emitted += len(out)
+        return out

@@ -46,6 +46,27 @@ def test_it_keeps_the_stop_string_with_include_stop_str_in_output(fake_rt):
     assert body["choices"][0]["message"]["content"] == "Hello world"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_describe_the_content_sent_not_a_stop_string_s_tokens(fake_rt, stream):
+    tok = fake_rt.tokenizer
+    fake_rt.engine.script = reply(tok, "Hello world, again and again")
+    for stop, include, content in ((["again and"], False, "Hello world, "), (["again and"], True, "Hello world, again and"),
+                                   (["lo world"], False, "Hel"), (["zzz"], False, "Hello world, again and again")):
+        answer = chat(stop=stop, include_stop_str_in_output=include, logprobs=True, stream=stream)
+        if stream:
+            chunks = choice_chunks(answer.events())
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            entries = [e for c in chunks if c["choices"][0].get("logprobs") for e in c["choices"][0]["logprobs"]["content"]]
+        else:
+            body = answer.json()
+            text, entries = body["choices"][0]["message"]["content"], body["choices"][0]["logprobs"]["content"]
+        assert text == content
+        # Every token whose text the output holds, and no token wholly past the cut ("Hel" keeps "Hello", which the
+        # cut splits).
+        joined = "".join(e["token"] for e in entries)
+        assert joined.startswith(content) and len(joined) - len(content) < max(len(e["token"]) for e in entries)
+
+
 def test_it_sends_no_replacement_character_for_characters_split_across_tokens(fake_rt):
     text = "你好世界 😀 héllo"
     fake_rt.engine.script = reply(fake_rt.tokenizer, text)

@@ -126,6 +126,9 @@ def test_a_prompt_over_the_context_is_a_400_naming_it(fake_rt):
 def test_stop_strings_and_in_band_errors_work_as_in_chat(fake_rt):
     fake_rt.engine.script = reply(fake_rt.tokenizer, "Hello world again")
     assert complete(prompt="x", stop="world").json()["choices"][0]["text"] == "Hello "
+    choice = complete(prompt="x", stop=" again", logprobs=1).json()["choices"][0]
+    assert choice["text"] == "Hello world" and "".join(choice["logprobs"]["tokens"]) == "Hello world"
+    assert choice["logprobs"]["text_offset"][-1] < len(choice["text"])
     fake_rt.engine.script = reply(fake_rt.tokenizer, "Hello", fail="engine error: boom")
     events = complete(prompt="x", stream=True).events()
     assert events[-2]["error"]["message"] == "engine error: boom" and events[-1] == "[DONE]"
