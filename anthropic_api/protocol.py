@@ -127,13 +127,21 @@ def validate_message(m, i: int) -> dict:
 
 
 def check_tool_results(messages: list[dict]) -> None:
-    """Each tool_result block answers a tool_use block of the message just before its own, by id (Anthropic's 400:
-    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message"). Raises
-    ApiError 400 naming messages[i].content[j].tool_use_id."""
+    """Each tool_result block answers a tool_use block of the assistant turn just before its own turn, by id
+    (Anthropic's 400: "Each `tool_result` block must have a corresponding `tool_use` block in the previous
+    message"). Consecutive messages of one role are one turn, as Anthropic combines them: results may come in
+    several user messages, calls in several assistant messages. Raises ApiError 400 naming
+    messages[i].content[j].tool_use_id."""
+    asked: set[str] = set()  # the tool_use ids of the assistant turn before the current user turn
+    calls: set[str] = set()  # those of the assistant turn being read
     for i, m in enumerate(messages):
-        before = messages[i - 1] if i else None
-        asked = {b["id"] for b in before["content"] if b["type"] == "tool_use"} \
-            if before is not None and before["role"] == "assistant" else set()
+        if m["role"] == "assistant":
+            if i == 0 or messages[i - 1]["role"] != "assistant":
+                calls = set()
+            calls |= {b["id"] for b in m["content"] if b["type"] == "tool_use"}
+            continue
+        if i == 0 or messages[i - 1]["role"] != m["role"]:  # a new user turn answers the turn just read
+            asked = calls if i and messages[i - 1]["role"] == "assistant" else set()
         for j, block in enumerate(m["content"]):
             if block["type"] == "tool_result" and block["tool_use_id"] not in asked:
                 raise bad_request(f"messages[{i}].content[{j}]: unexpected `tool_use_id` found in `tool_result` "

@@ -61,6 +61,15 @@ CASES = [
      "messages[2].content[1]: unexpected `tool_use_id` found in `tool_result` blocks: u."),
     ({"messages": [*answering({"type": "tool_result", "tool_use_id": "t"}), {"role": "assistant", "content": "ok"},
                    *user({"type": "tool_result", "tool_use_id": "t"})]}, "messages[4].content[0]: unexpected"),
+    # Consecutive messages of one role are one turn (Anthropic combines them): calls and results may be split.
+    ({"messages": [*USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "f", "input": {}}]},
+                   *user({"type": "tool_result", "tool_use_id": "b"}),
+                   *user({"type": "tool_result", "tool_use_id": "a"})]}, OK),
+    ({"messages": [*answering({"type": "text", "text": "x"}), *user({"type": "tool_result", "tool_use_id": "t"})]},
+     OK),
+    ({"messages": [*USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                   {"role": "assistant", "content": "x"}, *user({"type": "tool_result", "tool_use_id": "t"})]}, OK),
     ({"messages": user({"type": "tool_result", "content": "1"})}, "messages[0].content[0].tool_use_id"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": 5})}, "messages[0].content[0].content"),
     ({"messages": user({"type": "tool_result", "tool_use_id": "t", "content": [
