@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from inference.serving.logprobs import chat_logprobs
 from inference.serving.deltas import (
     Content,
     Error,
@@ -43,10 +44,12 @@ class EncoderError(ValueError):
     """The deltas broke the IR's rules (arguments for a call that is not open)."""
 
 
-def _text_part(kind: str, text: str) -> dict:
+def _text_part(kind: str, text: str, logprobs: list[dict] | None = None) -> dict:
+    """A message's content part: refusal, or output_text with its tokens' logprobs (chat's entry shape:
+    logprobs.chat_logprobs; empty unless `include` asked for them)."""
     if kind == "refusal":
         return {"type": "refusal", "refusal": text}
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 class _Message:
@@ -54,11 +57,12 @@ class _Message:
 
     def __init__(self, item_id: str):
         self.id = item_id
-        self.parts: list[tuple[str, list[str]]] = []  # (kind, text pieces), kind: text | refusal
+        # (kind, text pieces, logprob entries), kind: text | refusal
+        self.parts: list[tuple[str, list[str], list[dict]]] = []
         self.part_open = False
 
     def item(self, status: str) -> dict:
-        content = [_text_part(kind, "".join(pieces)) for kind, pieces in self.parts]
+        content = [_text_part(kind, "".join(pieces), logprobs) for kind, pieces, logprobs in self.parts]
         return {"id": self.id, "type": "message", "role": "assistant", "status": status,
                 "content": content}
 
@@ -132,13 +136,14 @@ class ResponsesEventEncoder:
                 enc.output[event["output_index"]] = event["item"]
                 enc._open = None
             elif kind == "response.content_part.added" and isinstance(item, _Message):
-                item.parts.append(("refusal" if event["part"]["type"] == "refusal" else "text", []))
+                item.parts.append(("refusal" if event["part"]["type"] == "refusal" else "text", [], []))
                 item.part_open = True
             elif kind == "response.content_part.done" and isinstance(item, _Message):
                 item.part_open = False
             elif kind in ("response.output_text.delta", "response.refusal.delta") and \
                     isinstance(item, _Message) and item.parts:
                 item.parts[-1][1].append(event["delta"])
+                item.parts[-1][2].extend(event.get("logprobs") or [])
             elif kind in ("response.reasoning_summary_text.delta",
                           "response.function_call_arguments.delta") and \
                     isinstance(item, (_Reasoning, _FunctionCall)):
@@ -152,7 +157,7 @@ class ResponsesEventEncoder:
 
     def feed(self, delta: StreamDelta) -> list[dict]:
         if isinstance(delta, Content):
-            return self._text("text", delta.text)
+            return self._text("text", delta.text, chat_logprobs(delta.logprobs) if delta.logprobs else [])
         if isinstance(delta, Refusal):
             return self._text("refusal", delta.text)
         if isinstance(delta, Reasoning):
@@ -202,8 +207,11 @@ class ResponsesEventEncoder:
                        "item": dict(self.output[-1])})
         return events
 
-    def _text(self, kind: str, text: str) -> list[dict]:
+    def _text(self, kind: str, text: str, logprobs: list[dict] | None = None) -> list[dict]:
         if not text:
+            if logprobs and isinstance(self._open, _Message) and self._open.part_open \
+                    and self._open.parts[-1][0] == "text":
+                self._open.parts[-1][2].extend(logprobs)  # a token whose text the stream holds back yet
             return []
         events: list[dict] = []
         msg = self._open
@@ -213,12 +221,13 @@ class ResponsesEventEncoder:
         index = len(self.output) - 1
         if not msg.part_open or msg.parts[-1][0] != kind:
             events += self._close_part(msg, index)
-            msg.parts.append((kind, []))
+            msg.parts.append((kind, [], []))
             msg.part_open = True
             events.append({"type": "response.content_part.added", "item_id": msg.id,
                            "output_index": index, "content_index": len(msg.parts) - 1,
                            "part": _text_part(kind, "")})
         msg.parts[-1][1].append(text)
+        msg.parts[-1][2].extend(logprobs or [])
         content_index = len(msg.parts) - 1
         if kind == "refusal":
             events.append({"type": "response.refusal.delta", "item_id": msg.id,
@@ -226,7 +235,7 @@ class ResponsesEventEncoder:
         else:
             events.append({"type": "response.output_text.delta", "item_id": msg.id,
                            "output_index": index, "content_index": content_index, "delta": text,
-                           "logprobs": []})
+                           "logprobs": logprobs or []})
         return events
 
     @staticmethod
@@ -235,16 +244,16 @@ class ResponsesEventEncoder:
         if not msg.parts or not msg.part_open:
             return []
         msg.part_open = False
-        kind, pieces = msg.parts[-1]
+        kind, pieces, logprobs = msg.parts[-1]
         text = "".join(pieces)
         content_index = len(msg.parts) - 1
         common = {"item_id": msg.id, "output_index": index, "content_index": content_index}
         if kind == "refusal":
             done = {"type": "response.refusal.done", **common, "refusal": text}
         else:
-            done = {"type": "response.output_text.done", **common, "text": text, "logprobs": []}
+            done = {"type": "response.output_text.done", **common, "text": text, "logprobs": logprobs}
         return [done, {"type": "response.content_part.done", **common,
-                       "part": _text_part(kind, text)}]
+                       "part": _text_part(kind, text, logprobs)}]
 
     def _reasoning(self, text: str) -> list[dict]:
         if not text:

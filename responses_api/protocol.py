@@ -33,6 +33,8 @@ INCLUDABLE = (
     "message.input_image.image_url", "computer_call_output.output.image_url",
     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs",
 )
+# The one includable value this server has data for: the output text's logprobs (service.generation_request).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # The chat request's fields that Responses has too, with the same meaning: taken from the chat request
 # (one validator for both), with their validate_<name> hooks.
 SHARED_FIELDS = (
@@ -220,7 +222,8 @@ class ConversationRefField(StrictField):
 
 
 class IncludeField(StrictField):
-    """`include`: OpenAI's includable values (accepted; this server has none of that data)."""
+    """`include`: OpenAI's includable values, accepted; only LOGPROBS_INCLUDE adds data here (the others name
+    tools and inputs this server does not have)."""
 
     def to_internal_value(self, data):
         if data is None:

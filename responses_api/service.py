@@ -42,6 +42,7 @@ from .encoder import (
     terminal_events,
 )
 from .items import items_to_messages
+from .protocol import LOGPROBS_INCLUDE
 from .models import new_id
 
 log = logging.getLogger("metrale.responses")
@@ -101,13 +102,15 @@ def generation_request(req: dict, messages: list[dict]) -> GenerationRequest:
     """The validated Responses request, after its context, in the preparation pipeline's terms:
     tools and tool_choice in the chat form, `reasoning.effort` among the thinking controls,
     max_output_tokens, truncation ("auto" drops the oldest turns to fit; "disabled", the default,
-    answers 400 context_length_exceeded instead, OpenAI's rule)."""
+    answers 400 context_length_exceeded instead, OpenAI's rule); the output text's logprobs (top_logprobs
+    alternatives each) when `include` asks for them (OpenAI's rule, and vLLM's)."""
     return GenerationRequest(
         param="input", model=req["model"], messages=messages, tools=_chat_tools(req["tools"]) or None,
         tool_choice=_chat_tool_choice(req["tool_choice"]), parallel_tool_calls=req["parallel_tool_calls"],
         max_tool_calls=req["max_tool_calls"],
         thinking=resolve_thinking(req, effort=(req["reasoning"] or {}).get("effort")),
         truncate=req["truncation"] == "auto", max_tokens=req["max_output_tokens"], sampling=req,
+        logprobs=(req["top_logprobs"] or 0) if LOGPROBS_INCLUDE in req["include"] else None,
         stop=req.get("stop") or [], include_stop_str_in_output=req.get("include_stop_str_in_output", False),
         structured=requested_grammar(req, format_field="text"))
 

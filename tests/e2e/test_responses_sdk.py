@@ -73,6 +73,26 @@ def test_a_streamed_response_ends_equal_to_the_blocking_one(openai_client):
     assert stored.output_text == final.output_text and stored.usage == final.usage
 
 
+def test_output_text_logprobs_are_included_when_asked_and_the_stream_accumulates_them(openai_client):
+    ask = dict(model="smollm2-135m-instruct", input=QUESTION, temperature=0, max_output_tokens=12, top_logprobs=3,
+               include=["message.output_text.logprobs"])
+    blocking = openai_client.responses.create(**ask)
+    with openai_client.responses.stream(**ask) as stream:
+        final = stream.get_final_response()
+    part, streamed = blocking.output[0].content[0], final.output[0].content[0]
+    assert part.text == streamed.text
+    # Every token of the text, then the end-of-turn token that ended it (chat's logprobs have it too).
+    assert "".join(lp.token for lp in part.logprobs) in (part.text, part.text + "<|im_end|>")
+    assert all(len(lp.top_logprobs) == 3 and lp.logprob <= 0 for lp in part.logprobs)
+    assert [(lp.token, lp.logprob) for lp in streamed.logprobs] == [(lp.token, lp.logprob) for lp in part.logprobs]
+    # The chat surface's logprobs for the same turn are the same numbers.
+    chat = openai_client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=12,
+                                                 messages=[{"role": "user", "content": QUESTION}], logprobs=True,
+                                                 top_logprobs=3)
+    assert [(c.token, c.logprob) for c in chat.choices[0].logprobs.content] == \
+        [(lp.token, lp.logprob) for lp in part.logprobs]
+
+
 def test_retrieve_delete_and_paginated_input_items(openai_client):
     items = [{"role": "user", "content": f"Note {i}."} for i in range(5)]
     r = openai_client.responses.create(model="smollm2-135m-instruct", input=items, max_output_tokens=4, temperature=0)

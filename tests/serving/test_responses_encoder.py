@@ -102,6 +102,30 @@ def test_text_deltas_carry_an_empty_logprobs_list_and_the_part_index():
     assert text_done["text"] == "ab" and text_done["logprobs"] == []
 
 
+def test_logprobs_ride_on_their_text_the_done_events_and_a_resumed_encoder():
+    from inference.serving.deltas import TokenLogprob, TopLogprob
+
+    def lp(token, value):
+        return TokenLogprob(0, token, token.encode(), value, (TopLogprob(0, token, token.encode(), value),))
+
+    first, second = Content("Hi"), Content(" there")
+    first.logprobs, second.logprobs = [lp("Hi", -0.5)], [lp(" th", -0.25), lp("ere", -0.125)]
+    events, enc = encode([first, second, Finish("stop")])
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [[x["token"] for x in d["logprobs"]] for d in deltas] == [["Hi"], [" th", "ere"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert [x["logprob"] for x in done["logprobs"]] == [-0.5, -0.25, -0.125]
+    assert done["logprobs"][0] == {"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                                   "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]}
+    assert enc.output[0]["content"][0]["logprobs"] == done["logprobs"]
+    assert sdk_final(events).output[0].content[0].logprobs[2].token == "ere"
+    # A process that died mid-message: its recorded events rebuild the part, logprobs included.
+    upto = next(i for i, e in enumerate(events) if e["type"] == "response.output_text.done")
+    resumed = ResponsesEventEncoder.resume([e for e in events[:upto]], id_factory=counter_ids())
+    closing = resumed.close("incomplete")
+    assert next(e for e in closing if e["type"] == "response.output_text.done")["logprobs"] == done["logprobs"]
+
+
 def test_parallel_calls_are_consecutive_items_and_a_message_closes_before_a_call():
     deltas = [Content("Calling."), ToolCallStart(0, "c0", "f"), ToolCallArgs(0, "{}"),
               ToolCallStart(1, "c1", "g"), ToolCallArgs(1, '{"x": 1}'), Finish("tool_calls")]

@@ -350,3 +350,26 @@ def test_generating_holds_a_rate_limit_slot_only_while_it_runs(api, settings, fr
     remaining = int(r["x-ratelimit-remaining-tokens"])
     reserved = events[-1]["response"]["usage"]["input_tokens"] + 5
     assert remaining == 100000 - used - reserved
+
+
+def test_include_output_text_logprobs_adds_them_to_the_text_and_its_events(api, engine):
+    plain = api.post("/v1/responses", {"input": "Hi", "top_logprobs": 2}).json()
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and engine.submissions[-1].params.logprobs is None
+    body = api.post("/v1/responses", {"input": "Hi", "top_logprobs": 2,
+                                      "include": ["message.output_text.logprobs"]}).json()
+    assert engine.submissions[-1].params.logprobs == 2
+    part = body["output"][0]["content"][0]
+    assert part["text"] == HELLO and "".join(e["token"] for e in part["logprobs"]) == HELLO
+    for entry in part["logprobs"]:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"} and entry["logprob"] <= 0
+        assert len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][0]["token"] == entry["token"]
+        assert bytes(entry["bytes"]).decode() == entry["token"]
+    events = sse_events(api.post("/v1/responses", {"input": "Hi", "top_logprobs": 2, "stream": True,
+                                                   "include": ["message.output_text.logprobs"]}))
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    streamed = [entry for e in deltas for entry in e["logprobs"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == streamed == events[-1]["response"]["output"][0]["content"][0]["logprobs"]
+    rid = events[-1]["response"]["id"]
+    assert sse_events(api.get(f"/v1/responses/{rid}", stream="true")) == events  # the replay carries them too
