@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inference.serving.logprobs import chat_logprobs
 from inference.serving.deltas import (
     Content,
     Error,
@@ -36,6 +35,7 @@ from inference.serving.deltas import (
     ToolCallStart,
     Usage,
 )
+from inference.serving.logprobs import chat_logprobs
 
 from .models import new_id
 

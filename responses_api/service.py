@@ -42,8 +42,8 @@ from .encoder import (
     terminal_events,
 )
 from .items import items_to_messages
-from .protocol import LOGPROBS_INCLUDE
 from .models import new_id
+from .protocol import LOGPROBS_INCLUDE
 
 log = logging.getLogger("metrale.responses")
 
