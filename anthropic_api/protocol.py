@@ -152,8 +152,8 @@ def check_tool_results(messages: list[dict]) -> None:
 
 class MessagesField(StrictField):
     """`messages`: a non-empty array of messages (validate_message), each tool_result answering a tool_use of the
-    message before (check_tool_results); a final assistant message (a prefill the reply continues) may not end in
-    whitespace, as Anthropic requires."""
+    assistant turn before (check_tool_results); a final assistant message (a prefill the reply continues) may not
+    end in whitespace, as Anthropic requires."""
 
     def to_internal_value(self, data):
         if not isinstance(data, list):
