@@ -28,13 +28,13 @@ from .models import new_id
 
 MAX_ITEMS_PER_CALL = 20
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# The one includable value this server has data for: the output text's logprobs (service.generation_request).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INCLUDABLE = (
     "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
     "message.input_image.image_url", "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs",
+    "code_interpreter_call.outputs", "reasoning.encrypted_content", LOGPROBS_INCLUDE,
 )
-# The one includable value this server has data for: the output text's logprobs (service.generation_request).
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # The chat request's fields that Responses has too, with the same meaning: taken from the chat request
 # (one validator for both), with their validate_<name> hooks.
 SHARED_FIELDS = (

@@ -102,7 +102,8 @@ def prepare(req: dict, model) -> EmbeddingCall:
     model: the served embedding model (runtime.EmbeddingService: name, dimensions, max_input_tokens,
     vocab_size, tokenize, truncate). Raises ApiError 400: `dimensions` (the model has no Matryoshka
     training), an empty input or one over max_input_tokens (naming input[i]; truncate_prompt_tokens
-    cuts instead, and the message says so: req's "truncate_advice", else TRUNCATE_ADVICE), a token id outside the vocabulary, more than 300,000 tokens in all."""
+    cuts instead, and the message says so: req's "truncate_advice", else TRUNCATE_ADVICE), a token id
+    outside the vocabulary, more than 300,000 tokens in all."""
     if req.get("dimensions") is not None:
         raise bad_request(f"The model '{model.name}' does not support 'dimensions': its {model.dimensions}-dimension "
                           "embeddings were not trained to be shortened (Matryoshka representation learning), so "
