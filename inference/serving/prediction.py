@@ -25,8 +25,9 @@ EXCLUDED = (
 def prediction_text(value, request: dict) -> str | None:
     """The prediction's text (None when `value` is None), after checking it and the request.
 
-    value: the raw `prediction` JSON value. request: the validated chat fields. Raises ApiError 400 naming `prediction`, `prediction.type`,
-    `prediction.content` (or `prediction.content[i]...`), or the field a prediction excludes.
+    value: the raw `prediction` JSON value. request: the validated chat fields. Raises ApiError 400 naming
+    `prediction`, `prediction.type`, `prediction.content` (or `prediction.content[i]...`), or the field a
+    prediction excludes.
     """
     if value is None:
         return None
