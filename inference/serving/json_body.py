@@ -106,9 +106,10 @@ def _too_deep():
 def check_depth(raw: bytes) -> None:
     """Raise ApiError 400 (code invalid_json) when arrays and objects in the JSON text `raw` nest deeper than
     MAX_JSON_DEPTH, before parsing (the parser recurses per level; request bodies, batch input lines). Fewer
-    brackets than the limit cannot nest past it, so most bodies cost two counts; others keep only their structure (escaped backslashes and quotes removed first, so every
-    quote left delimits a string; UTF-8 never repeats an ASCII byte inside a character), lose their
-    strings, and have the brackets' running depth taken."""
+    brackets than the limit cannot nest past it, so most bodies cost two counts; others keep only their
+    structure (escaped backslashes and quotes removed first, so every quote left delimits a string; UTF-8
+    never repeats an ASCII byte inside a character), lose their strings, and have the brackets' running
+    depth taken."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return
     structure = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
